@@ -1,0 +1,68 @@
+"""The `rl360` command. Thin: each subcommand parses flags and calls into its subpackage.
+
+Subpackage commands live next to the code they drive (`rl360_ext/<pkg>/cli.py`, imported here
+only for their typer apps, which import nothing heavy at module level); benchmarks are
+`rl360_ext/<pkg>/bench.py:main(as_json)`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rl360_ext.engine.cli import app as engine_app
+from rl360_ext.harbor.cli import app as harbor_app
+from rl360_ext.session.cli import app as session_app
+from rl360_ext.templates.cli import app as template_app
+
+app = typer.Typer(
+    name="rl360",
+    help="rl360-ext: trustworthy RL rollouts for coding agents on Miles, SGLang, SMG and Harbor.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(engine_app, name="engine")
+app.add_typer(session_app, name="session")
+app.add_typer(template_app, name="template")
+app.add_typer(harbor_app, name="harbor")
+bench_app = typer.Typer(help="Benchmarks: each prints a table and compares against its baseline in the same run.")
+app.add_typer(bench_app, name="bench")
+
+
+@app.command()
+def doctor() -> None:
+    """Check this machine: Python, extras, the smg binary, bubblewrap, Ray, Chromium."""
+    from rl360_ext.diagnostics.doctor import run_checks
+
+    checks = run_checks()
+    table = Table("check", "status", "detail")
+    for check in checks:
+        table.add_row(check.name, "[green]OK[/]" if check.ok else "[red]MISSING[/]", check.detail)
+    Console().print(table)
+    raise typer.Exit(0 if all(c.ok for c in checks) else 1)
+
+
+@app.command()
+def demo(
+    steps: int = typer.Option(3, min=1, help="Rollout steps."),
+    tasks: int = typer.Option(8, min=1, help="Task groups per step."),
+    attempts: int = typer.Option(4, min=2, help="Attempts per task group."),
+    faults: float = typer.Option(0.0, min=0.0, max=1.0, help="Rate of injected infrastructure faults."),
+    engines: int = typer.Option(2, min=1, help="Tiny engines behind the SMG gateway."),
+    out: Path = typer.Option(Path("runs/demo"), help="Output folder for metrics.jsonl and report.html."),
+) -> None:
+    """Run the whole rollout loop on this CPU machine and write a step report."""
+    from rl360_ext.diagnostics.demo import run_demo
+
+    run_demo(steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out)
+
+
+@bench_app.command("engine")
+def bench_engine(json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+    """Prefill and decode tokens/s of the tiny engine at its default size."""
+    from rl360_ext.engine.bench import main
+
+    main(as_json=json)

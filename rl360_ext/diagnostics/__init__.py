@@ -1,0 +1,1 @@
+"""Diagnostics: rollout audit, HTML step reports with charts, benchmarks."""

@@ -1,0 +1,1 @@
+"""Miles rollout-side hooks: agent function, generate, infra classifier, filter, rewards, metrics."""

@@ -1,0 +1,1 @@
+"""The delta-R3 session server: token-in/token-out chat sessions, merged samples, a Ray pool."""

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Creates (once) and refreshes the project's virtualenv at .venv in the repo root.
+# Sourced by ./rl360 and scripts/test.sh; safe to run on its own.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+STAMP="$VENV/.rl360-installed"
+
+find_python() {
+  local candidate
+  for candidate in "${RL360_PYTHON:-}" python3.12 "$HOME/.pyenv/versions/3.12.1/bin/python3"; do
+    [ -n "$candidate" ] || continue
+    if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then
+      echo "$candidate"; return 0
+    fi
+  done
+  if command -v pyenv >/dev/null 2>&1 && (cd "$ROOT" && pyenv which python3 >/dev/null 2>&1); then
+    (cd "$ROOT" && pyenv which python3); return 0
+  fi
+  echo "rl360: Python >= 3.12 not found (install it, or set RL360_PYTHON)" >&2
+  return 1
+}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  PY="$(find_python)"
+  echo "rl360: creating $VENV with $PY" >&2
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install --quiet --upgrade pip
+fi
+if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
+  echo "rl360: installing rl360-ext[harbor,dev] into $VENV (first run takes a few minutes)" >&2
+  "$VENV/bin/python" -m pip install --quiet -e "$ROOT[harbor,dev]"
+  touch "$STAMP"
+fi

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The project's test command: sets up .venv on first use, then runs lint and every test CI can run.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$ROOT/scripts/bootstrap.sh"
+cd "$ROOT"
+.venv/bin/ruff check rl360_ext tests integration_tests
+.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
