@@ -28,7 +28,9 @@ app.add_typer(engine_app, name="engine")
 app.add_typer(session_app, name="session")
 app.add_typer(template_app, name="template")
 app.add_typer(harbor_app, name="harbor")
-bench_app = typer.Typer(help="Benchmarks: each prints a table and compares against its baseline in the same run.")
+bench_app = typer.Typer(
+    help="Benchmarks: each prints a table and compares against its baseline in the same run."
+)
 app.add_typer(bench_app, name="bench")
 
 
@@ -66,3 +68,14 @@ def bench_engine(json: bool = typer.Option(False, "--json", help="Print JSON ins
     from rl360_ext.engine.bench import main
 
     main(as_json=json)
+
+
+@app.command()
+def audit(
+    path: Path = typer.Argument(..., exists=True, help="Miles rollout dump (.pt), rl360 metrics JSONL, or a folder."),
+    json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
+) -> None:
+    """Per step: gradient scale, advantage shift and logged-mean bias under upstream defaults."""
+    from rl360_ext.diagnostics.audit import main
+
+    main(path, as_json=json)

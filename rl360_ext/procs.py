@@ -70,14 +70,17 @@ class Service:
         while time.monotonic() < deadline:
             if not self.alive():
                 raise ServiceStartError(
-                    f"{self.name} exited with {self.process.returncode} before it was ready; log:\n{self.log_tail()}"
+                    f"{self.name} exited with {self.process.returncode} before it was ready; "
+                    f"log:\n{self.log_tail()}"
                 )
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(self.url + path, timeout=2.0).status_code == 200:
                     return
             time.sleep(0.1)
         self.stop()
-        raise ServiceStartError(f"{self.name} not ready on {self.url}{path} after {timeout_s}s; log:\n{self.log_tail()}")
+        raise ServiceStartError(
+            f"{self.name} not ready on {self.url}{path} after {timeout_s}s; log:\n{self.log_tail()}"
+        )
 
     def stop(self) -> None:
         """SIGTERM the process group, wait out the grace period, then SIGKILL it."""
@@ -181,7 +184,9 @@ def _wait_workers_registered(service: Service, expected: int, timeout_s: float =
                 return
         time.sleep(0.1)
     service.stop()
-    raise ServiceStartError(f"smg registered fewer than {expected} workers in {timeout_s}s; log:\n{service.log_tail()}")
+    raise ServiceStartError(
+        f"smg registered fewer than {expected} workers in {timeout_s}s; log:\n{service.log_tail()}"
+    )
 
 
 @contextlib.contextmanager

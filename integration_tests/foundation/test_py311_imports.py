@@ -55,7 +55,9 @@ def test_core_imports_on_python_311() -> None:
         stamp.touch()
     modules = _core_modules()
     assert "rl360_ext.engine" in modules and "rl360_ext.cli" in modules
-    script = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\nprint(sys.version)"
+    script = (
+        "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\nprint(sys.version)"
+    )
     result = subprocess.run(
         [str(VENV / "bin/python"), "-c", script, *modules], capture_output=True, text=True, timeout=300
     )

@@ -33,9 +33,7 @@ def _python() -> Check:
     version = ".".join(map(str, sys.version_info[:3]))
     if sys.version_info >= (3, 12):
         return Check("python", True, f"{version} (core and the harbor extra)")
-    if sys.version_info >= (3, 11):
-        return Check("python", True, f"{version}: core only; the harbor extra needs Python >= 3.12")
-    return Check("python", False, f"{version}: rl360-ext needs Python >= 3.11")
+    return Check("python", True, f"{version}: core only; the harbor extra needs Python >= 3.12")
 
 
 def _module(name: str, remedy: str) -> Check:
@@ -64,7 +62,9 @@ def _bwrap() -> Check:
         [path, "--ro-bind", "/", "/", "--unshare-net", "true"], capture_output=True, text=True, timeout=20
     )
     if probe.returncode != 0:
-        return Check("bubblewrap", False, f"{path} cannot create a sandbox here: {probe.stderr.strip()[:200]}")
+        return Check(
+            "bubblewrap", False, f"{path} cannot create a sandbox here: {probe.stderr.strip()[:200]}"
+        )
     return Check("bubblewrap", True, path)
 
 

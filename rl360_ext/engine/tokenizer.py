@@ -105,7 +105,7 @@ def load_hf_tokenizer(directory: str | None = None):  # -> transformers.PreTrain
 
 def default_tokenizer_dir() -> Path:
     """A per-user cache of the tiny engine's tokenizer directory, written on first use."""
-    cache = Path.home() / ".cache" / "rl360" / f"tiny-tokenizer-v1"
+    cache = Path.home() / ".cache" / "rl360" / "tiny-tokenizer-v1"
     if not (cache / "tokenizer_config.json").exists():
         write_tokenizer_dir(cache)
     return cache

@@ -22,7 +22,9 @@ UNCLASSIFIED = f"{INFRA_PREFIX}unclassified"
 ATTEMPT_CLASS = "attempt_class"  # "valid" | "infra:<cause>"
 REWARD_SOURCE = "reward_source"  # "verifier" | None
 FAILURE_CAUSE = "failure_cause"  # Harbor's or ours, as reported by the /run server
-PHASE_TIMINGS = "phase_timings"  # {"queue": s, "environment_setup": s, "agent_setup": s, "agent": s, "verifier": s}
+PHASE_TIMINGS = (
+    "phase_timings"  # {"queue": s, "environment_setup": s, "agent_setup": s, "agent": s, "verifier": s}
+)
 DOMAIN = "domain"  # optional task domain for per-domain metrics
 
 
@@ -34,7 +36,7 @@ def _metadata(sample: Any) -> dict[str, Any]:
 
 
 def attempt_class(sample: Any) -> str:
-    """"valid" or "infra:<cause>" for a Miles Sample, a duck-typed object or a dict."""
+    """ "valid" or "infra:<cause>" for a Miles Sample, a duck-typed object or a dict."""
     metadata = _metadata(sample)
     recorded = metadata.get(ATTEMPT_CLASS)
     if isinstance(recorded, str) and (recorded == VALID or recorded.startswith(INFRA_PREFIX)):

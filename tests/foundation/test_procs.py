@@ -33,7 +33,9 @@ def _pid_alive(pid: int) -> bool:
 
 def test_service_stops_with_its_children(tmp_path) -> None:
     port = free_port()
-    service = start_service("toy", [sys.executable, "-c", SERVER, str(port)], port, tmp_path, ready_timeout_s=20)
+    service = start_service(
+        "toy", [sys.executable, "-c", SERVER, str(port)], port, tmp_path, ready_timeout_s=20
+    )
     with running(service):
         child_pid = int(httpx.get(service.url + "/health").text)
         assert _pid_alive(child_pid)

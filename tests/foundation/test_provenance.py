@@ -36,7 +36,10 @@ def test_nothing_unrecognised_becomes_valid(metadata) -> None:
         metadata.get("attempt_class") == VALID
         or (
             metadata.get("reward_source") == "verifier"
-            and not (isinstance(metadata.get("attempt_class"), str) and metadata["attempt_class"].startswith("infra:"))
+            and not (
+                isinstance(metadata.get("attempt_class"), str)
+                and metadata["attempt_class"].startswith("infra:")
+            )
         )
     )
     assert is_valid(sample) == recognised
