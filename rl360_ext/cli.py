@@ -79,3 +79,14 @@ def audit(
     from rl360_ext.diagnostics.audit import main
 
     main(path, as_json=json)
+
+
+@app.command()
+def report(
+    run_dir: Path = typer.Argument(..., exists=True, help="A run folder with metrics.jsonl, or a .jsonl file."),
+    out: Path | None = typer.Option(None, "--out", help="Where to write the page (default RUN_DIR/report.html)."),
+) -> None:
+    """Write a self-contained HTML step report with charts (works offline)."""
+    from rl360_ext.diagnostics.report import main
+
+    main(run_dir, out)

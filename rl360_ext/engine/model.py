@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 DTYPE = np.float64
-ATTENTION_CHUNK = 512  # queries per attention block in long prefills (bounds memory)
+ATTENTION_CHUNK = 256  # queries per attention block in long prefills (bounds memory)
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,16 @@ class ModelConfig:
     norm_eps: float = 1e-6
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "layers", "experts", "top_k", "d_model", "heads", "head_dim", "expert_hidden"):
+        for name in (
+            "vocab_size",
+            "layers",
+            "experts",
+            "top_k",
+            "d_model",
+            "heads",
+            "head_dim",
+            "expert_hidden",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.top_k > self.experts:
@@ -146,7 +155,9 @@ def resolve_weights_path(path: str | Path) -> Path:
     if candidate.is_dir():
         candidate = candidate / "weights.npz"
     if not candidate.is_file():
-        raise FileNotFoundError(f"no weights file at {path} (expected a .npz file or a directory with weights.npz)")
+        raise FileNotFoundError(
+            f"no weights file at {path} (expected a .npz file or a directory with weights.npz)"
+        )
     return candidate
 
 
@@ -155,10 +166,14 @@ def load_weights(path: str | Path, config: ModelConfig) -> dict[str, np.ndarray]
     shapes = expected_shapes(config)
     with np.load(resolve_weights_path(path)) as data:
         saved = {name: data[name] for name in data.files if not name.startswith("config.")}
-        saved_config = {name[len("config.") :]: data[name].item() for name in data.files if name.startswith("config.")}
+        saved_config = {
+            name[len("config.") :]: data[name].item() for name in data.files if name.startswith("config.")
+        }
     for key, value in asdict(config).items():
         if key in saved_config and saved_config[key] != value:
-            raise ValueError(f"weights were saved for {key}={saved_config[key]}, this engine has {key}={value}")
+            raise ValueError(
+                f"weights were saved for {key}={saved_config[key]}, this engine has {key}={value}"
+            )
     missing = sorted(set(shapes) - set(saved))
     if missing:
         raise ValueError(f"weights file lacks tensors: {', '.join(missing[:5])}")
@@ -171,7 +186,10 @@ def load_weights(path: str | Path, config: ModelConfig) -> dict[str, np.ndarray]
 def perturb_weights(weights: dict[str, np.ndarray], eps: float, seed: int) -> dict[str, np.ndarray]:
     """Add eps-scaled Gaussian noise to every tensor (deterministic per seed): a stand-in training step."""
     rng = np.random.default_rng(seed + 1_000_003)
-    return {name: (value + eps * rng.standard_normal(value.shape)).astype(DTYPE) for name, value in weights.items()}
+    return {
+        name: (value + eps * rng.standard_normal(value.shape)).astype(DTYPE)
+        for name, value in weights.items()
+    }
 
 
 @lru_cache(maxsize=8)
@@ -197,10 +215,14 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 class TinyMoEModel:
     """The model: weights plus the forward passes. Not thread-safe; the engine serializes calls."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray] | None = None, seed: int = 0) -> None:
+    def __init__(
+        self, config: ModelConfig, weights: dict[str, np.ndarray] | None = None, seed: int = 0
+    ) -> None:
         self.config = config
         self.weights = weights if weights is not None else init_weights(config, seed)
-        inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, config.head_dim, 2, dtype=DTYPE) / config.head_dim))
+        inv_freq = 1.0 / (
+            config.rope_theta ** (np.arange(0, config.head_dim, 2, dtype=DTYPE) / config.head_dim)
+        )
         self._inv_freq = inv_freq
 
     @classmethod
@@ -263,9 +285,7 @@ class TinyMoEModel:
             out[rows] += gates[rows, slots][:, None] * (hidden @ w_down[expert])
         return out, chosen.astype(np.int32)
 
-    def forward(
-        self, token_ids: np.ndarray, kv: KVState, logits_for: str = "last"
-    ) -> ForwardOutput:
+    def forward(self, token_ids: np.ndarray, kv: KVState, logits_for: str = "last") -> ForwardOutput:
         """Run new positions [kv.length, kv.length + n) given the KV prefix; append their KV.
 
         `logits_for` is "last" (logits of the last new position only) or "all".

@@ -1,0 +1,111 @@
+"""Fault injection for the tiny engine: a fraction of 503s, added latency, and aborted generations.
+
+Owns the fault settings (validated), their seeded random draws per request, and the error type the
+server maps to HTTP 503. Used by tests of everything downstream (session servers, rollout hooks)
+that must tell an infrastructure failure from a policy failure. It does not run requests.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+
+class ServiceUnavailable(RuntimeError):
+    """The engine refuses this request (injected fault); HTTP 503."""
+
+
+class FaultConfigError(ValueError):
+    """A bad fault setting; `field` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    error_rate: float = 0.0  # fraction of /generate calls answered 503
+    latency_s: float = 0.0  # seconds added before each /generate call runs
+    abort_rate: float = 0.0  # fraction of /generate calls aborted part-way (finish_reason abort)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("error_rate", "abort_rate"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and 0.0 <= value <= 1.0):
+                raise FaultConfigError(name, f"must be a number in [0, 1], got {value!r}")
+        if not (
+            isinstance(self.latency_s, int | float) and math.isfinite(self.latency_s) and self.latency_s >= 0
+        ):
+            raise FaultConfigError("latency_s", f"must be a number >= 0, got {self.latency_s!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise FaultConfigError("seed", f"must be an integer, got {self.seed!r}")
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> FaultConfig:
+        if not isinstance(raw, dict):
+            raise FaultConfigError("body", "fault settings must be an object")
+        unknown = sorted(set(raw) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise FaultConfigError(unknown[0], "unknown fault setting")
+        return cls(**raw)
+
+    @classmethod
+    def parse_flag(cls, text: str) -> FaultConfig:
+        """`error_rate=0.1,latency_s=0.2,abort_rate=0.05,seed=1` (the --faults CLI flag)."""
+        raw: dict[str, Any] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, sep, value = part.partition("=")
+            if not sep:
+                raise FaultConfigError(part, "is not key=value")
+            try:
+                raw[key.strip()] = int(value) if key.strip() == "seed" else float(value)
+            except ValueError:
+                raise FaultConfigError(key.strip(), f"{value!r} is not a number") from None
+        return cls.from_dict(raw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class FaultDraw:
+    """What happens to one request: refuse it, delay it, abort it after `abort_after` tokens."""
+
+    unavailable: bool = False
+    latency_s: float = 0.0
+    abort_after: int | None = None
+
+
+class FaultInjector:
+    """Seeded per-request fault draws; settings can be replaced at runtime (thread-safe)."""
+
+    def __init__(self, config: FaultConfig | None = None) -> None:
+        self._lock = threading.Lock()
+        self.configure(config or FaultConfig())
+        self.injected = {"unavailable": 0, "aborted": 0, "delayed": 0}
+
+    def configure(self, config: FaultConfig) -> None:
+        with self._lock:
+            self.config = config
+            self._rng = np.random.default_rng(config.seed)
+
+    def draw(self, max_new_tokens: int) -> FaultDraw:
+        with self._lock:
+            cfg = self.config
+            if cfg.error_rate == 0 and cfg.abort_rate == 0 and cfg.latency_s == 0:
+                return FaultDraw()
+            refuse = bool(self._rng.random() < cfg.error_rate)
+            abort = bool(self._rng.random() < cfg.abort_rate)
+            abort_after = int(self._rng.integers(0, max(max_new_tokens, 1))) if abort else None
+            self.injected["delayed"] += cfg.latency_s > 0
+            if refuse:
+                self.injected["unavailable"] += 1
+                return FaultDraw(unavailable=True, latency_s=cfg.latency_s)
+            self.injected["aborted"] += abort
+            return FaultDraw(latency_s=cfg.latency_s, abort_after=abort_after)
