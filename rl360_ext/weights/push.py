@@ -68,7 +68,7 @@ def push_weights_from_disk(
     gateway_url: str,
     model_path: str,
     weight_version: str,
-    selector: str = "health=ready",
+    selector: str = "engine=sglang",
     pause_mode: str = "in_place",
     timeout_s: float = 600.0,
 ) -> WeightPush:
