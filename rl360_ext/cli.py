@@ -72,7 +72,7 @@ def bench_engine(json: bool = typer.Option(False, "--json", help="Print JSON ins
 
 @app.command()
 def audit(
-    path: Path = typer.Argument(..., exists=True, help="Miles rollout dump (.pt), rl360 metrics JSONL, or a folder."),
+    path: Path = typer.Argument(..., exists=True, help="Miles rollout dump (.pt), rl360 JSONL, or a folder."),
     json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
 ) -> None:
     """Per step: gradient scale, advantage shift and logged-mean bias under upstream defaults."""
@@ -83,10 +83,18 @@ def audit(
 
 @app.command()
 def report(
-    run_dir: Path = typer.Argument(..., exists=True, help="A run folder with metrics.jsonl, or a .jsonl file."),
-    out: Path | None = typer.Option(None, "--out", help="Where to write the page (default RUN_DIR/report.html)."),
+    run_dir: Path = typer.Argument(..., exists=True, help="Run folder with metrics.jsonl, or a .jsonl."),
+    out: Path | None = typer.Option(None, "--out", help="Output page (default RUN_DIR/report.html)."),
 ) -> None:
     """Write a self-contained HTML step report with charts (works offline)."""
     from rl360_ext.diagnostics.report import main
 
     main(run_dir, out)
+
+
+@bench_app.command("r3")
+def bench_r3(json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+    """R3 routing data: wire vs json/orjson, delta vs full routing bytes, pool collection."""
+    from rl360_ext.session.bench import main
+
+    main(as_json=json)

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import orjson
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"
@@ -217,8 +218,9 @@ class EngineClient:
 
     async def _post(self, path: str, payload: Any, headers: dict[str, str] | None = None) -> httpx.Response:
         url = self.base_url + path
+        headers = {"Content-Type": "application/json", **(headers or {})}
         try:
-            response = await self._client.post(url, json=payload, headers=headers)
+            response = await self._client.post(url, content=orjson.dumps(payload), headers=headers)
         except httpx.HTTPError as exc:
             raise EngineError(f"POST {url} failed: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 400:
@@ -272,8 +274,8 @@ class EngineClient:
         headers = {ROUTING_KEY_HEADER: routing_key} if routing_key else None
         response = await self._post("/generate", payload, headers)
         try:
-            body = response.json()
-        except ValueError as exc:
+            body = orjson.loads(response.content)
+        except orjson.JSONDecodeError as exc:
             raise EngineResponseError(
                 f"/generate returned a body that is not JSON: {response.text[:200]}"
             ) from exc

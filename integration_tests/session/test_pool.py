@@ -1,0 +1,61 @@
+"""SessionPool on local Ray: two session-server actors, consistent hashing, concurrent collect."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import ray
+
+from rl360_ext.engine.tokenizer import default_tokenizer_dir
+from rl360_ext.session import wire
+from rl360_ext.session.pool import SessionPool, SessionPoolError
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def test_pool_places_serves_collects_and_deletes(engine) -> None:
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        pool = SessionPool(
+            2, engine.url, str(default_tokenizer_dir()), r3=True, host="127.0.0.1", actor_num_cpus=0.5
+        )
+        try:
+            created = [pool.create_session(metadata={"index": i}) for i in range(8)]
+            assert {pool.server_for(sid) for sid, _ in created} == {0, 1}  # 8 random ids land on both
+            for sid, base_url in created:
+                assert base_url == f"{pool.urls[pool.server_for(sid)]}/sessions/{sid}/v1"
+                client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+                client.chat.completions.create(
+                    model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=6
+                )
+            ids = [sid for sid, _ in reversed(created)]
+            samples = pool.collect(ids)
+            assert [s.session_id for s in samples] == ids
+            assert [s.metadata["index"] for s in samples] == list(reversed(range(8)))
+            for sample, (_, base_url) in zip(samples, reversed(created), strict=True):
+                over_http = wire.decode(
+                    httpx.get(base_url.removesuffix("/v1") + "/merged", timeout=10).content
+                )
+                assert np.array_equal(sample.tokens, over_http.tokens)
+                assert np.array_equal(sample.routed_experts, over_http.routed_experts)
+            again = asyncio.run(pool.acollect(ids[:3]))
+            assert [s.session_id for s in again] == ids[:3]
+
+            sid, base_url = pool.create_session(routing_key="shared-prefix-7")
+            assert (
+                httpx.get(base_url.removesuffix("/v1") + "/merged?format=json", timeout=10).json()[
+                    "metadata"
+                ]["session"]["routing_key"]
+                == "shared-prefix-7"
+            )
+            pool.delete(ids[:2])
+            with pytest.raises(SessionPoolError, match=ids[0]):
+                pool.collect(ids[:2])
+        finally:
+            pool.shutdown()
+    finally:
+        ray.shutdown()

@@ -1,0 +1,135 @@
+"""The session server's HTTP adapter (FastAPI): routes, JSON decoding, status codes. Nothing else.
+
+Owns the URL layout (`POST /sessions`, `/sessions/{id}/v1/chat/completions`,
+`/sessions/{id}/v1/models`, `/sessions/{id}/merged`, `DELETE /sessions/{id}`, `/health`,
+`/metrics`), mapping `RequestError` to its status with an OpenAI-style error body, the
+single-chunk SSE stream, and the idle-TTL sweeper task. Logic lives in `core.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+from rl360_ext.session.chat_api import RequestError
+from rl360_ext.session.core import SessionCore
+from rl360_ext.session.metrics import CONTENT_TYPE
+
+WIRE_MEDIA_TYPE = "application/vnd.rl360.merged-sample"
+
+
+def json_response(body: Any, status: int = 200) -> Response:
+    content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+    return Response(content, status, media_type="application/json")
+
+
+async def _json_body(request: Request, required: bool) -> Any:
+    raw = await request.body()
+    if not raw.strip():
+        if required:
+            raise RequestError(400, "body: a JSON body is required", param="body")
+        return {}
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise RequestError(400, f"body: malformed JSON: {exc}", param="body") from None
+
+
+def create_app(core: SessionCore, public_url: str | None = None) -> FastAPI:
+    """The FastAPI app serving `core`; `public_url` is the base agents reach it at."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        sweeper = asyncio.create_task(_sweep(core))
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
+            close = getattr(core.backend, "aclose", None)
+            if close is not None:
+                await close()
+
+    app = FastAPI(title="rl360 session server", lifespan=lifespan)
+
+    @app.exception_handler(RequestError)
+    async def _refused(_: Request, exc: RequestError) -> Response:
+        return json_response(exc.to_json(), exc.status)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return json_response({"status": "ok", "sessions": len(core.sessions)})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(core.metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.post("/sessions")
+    async def create_session(request: Request) -> Response:
+        body = await _json_body(request, required=False)
+        if not isinstance(body, dict):
+            raise RequestError(400, "body: must be a JSON object", param="body")
+        unknown = sorted(set(body) - {"metadata", "routing_key"})
+        if unknown:
+            raise RequestError(400, f"{unknown[0]}: unknown field", param=unknown[0])
+        session = core.create(body.get("metadata"), body.get("routing_key"))
+        base = (public_url or str(request.base_url)).rstrip("/")
+        return json_response(
+            {
+                "session_id": session.id,
+                "routing_key": session.routing_key,
+                "base_url": f"{base}/sessions/{session.id}/v1",
+            }
+        )
+
+    @app.post("/sessions/{session_id}/v1/chat/completions")
+    async def chat_completions(session_id: str, request: Request) -> Response:
+        body = await _json_body(request, required=True)
+        reply = await core.chat(session_id, body)
+        if not (isinstance(body, dict) and body.get("stream")):
+            return json_response(reply.completion())
+        chunk = orjson.dumps(reply.chunk())
+
+        async def events() -> AsyncIterator[bytes]:
+            yield b"data: " + chunk + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.get("/sessions/{session_id}/v1/models")
+    async def models(session_id: str) -> Response:
+        core.get(session_id)
+        card = {"id": core.config.model_name, "object": "model", "created": 0, "owned_by": "rl360"}
+        return json_response({"object": "list", "data": [card]})
+
+    @app.get("/sessions/{session_id}/merged")
+    async def merged(session_id: str, format: str = "binary") -> Response:
+        if format not in ("binary", "json"):
+            raise RequestError(400, f"format: must be binary or json, got {format!r}", param="format")
+        if format == "binary":
+            return Response(await core.merged_wire(session_id), media_type=WIRE_MEDIA_TYPE)
+        sample = await core.merged(session_id)
+        return Response(
+            orjson.dumps(sample.to_json(), option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json"
+        )
+
+    @app.delete("/sessions/{session_id}")
+    async def delete(session_id: str) -> Response:
+        core.delete(session_id)
+        return json_response({"session_id": session_id, "deleted": True})
+
+    return app
+
+
+async def _sweep(core: SessionCore) -> None:
+    interval = min(max(core.config.idle_ttl_s / 4, 0.05), 30.0)
+    while True:
+        await asyncio.sleep(interval)
+        core.evict_idle()

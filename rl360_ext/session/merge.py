@@ -1,0 +1,276 @@
+"""Merging a session's turns into one sample per trajectory (pure functions, no I/O).
+
+Owns the per-turn record (`TurnRecord`), the merged sample (`MergedSample`) and the merge
+rules: tokens are every turn's appended input followed by its output; `loss_mask` is 1 only on
+tokens the policy sampled (0 on prompts, tool output and template tokens); `rollout_log_probs`
+is the sampler's logprob there and 0 elsewhere; routing rows cover every token but the last; a
+turn that finished with `length` (or `abort`) is the last one kept, later turns are dropped and
+the status says TRUNCATED (or ABORTED). When the history forked, the sample is the last segment
+(the context the model saw last); earlier segments are counted in the metadata. It does not own
+producing turns (`core.py`) or their bytes on the wire (`wire.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rl360_ext.session.routing import SOURCE_DECODE, SOURCE_LATER_PREFILL
+
+COMPLETED = "COMPLETED"
+TRUNCATED = "TRUNCATED"
+ABORTED = "ABORTED"
+FAILED = "FAILED"
+STATUSES = (COMPLETED, TRUNCATED, ABORTED, FAILED)
+MERGE_KEY = "merge"  # metadata key of the merge's own facts
+_STATUS_OF_FINISH = {"stop": COMPLETED, "length": TRUNCATED, "abort": ABORTED}
+
+
+class MergeError(ValueError):
+    """The turns do not form one append-only sequence (a bug upstream of the merge)."""
+
+
+@dataclass
+class TurnRecord:
+    """What one chat turn sent to and got from the engine (one /generate call)."""
+
+    index: int  # turn number within the session, across segments
+    segment: int  # history segment (a new one starts at every fork)
+    input_start: int  # position in the segment's tokens where this turn's appended input begins
+    input_ids: np.ndarray  # int32: tokens this turn appended before generating
+    output_ids: np.ndarray  # int32: tokens the policy sampled
+    output_logprobs: np.ndarray  # float32, one per output token
+    finish_reason: str  # "stop" | "length" | "abort"
+    weight_version: str | None = None
+    weight_versions: list[dict[str, Any]] = field(default_factory=list)  # spans {version, start, end}
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    routing: np.ndarray | None = None  # compact [rows, layers, top_k] for positions from routing_start
+    routing_start: int = 0
+    routing_sources: np.ndarray | None = None  # uint8 [rows], see rl360_ext.session.routing
+    routing_wire_bytes: int = 0  # base64 characters the engine sent for this turn's routing
+    finish_detail: dict[str, Any] = field(default_factory=dict)
+    latency_s: float = 0.0
+    routed_worker: str | None = None
+    new_messages: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.input_start + len(self.input_ids) + len(self.output_ids)
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-able facts of the turn (no token arrays)."""
+        return {
+            "index": self.index,
+            "segment": self.segment,
+            "input_start": self.input_start,
+            "input_tokens": len(self.input_ids),
+            "output_tokens": len(self.output_ids),
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "finish_reason": self.finish_reason,
+            "finish_detail": self.finish_detail,
+            "weight_version": self.weight_version,
+            "weight_versions": self.weight_versions,
+            "routing_rows": 0 if self.routing is None else len(self.routing),
+            "routing_wire_bytes": self.routing_wire_bytes,
+            "latency_s": self.latency_s,
+            "routed_worker": self.routed_worker,
+            "new_messages": self.new_messages,
+        }
+
+
+@dataclass
+class MergedSample:
+    """One trajectory as the trainer should see it. Arrays are numpy; see docs/session.md."""
+
+    session_id: str
+    status: str
+    tokens: np.ndarray  # int32 [n]
+    loss_mask: np.ndarray  # uint8 [n]
+    rollout_log_probs: np.ndarray  # float32 [n], 0 where loss_mask is 0
+    prompt_length: int  # tokens of the first prompt; the response is tokens[prompt_length:]
+    routed_experts: np.ndarray | None  # uint8/uint16 [n - 1, layers, top_k], None without R3
+    routing_sources: np.ndarray | None  # uint8 [n - 1], None without R3
+    weight_versions: list[str | None]  # one per kept turn
+    turns: list[dict[str, Any]]  # TurnRecord.summary() of each kept turn
+    metadata: dict[str, Any]
+
+    @property
+    def response_length(self) -> int:
+        return len(self.tokens) - self.prompt_length
+
+    @property
+    def r3_rows_from_prefill_fraction(self) -> float | None:
+        """Of the rows of sampled tokens, the fraction that came from a later prefill (None without R3)."""
+        return prefill_fraction(self.routing_sources)
+
+    def to_json(self) -> dict[str, Any]:
+        """A dict orjson serializes (numpy arrays stay arrays; use OPT_SERIALIZE_NUMPY)."""
+        return {
+            "session_id": self.session_id,
+            "status": self.status,
+            "tokens": self.tokens,
+            "loss_mask": self.loss_mask,
+            "rollout_log_probs": self.rollout_log_probs,
+            "prompt_length": self.prompt_length,
+            "response_length": self.response_length,
+            "routed_experts": self.routed_experts,
+            "routing_sources": self.routing_sources,
+            "weight_versions": self.weight_versions,
+            "turns": self.turns,
+            "metadata": self.metadata,
+        }
+
+
+def prefill_fraction(sources: np.ndarray | None) -> float | None:
+    if sources is None:
+        return None
+    sampled = int(np.count_nonzero((sources == SOURCE_DECODE) | (sources == SOURCE_LATER_PREFILL)))
+    return int(np.count_nonzero(sources == SOURCE_LATER_PREFILL)) / sampled if sampled else 0.0
+
+
+def kept_turns(turns: Sequence[TurnRecord]) -> list[TurnRecord]:
+    """The last segment's turns up to and including the first that finished with length or abort."""
+    if not turns:
+        return []
+    segment = turns[-1].segment
+    kept: list[TurnRecord] = []
+    for turn in turns:
+        if turn.segment != segment:
+            continue
+        kept.append(turn)
+        if turn.finish_reason in ("length", "abort"):
+            break
+    return kept
+
+
+def merge(
+    turns: Sequence[TurnRecord],
+    session_id: str = "",
+    metadata: dict[str, Any] | None = None,
+    routing_tail_shape: tuple[int, int] | None = None,
+    routing_dtype: np.dtype | None = None,
+) -> MergedSample:
+    """Merge a session's turns (in order) into one sample; see the module docstring for the rules.
+
+    `routing_tail_shape` (layers, top_k) and `routing_dtype` shape an empty routing array when
+    the session ran with R3 but has no rows (a one-token sample).
+    """
+    kept = kept_turns(turns)
+    facts = _merge_facts(turns, kept)
+    meta = {**(metadata or {}), MERGE_KEY: facts}
+    if not kept:
+        facts["failure"] = "the session has no turns"
+        return _empty(session_id, meta, routing_tail_shape, routing_dtype)
+    position = 0
+    for turn in kept:
+        if turn.input_start != position:
+            raise MergeError(f"turn {turn.index} starts at position {turn.input_start}, expected {position}")
+        if len(turn.output_logprobs) != len(turn.output_ids):
+            raise MergeError(
+                f"turn {turn.index} has {len(turn.output_logprobs)} logprobs "
+                f"for {len(turn.output_ids)} tokens"
+            )
+        position = turn.end
+    pieces = [a for t in kept for a in (t.input_ids, t.output_ids)]
+    tokens = np.concatenate(pieces).astype(np.int32, copy=False)
+    loss_mask = np.concatenate([np.full(len(a), i % 2, dtype=np.uint8) for i, a in enumerate(pieces)])
+    logprobs = np.concatenate(
+        [
+            a
+            for t in kept
+            for a in (np.zeros(len(t.input_ids), np.float32), t.output_logprobs.astype(np.float32))
+        ]
+    )
+    routed, sources = _merge_routing(kept, len(tokens), routing_tail_shape, routing_dtype)
+    facts["r3_rows_from_prefill_fraction"] = prefill_fraction(sources)
+    facts["routing_bytes_in_sample"] = 0 if routed is None else int(routed.nbytes)
+    status = _STATUS_OF_FINISH.get(kept[-1].finish_reason, FAILED)
+    return MergedSample(
+        session_id=session_id,
+        status=status,
+        tokens=tokens,
+        loss_mask=loss_mask,
+        rollout_log_probs=logprobs,
+        prompt_length=len(kept[0].input_ids),
+        routed_experts=routed,
+        routing_sources=sources,
+        weight_versions=[t.weight_version for t in kept],
+        turns=[t.summary() for t in kept],
+        metadata=meta,
+    )
+
+
+def _merge_routing(
+    kept: list[TurnRecord],
+    n_tokens: int,
+    tail_shape: tuple[int, int] | None,
+    dtype: np.dtype | None,
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    with_rows = [t.routing is not None for t in kept]
+    if not any(with_rows):
+        return None, None
+    if not all(with_rows):
+        missing = [t.index for t in kept if t.routing is None]
+        raise MergeError(f"turns {missing} have no routing rows while other turns do")
+    rows_so_far = 0
+    for turn in kept:
+        if turn.routing_start != rows_so_far:
+            raise MergeError(
+                f"turn {turn.index} routing starts at row {turn.routing_start}, expected {rows_so_far}"
+            )
+        rows_so_far += len(turn.routing)  # type: ignore[arg-type]
+    if rows_so_far != n_tokens - 1:
+        raise MergeError(f"merged routing has {rows_so_far} rows for {n_tokens} tokens (expected tokens - 1)")
+    widest = np.result_type(*[t.routing.dtype for t in kept])  # type: ignore[union-attr]
+    if dtype is not None:
+        widest = np.result_type(widest, dtype)
+    routed = np.concatenate([t.routing.astype(widest, copy=False) for t in kept])  # type: ignore[union-attr]
+    sources = np.concatenate([t.routing_sources for t in kept]).astype(np.uint8, copy=False)  # type: ignore[misc]
+    if tail_shape is not None and routed.shape[1:] != tail_shape:
+        raise MergeError(f"routing rows have shape {routed.shape[1:]}, expected {tail_shape}")
+    return routed, sources
+
+
+def _merge_facts(turns: Sequence[TurnRecord], kept: list[TurnRecord]) -> dict[str, Any]:
+    last_segment = turns[-1].segment if turns else 0
+    in_last = sum(1 for t in turns if t.segment == last_segment)
+    return {
+        "turns_total": len(turns),
+        "turns_kept": len(kept),
+        "turns_dropped_after_truncation": in_last - len(kept),
+        "segments": last_segment + 1,
+        "turns_in_earlier_segments": len(turns) - in_last,
+        "cached_tokens_total": int(sum(t.cached_tokens for t in turns)),
+        "prompt_tokens_total": int(sum(t.prompt_tokens for t in turns)),
+        "routing_wire_bytes_moved": int(sum(t.routing_wire_bytes for t in turns)),
+        "routing_bytes_stored": int(sum(0 if t.routing is None else t.routing.nbytes for t in turns)),
+    }
+
+
+def _empty(
+    session_id: str,
+    meta: dict[str, Any],
+    tail_shape: tuple[int, int] | None,
+    dtype: np.dtype | None,
+) -> MergedSample:
+    routed = None if tail_shape is None else np.zeros((0, *tail_shape), dtype=dtype or np.uint8)
+    meta[MERGE_KEY]["r3_rows_from_prefill_fraction"] = None if routed is None else 0.0
+    meta[MERGE_KEY]["routing_bytes_in_sample"] = 0
+    return MergedSample(
+        session_id=session_id,
+        status=FAILED,
+        tokens=np.zeros(0, np.int32),
+        loss_mask=np.zeros(0, np.uint8),
+        rollout_log_probs=np.zeros(0, np.float32),
+        prompt_length=0,
+        routed_experts=routed,
+        routing_sources=None if routed is None else np.zeros(0, np.uint8),
+        weight_versions=[],
+        turns=[],
+        metadata=meta,
+    )

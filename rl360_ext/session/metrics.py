@@ -1,0 +1,89 @@
+"""Prometheus metrics of one session server (its own registry, so servers in one process don't mix).
+
+Owns the metric names and their updates from turn records. It does not own serving `/metrics`
+(the FastAPI adapter calls `render()`).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from rl360_ext.session.merge import TurnRecord
+from rl360_ext.session.routing import SOURCE_DECODE, SOURCE_LATER_PREFILL
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class SessionMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.sessions_open = Gauge("rl360_session_sessions_open", "Sessions held in memory", registry=r)
+        self.sessions_created = Counter("rl360_session_sessions_created", "Sessions created", registry=r)
+        self.sessions_expired = Counter(
+            "rl360_session_sessions_expired", "Sessions dropped by the idle TTL", registry=r
+        )
+        self.turns = Counter("rl360_session_turns", "Recorded turns", ["finish_reason"], registry=r)
+        self.turn_errors = Counter(
+            "rl360_session_turn_errors", "Turns not recorded, by cause", ["cause"], registry=r
+        )
+        self.forks = Counter(
+            "rl360_session_history_forks", "History mismatches that started a segment", registry=r
+        )
+        self.rejects = Counter(
+            "rl360_session_history_rejects", "History mismatches answered with 409", registry=r
+        )
+        self.prompt_tokens = Counter(
+            "rl360_session_prompt_tokens", "Prompt tokens sent to the engine", registry=r
+        )
+        self.cached_tokens = Counter(
+            "rl360_session_cached_tokens", "Prompt tokens the engine served from its prefix cache", registry=r
+        )
+        self.output_tokens = Counter("rl360_session_output_tokens", "Tokens the policy sampled", registry=r)
+        self.routing_wire_bytes = Counter(
+            "rl360_session_routing_wire_bytes", "Base64 routing bytes received from the engine", registry=r
+        )
+        self.routing_rows = Counter("rl360_session_routing_rows", "Routing rows received", registry=r)
+        self.merged_bytes = Counter(
+            "rl360_session_merged_bytes", "Bytes of merged samples served", registry=r
+        )
+        self.cache_hit_fraction = Gauge(
+            "rl360_session_cache_hit_fraction", "cached_tokens / prompt_tokens over all turns", registry=r
+        )
+        self.prefill_fraction = Gauge(
+            "rl360_session_r3_rows_from_prefill_fraction",
+            "Of routing rows of sampled tokens, the fraction that came from a later prefill",
+            registry=r,
+        )
+        self.turn_latency = Histogram(
+            "rl360_session_turn_latency_seconds",
+            "Engine round trip per turn",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=r,
+        )
+        self._sampled_rows = 0
+        self._prefill_rows = 0
+        self._prompt = 0
+        self._cached = 0
+
+    def record_turn(self, turn: TurnRecord) -> None:
+        self.turns.labels(turn.finish_reason).inc()
+        self.prompt_tokens.inc(turn.prompt_tokens)
+        self.cached_tokens.inc(turn.cached_tokens)
+        self.output_tokens.inc(len(turn.output_ids))
+        self.turn_latency.observe(turn.latency_s)
+        self._prompt += turn.prompt_tokens
+        self._cached += turn.cached_tokens
+        if self._prompt:
+            self.cache_hit_fraction.set(self._cached / self._prompt)
+        if turn.routing_sources is not None:
+            self.routing_wire_bytes.inc(turn.routing_wire_bytes)
+            self.routing_rows.inc(len(turn.routing_sources))
+            sources = turn.routing_sources
+            self._sampled_rows += int(((sources == SOURCE_DECODE) | (sources == SOURCE_LATER_PREFILL)).sum())
+            self._prefill_rows += int((sources == SOURCE_LATER_PREFILL).sum())
+            if self._sampled_rows:
+                self.prefill_fraction.set(self._prefill_rows / self._sampled_rows)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

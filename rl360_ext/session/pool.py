@@ -1,0 +1,241 @@
+"""A pool of session servers as Ray actors, with sessions placed by consistent hashing of their id.
+
+Owns starting N actors (scheduling strategy SPREAD, so they land on different nodes when there
+are several), each running a session server over HTTP on its node; creating a session on the
+actor its id hashes to; collecting merged samples concurrently from the actors that hold them
+(each actor encodes its samples in the wire format, the pool decodes them zero-copy); deleting
+sessions; shutdown. Session ids are unguessable (drawn here) so the ring spreads them evenly.
+It does not own session logic (`core.py`) or HTTP routes (`app.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import hashlib
+import secrets
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from rl360_ext.session import wire
+from rl360_ext.session.merge import MergedSample
+from rl360_ext.session.service import ServiceOptions
+
+VNODES_PER_SERVER = 64
+
+
+class SessionPoolError(RuntimeError):
+    """A pool operation failed for some sessions; the message names them and says why."""
+
+
+def _point(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
+
+
+class HashRing:
+    """Consistent hashing of session ids onto `servers` slots, `vnodes` points per slot."""
+
+    def __init__(self, servers: int, vnodes: int = VNODES_PER_SERVER) -> None:
+        if servers < 1:
+            raise ValueError(f"a pool needs at least one server, got {servers}")
+        points = sorted((_point(f"server-{s}-vnode-{v}"), s) for s in range(servers) for v in range(vnodes))
+        self._keys = [p for p, _ in points]
+        self._servers = [s for _, s in points]
+
+    def server_for(self, session_id: str) -> int:
+        index = bisect.bisect(self._keys, _point(session_id)) % len(self._keys)
+        return self._servers[index]
+
+
+class SessionServerActor:
+    """One session server inside a Ray actor: uvicorn on the actor's event loop, plus control calls."""
+
+    def __init__(self, options: ServiceOptions, host: str | None, port: int) -> None:
+        self.options = options
+        self.host = host
+        self.port = port
+        self.core: Any = None
+        self._server: Any = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> str:
+        """Serve HTTP on this node; returns the base URL."""
+        import ray
+        import uvicorn
+
+        from rl360_ext.session.app import create_app
+        from rl360_ext.session.service import build_core
+
+        host = self.host or ray.util.get_node_ip_address()
+        self.core = build_core(self.options)
+        config = uvicorn.Config(
+            create_app(self.core, public_url=self.options.public_url),
+            host=host,
+            port=self.port,
+            log_level="warning",
+            access_log=False,
+        )
+        self._server = uvicorn.Server(config)
+        self._task = asyncio.create_task(self._server.serve())
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+                raise RuntimeError(f"session server on {host}:{self.port} stopped while starting")
+            await asyncio.sleep(0.02)
+        port = self._server.servers[0].sockets[0].getsockname()[1]
+        return f"http://{host}:{port}"
+
+    async def create_session(
+        self, session_id: str, metadata: dict[str, Any] | None, routing_key: str | None
+    ) -> str:
+        return self.core.create(metadata, routing_key, session_id=session_id).routing_key
+
+    async def collect(self, session_ids: list[str]) -> list[bytes | str]:
+        """Each session's merged sample in the wire format, or the error that stopped it."""
+
+        async def one(sid: str) -> bytes | str:
+            try:
+                return await self.core.merged_wire(sid)
+            except Exception as exc:  # reported per session; the pool raises with every reason
+                return f"{type(exc).__name__}: {exc}"
+
+        return list(await asyncio.gather(*(one(sid) for sid in session_ids)))
+
+    async def delete(self, session_ids: list[str]) -> list[str]:
+        missing = []
+        for sid in session_ids:
+            try:
+                self.core.delete(sid)
+            except Exception as exc:  # an unknown id is reported, the rest are deleted
+                missing.append(f"{sid}: {exc}")
+        return missing
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._task is not None:
+            await self._task
+
+
+class SessionPool:
+    """N session servers as Ray actors. Sync methods block; `a*` methods are awaitable."""
+
+    def __init__(
+        self,
+        num_servers: int = 1,
+        backend_url: str = "",
+        tokenizer_dir: str = "",
+        r3: bool = False,
+        *,
+        host: str | None = None,
+        port: int = 0,
+        actor_num_cpus: float = 1.0,
+        **options: Any,
+    ) -> None:
+        import ray
+
+        if not backend_url or not tokenizer_dir:
+            raise ValueError("SessionPool needs backend_url and tokenizer_dir")
+        if not ray.is_initialized():
+            ray.init()
+        self.options = ServiceOptions(
+            backend_url=backend_url, tokenizer_dir=str(tokenizer_dir), r3=r3, **options
+        )
+        self.ring = HashRing(num_servers)
+        actor_class = ray.remote(SessionServerActor)
+        self.actors = [
+            actor_class.options(scheduling_strategy="SPREAD", num_cpus=actor_num_cpus).remote(
+                replace(self.options), host, port
+            )
+            for _ in range(num_servers)
+        ]
+        self.urls: list[str] = ray.get([actor.start.remote() for actor in self.actors])
+
+    def server_for(self, session_id: str) -> int:
+        return self.ring.server_for(session_id)
+
+    def _base_url(self, session_id: str) -> str:
+        return f"{self.urls[self.server_for(session_id)]}/sessions/{session_id}/v1"
+
+    async def acreate_session(
+        self, metadata: dict[str, Any] | None = None, routing_key: str | None = None
+    ) -> tuple[str, str]:
+        """(session_id, base_url): point an OpenAI client at base_url."""
+        session_id = secrets.token_urlsafe(18)
+        actor = self.actors[self.server_for(session_id)]
+        await actor.create_session.remote(session_id, metadata, routing_key)
+        return session_id, self._base_url(session_id)
+
+    def create_session(
+        self, metadata: dict[str, Any] | None = None, routing_key: str | None = None
+    ) -> tuple[str, str]:
+        import ray
+
+        session_id = secrets.token_urlsafe(18)
+        actor = self.actors[self.server_for(session_id)]
+        ray.get(actor.create_session.remote(session_id, metadata, routing_key))
+        return session_id, self._base_url(session_id)
+
+    def _by_server(self, session_ids: Iterable[str]) -> dict[int, list[str]]:
+        groups: dict[int, list[str]] = {}
+        for sid in session_ids:
+            groups.setdefault(self.server_for(sid), []).append(sid)
+        return groups
+
+    @staticmethod
+    def _decode(
+        session_ids: Sequence[str], groups: dict[int, list[str]], results: list[list[Any]]
+    ) -> list[MergedSample]:
+        found: dict[str, MergedSample] = {}
+        errors: list[str] = []
+        for group, encoded in zip(groups.values(), results, strict=True):
+            for sid, item in zip(group, encoded, strict=True):
+                if isinstance(item, str):
+                    errors.append(f"{sid}: {item}")
+                else:
+                    found[sid] = wire.decode(item)
+        if errors:
+            raise SessionPoolError(f"could not collect {len(errors)} session(s): " + "; ".join(errors))
+        return [found[sid] for sid in session_ids]
+
+    def collect(self, session_ids: Sequence[str]) -> list[MergedSample]:
+        """Merged samples in the order of `session_ids`, fetched from all servers at once."""
+        import ray
+
+        groups = self._by_server(session_ids)
+        refs = [self.actors[server].collect.remote(ids) for server, ids in groups.items()]
+        return self._decode(session_ids, groups, ray.get(refs))
+
+    async def acollect(self, session_ids: Sequence[str]) -> list[MergedSample]:
+        groups = self._by_server(session_ids)
+        refs = [self.actors[server].collect.remote(ids) for server, ids in groups.items()]
+        return self._decode(session_ids, groups, list(await asyncio.gather(*refs)))
+
+    def delete(self, session_ids: str | Sequence[str]) -> None:
+        import ray
+
+        ids = [session_ids] if isinstance(session_ids, str) else list(session_ids)
+        groups = self._by_server(ids)
+        missing = [
+            m for ms in ray.get([self.actors[s].delete.remote(g) for s, g in groups.items()]) for m in ms
+        ]
+        if missing:
+            raise SessionPoolError("could not delete: " + "; ".join(missing))
+
+    async def adelete(self, session_ids: str | Sequence[str]) -> None:
+        ids = [session_ids] if isinstance(session_ids, str) else list(session_ids)
+        groups = self._by_server(ids)
+        results = await asyncio.gather(*(self.actors[s].delete.remote(g) for s, g in groups.items()))
+        missing = [m for ms in results for m in ms]
+        if missing:
+            raise SessionPoolError("could not delete: " + "; ".join(missing))
+
+    def shutdown(self) -> None:
+        """Stop every server and release the actors."""
+        import ray
+
+        ray.get([actor.stop.remote() for actor in self.actors])
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []

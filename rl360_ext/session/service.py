@@ -1,0 +1,154 @@
+"""Assembling a session server from its options: tokenizer, template check, routing shape, backend.
+
+Owns `ServiceOptions` (everything `rl360 session serve` and the Ray pool pass), resolving the R3
+routing shape (explicit options, else the model's `config.json` next to the tokenizer, else the
+backend's model info), the startup append-only check of the chat template (refuse to start on a
+violation unless allowed), building the `SessionCore`, and running it under uvicorn. It does not
+own the HTTP routes (`app.py`) or session logic (`core.py`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from rl360_ext.session.core import ServerConfig, SessionCore
+from rl360_ext.session.routing import RoutingShape, shape_from_model_config
+
+log = logging.getLogger("rl360.session")
+TEMPLATE_CHECK_CASES = 200  # generated conversations the startup check replays (~0.5 s)
+
+
+class ServiceStartupError(RuntimeError):
+    """The server must not start with these options (the message says why and what to pass)."""
+
+
+@dataclass
+class ServiceOptions:
+    backend_url: str
+    tokenizer_dir: str
+    r3: bool = False
+    history_mismatch: str = "fork"
+    allow_non_append_only: bool = False
+    max_sessions: int = 4096
+    idle_ttl_s: float = 7200.0
+    model_name: str = "rl360-policy"
+    routing_layers: int | None = None
+    routing_top_k: int | None = None
+    routing_experts: int | None = None
+    engine_timeout_s: float = 3600.0
+    public_url: str | None = None  # base URL agents reach this server at (default: the request's)
+
+
+def _shape_from_model_info(info: dict[str, Any]) -> RoutingShape | None:
+    layers = info.get("num_layers") or info.get("num_hidden_layers")
+    top_k = info.get("num_experts_per_tok") or info.get("moe_topk")
+    experts = info.get("num_experts") or info.get("n_routed_experts")
+    if layers and top_k and experts:
+        return RoutingShape(int(layers), int(top_k), int(experts))
+    return None
+
+
+def _model_info(backend_url: str) -> dict[str, Any]:
+    """The backend's model info (engines serve /model_info, the SMG gateway /get_model_info)."""
+    for path in ("/model_info", "/get_model_info"):
+        try:
+            response = httpx.get(backend_url.rstrip("/") + path, timeout=10.0)
+            info = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            info = None
+        if isinstance(info, dict):
+            return info
+    return {}
+
+
+def resolve_routing_shape(options: ServiceOptions) -> RoutingShape | None:
+    """The routing shape R3 needs; None without --r3. Raises ServiceStartupError if unknown."""
+    if not options.r3:
+        return None
+    given = (options.routing_layers, options.routing_top_k, options.routing_experts)
+    if all(v is not None for v in given):
+        return RoutingShape(*given)  # type: ignore[arg-type]
+    shape = shape_from_model_config(options.tokenizer_dir)
+    if shape is None:
+        shape = _shape_from_model_info(_model_info(options.backend_url))
+    if shape is None:
+        raise ServiceStartupError(
+            "--r3 needs the routing shape: pass --r3-layers, --r3-top-k and --r3-experts (no config.json "
+            f"with MoE sizes in {options.tokenizer_dir}, and {options.backend_url} reports no MoE sizes)"
+        )
+    return RoutingShape(
+        options.routing_layers or shape.layers,
+        options.routing_top_k or shape.top_k,
+        options.routing_experts or shape.num_experts,
+    )
+
+
+def check_template_or_refuse(renderer: Any, options: ServiceOptions) -> dict[str, Any]:
+    """Run the append-only checker on the server's template; refuse to start on a violation.
+
+    With `allow_non_append_only` the server starts anyway (each new session logs a warning).
+    Returns the template facts every merged sample carries in its metadata.
+    """
+    from rl360_ext.templates.check import check_template
+
+    report = check_template(renderer.tokenizer, renderer.chat_template, cases=TEMPLATE_CHECK_CASES)
+    if not report.ok and not options.allow_non_append_only:
+        raise ServiceStartupError(
+            f"the chat template in {options.tokenizer_dir} is not append-only, so token-in/token-out "
+            "would train on a context the model never saw. Use a fixed template (rl360 template fixed) "
+            f"or pass --allow-non-append-only.\n{report.summary()}"
+        )
+    if not report.ok:
+        log.warning("starting with a chat template that is not append-only:\n%s", report.summary())
+    return {
+        "tokenizer_dir": options.tokenizer_dir,
+        "chat_template_sha256": hashlib.sha256(renderer.chat_template.encode()).hexdigest(),
+        "append_only": report.ok,
+        "end_token": report.end_token,
+        "checked_conversations": report.cases,
+        "violations": [v.kind for v in report.violations],
+    }
+
+
+def build_core(options: ServiceOptions) -> SessionCore:
+    """Load the tokenizer, check the template, resolve R3 and connect the backend client."""
+    from rl360_ext.engine.client import EngineClient
+    from rl360_ext.engine.tokenizer import load_hf_tokenizer
+    from rl360_ext.session.tito import TitoRenderer
+    from rl360_ext.templates.render import ChatRenderer
+
+    renderer = ChatRenderer(load_hf_tokenizer(options.tokenizer_dir))
+    facts = check_template_or_refuse(renderer, options)
+    config = ServerConfig(
+        r3=options.r3,
+        routing_shape=resolve_routing_shape(options),
+        history_mismatch=options.history_mismatch,  # type: ignore[arg-type]
+        max_sessions=options.max_sessions,
+        idle_ttl_s=options.idle_ttl_s,
+        model_name=options.model_name,
+        template_facts=facts,
+        template_append_only=facts["append_only"],
+    )
+    backend = EngineClient(options.backend_url, timeout_s=options.engine_timeout_s)
+    return SessionCore(TitoRenderer(renderer), backend, config)
+
+
+def serve(options: ServiceOptions, host: str, port: int) -> None:
+    """Build the core and serve it with uvicorn until interrupted."""
+    import uvicorn
+
+    from rl360_ext.session.app import create_app
+
+    core = build_core(options)
+    uvicorn.run(
+        create_app(core, public_url=options.public_url),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+    )

@@ -1,0 +1,92 @@
+"""Token-in/token-out for a session: what to append to the held tokens, and what the reply says.
+
+Owns the session's use of `ChatRenderer` (every message the session tokenizes goes through
+`prompt_ids` / `suffix_ids`, the contract the append-only checker proves), the end-of-turn
+facts of a template (which token ends an assistant turn and the text the template renders after
+the assistant's content), the closing tokens appended when a turn did not end with that token
+(a `length` cut or a stop string), and decoding sampled tokens into the reply text. It does not
+own sessions (`core.py`) or the parsing rules (`rl360_ext.templates.parse`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rl360_ext.templates.parse import ParsedAssistant
+from rl360_ext.templates.render import ChatRenderer
+
+Message = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TurnEnd:
+    """How an assistant turn ends in this template."""
+
+    closing_text: str  # rendered after the assistant's content, e.g. "<|im_end|>"
+    end_token_id: int | None  # the token the model samples to end its turn, if the closing starts with one
+    end_token_text: str
+
+
+def turn_end(renderer: ChatRenderer) -> TurnEnd:
+    """The template's closing text and the special token it starts with (else the eos token)."""
+    tokenizer = renderer.tokenizer
+    eos_text = tokenizer.eos_token or ""
+    closing = renderer.assistant_closing()
+    if closing is None:
+        closing = eos_text
+    added = {text: token_id for text, token_id in tokenizer.get_added_vocab().items() if text.strip()}
+    for text in sorted(added, key=len, reverse=True):
+        if closing.startswith(text):
+            return TurnEnd(closing, added[text], text)
+    return TurnEnd(closing, tokenizer.eos_token_id, eos_text)
+
+
+class TitoRenderer:
+    """The session's tokenization: first prompts, suffixes, closing tokens, reply text."""
+
+    def __init__(self, renderer: ChatRenderer) -> None:
+        self.renderer = renderer
+        self.tokenizer = renderer.tokenizer
+        self.turn_end = turn_end(renderer)
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        ids = {self.turn_end.end_token_id, self.tokenizer.eos_token_id}
+        return sorted(i for i in ids if i is not None)
+
+    def first_prompt(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None) -> list[int]:
+        return self.renderer.prompt_ids(messages, tools)
+
+    def suffix(
+        self,
+        history: Sequence[Message],
+        new_messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None,
+    ) -> list[int]:
+        """Raises TemplateNotAppendOnlyError when the history's render is not a prefix."""
+        return self.renderer.suffix_ids(history, new_messages, tools)
+
+    def closing_ids(self, output_ids: Sequence[int]) -> list[int]:
+        """Tokens the template renders after this turn's output that the model did not sample."""
+        end = self.turn_end
+        closing = end.closing_text
+        if output_ids and end.end_token_id is not None and output_ids[-1] == end.end_token_id:
+            closing = closing[len(end.end_token_text) :]
+        return self.renderer.encode(closing) if closing else []
+
+    def parse(self, text: str) -> ParsedAssistant:
+        """Reply text as message fields that re-render verbatim (the template's tool-call separator)."""
+        return self.renderer.parse_assistant(text)
+
+    def reply_text(self, output_ids: Sequence[int], finish_type: str, matched: int | str | None) -> str:
+        """The sampled text the agent sees: the end token or a matched stop string removed."""
+        ids = list(output_ids)
+        ends_with_stop = ids and (ids[-1] == matched or ids[-1] in self.stop_token_ids)
+        if finish_type == "stop" and ends_with_stop:
+            ids = ids[:-1]
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        if finish_type == "stop" and isinstance(matched, str) and matched and matched in text:
+            text = text[: text.index(matched)]
+        return text

@@ -1,0 +1,157 @@
+"""The binary wire format of a merged sample: a fixed header, then contiguous little-endian arrays.
+
+Owns `encode(sample) -> bytes` and `decode(buffer) -> MergedSample`; decoding is zero-copy (the
+arrays are read-only numpy views on the buffer). Layout, version 1 (documented in
+docs/session.md; every integer little-endian):
+
+    offset  size  field
+    0       4     magic b"RL3S"
+    4       2     u16 format version (1)
+    6       2     u16 flags (bit 0: routing present)
+    8       8     u64 n_tokens
+    16      8     u64 n_rows (routing rows; n_tokens - 1, or 0 without routing)
+    24      2     u16 layers
+    26      2     u16 top_k
+    28      1     u8  routing dtype: 0 none, 1 uint8, 2 uint16
+    29      3     reserved (zero)
+    32      8     u64 metadata length in bytes (UTF-8 JSON)
+    40      24    reserved (zero)
+    64      ...   sections, each starting at a multiple of 64:
+                  tokens int32[n_tokens], rollout_log_probs float32[n_tokens],
+                  loss_mask uint8[n_tokens], routed_experts [n_rows, layers, top_k],
+                  routing_sources uint8[n_rows], metadata JSON
+
+It does not own the merge (`merge.py`) or transport (the FastAPI adapter, the Ray pool).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+import orjson
+
+from rl360_ext.session.merge import MergedSample
+
+MAGIC = b"RL3S"
+VERSION = 1
+ALIGN = 64
+_HEADER = struct.Struct("<4sHHQQHHB3xQ24x")
+HEADER_SIZE = _HEADER.size
+_ROUTING_DTYPES: dict[int, np.dtype] = {1: np.dtype(np.uint8), 2: np.dtype("<u2")}
+_ROUTING_CODES = {dtype: code for code, dtype in _ROUTING_DTYPES.items()}
+_ZEROS = bytes(ALIGN)
+
+
+class WireFormatError(ValueError):
+    """The buffer is not a merged sample this version of the codec can read."""
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // ALIGN) * ALIGN
+
+
+def _meta_json(sample: MergedSample) -> bytes:
+    return orjson.dumps(
+        {
+            "session_id": sample.session_id,
+            "status": sample.status,
+            "prompt_length": sample.prompt_length,
+            "weight_versions": sample.weight_versions,
+            "turns": sample.turns,
+            "metadata": sample.metadata,
+        },
+        option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
+    )
+
+
+def encode(sample: MergedSample) -> bytes:
+    """The sample as one bytes object (one copy of each array, no per-element work)."""
+    n = len(sample.tokens)
+    routed = sample.routed_experts
+    if routed is not None:
+        code = _ROUTING_CODES.get(routed.dtype.newbyteorder("<"))
+        if code is None:
+            raise WireFormatError(f"routed_experts dtype {routed.dtype} is not uint8 or uint16")
+        if routed.ndim != 3 or len(routed) != max(n - 1, 0):
+            raise WireFormatError(
+                f"routed_experts has shape {routed.shape}; expected [{max(n - 1, 0)}, layers, top_k]"
+            )
+        rows, layers, top_k = routed.shape
+        sources = sample.routing_sources if sample.routing_sources is not None else np.zeros(rows, np.uint8)
+    else:
+        code, rows, layers, top_k, sources = 0, 0, 0, 0, None
+    for name in ("loss_mask", "rollout_log_probs"):
+        if len(getattr(sample, name)) != n:
+            raise WireFormatError(f"{name} has {len(getattr(sample, name))} entries for {n} tokens")
+    arrays: list[np.ndarray] = [
+        np.ascontiguousarray(sample.tokens, dtype="<i4"),
+        np.ascontiguousarray(sample.rollout_log_probs, dtype="<f4"),
+        np.ascontiguousarray(sample.loss_mask, dtype=np.uint8),
+    ]
+    if routed is not None and sources is not None:
+        arrays.append(np.ascontiguousarray(routed, dtype=_ROUTING_DTYPES[code]))
+        arrays.append(np.ascontiguousarray(sources, dtype=np.uint8))
+    meta = _meta_json(sample)
+    header = _HEADER.pack(MAGIC, VERSION, 1 if code else 0, n, rows, layers, top_k, code, len(meta))
+    parts: list[Any] = [header]
+    offset = HEADER_SIZE
+    for array in arrays:
+        parts.append(_ZEROS[: _aligned(offset) - offset])
+        offset = _aligned(offset)
+        parts.append(memoryview(array.reshape(-1).view(np.uint8)))
+        offset += array.nbytes
+    parts.append(_ZEROS[: _aligned(offset) - offset])
+    parts.append(meta)
+    return b"".join(parts)
+
+
+def decode(buffer: bytes | bytearray | memoryview) -> MergedSample:
+    """Read a buffer written by `encode`; arrays are zero-copy views (read-only for bytes)."""
+    view = memoryview(buffer).cast("B")
+    if len(view) < HEADER_SIZE:
+        raise WireFormatError(f"buffer has {len(view)} bytes, shorter than the {HEADER_SIZE}-byte header")
+    magic, version, _flags, n, rows, layers, top_k, code, meta_len = _HEADER.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise WireFormatError(f"buffer starts with {bytes(magic)!r}, not the merged-sample magic {MAGIC!r}")
+    if version != VERSION:
+        raise WireFormatError(
+            f"merged-sample format version {version} is not supported (this codec reads {VERSION})"
+        )
+    if code and code not in _ROUTING_DTYPES:
+        raise WireFormatError(f"unknown routing dtype code {code}")
+    offset = HEADER_SIZE
+    sections: list[np.ndarray] = []
+    layout: list[tuple[np.dtype, tuple[int, ...]]] = [
+        (np.dtype("<i4"), (n,)),
+        (np.dtype("<f4"), (n,)),
+        (np.dtype(np.uint8), (n,)),
+    ]
+    if code:
+        layout += [(_ROUTING_DTYPES[code], (rows, layers, top_k)), (np.dtype(np.uint8), (rows,))]
+    for dtype, shape in layout:
+        offset = _aligned(offset)
+        count = int(np.prod(shape))
+        end = offset + count * dtype.itemsize
+        if end > len(view):
+            raise WireFormatError(f"buffer of {len(view)} bytes ends inside an array section (needs {end})")
+        sections.append(np.frombuffer(view, dtype=dtype, count=count, offset=offset).reshape(shape))
+        offset = end
+    offset = _aligned(offset)
+    if offset + meta_len != len(view):
+        raise WireFormatError(f"buffer has {len(view)} bytes; header promises {offset + meta_len}")
+    meta = orjson.loads(view[offset : offset + meta_len])
+    return MergedSample(
+        session_id=meta["session_id"],
+        status=meta["status"],
+        tokens=sections[0],
+        rollout_log_probs=sections[1],
+        loss_mask=sections[2],
+        routed_experts=sections[3] if code else None,
+        routing_sources=sections[4] if code else None,
+        prompt_length=meta["prompt_length"],
+        weight_versions=meta["weight_versions"],
+        turns=meta["turns"],
+        metadata=meta["metadata"],
+    )
