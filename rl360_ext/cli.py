@@ -98,3 +98,11 @@ def bench_r3(json: bool = typer.Option(False, "--json", help="Print JSON instead
     from rl360_ext.session.bench import main
 
     main(as_json=json)
+
+
+@bench_app.command("template")
+def bench_template(json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+    """Append-only checker cost at server start vs rendering each request once."""
+    from rl360_ext.templates.bench import main
+
+    main(as_json=json)

@@ -8,6 +8,7 @@ round-trips because the pre-tokenizer is byte-level. It does not own chat render
 
 from __future__ import annotations
 
+import hashlib
 import json
 from functools import lru_cache
 from importlib import resources
@@ -104,8 +105,15 @@ def load_hf_tokenizer(directory: str | None = None):  # -> transformers.PreTrain
 
 
 def default_tokenizer_dir() -> Path:
-    """A per-user cache of the tiny engine's tokenizer directory, written on first use."""
-    cache = Path.home() / ".cache" / "rl360" / "tiny-tokenizer-v1"
+    """A per-user cache of the tiny engine's tokenizer directory, written on first use.
+
+    The folder name carries a digest of the corpus, vocabulary size and chat template, so a
+    changed template never serves a stale copy.
+    """
+    fingerprint = hashlib.sha256(
+        "\0".join([*_CORPUS, str(TARGET_VOCAB_SIZE), chat_template()]).encode()
+    ).hexdigest()[:12]
+    cache = Path.home() / ".cache" / "rl360" / f"tiny-tokenizer-{fingerprint}"
     if not (cache / "tokenizer_config.json").exists():
         write_tokenizer_dir(cache)
     return cache

@@ -30,6 +30,9 @@ def serve(
     r3_top_k: int | None = typer.Option(None, min=1, help="Experts per token (default: as above)."),
     r3_experts: int | None = typer.Option(None, min=1, help="Experts per layer (default: as above)."),
     public_url: str | None = typer.Option(None, help="Base URL agents reach this server at."),
+    chat_template: str | None = typer.Option(
+        None, help="Template to render with: a .jinja file, or 'fixed' for rl360's fixed template."
+    ),
 ) -> None:
     """Serve token-in/token-out chat sessions in front of an SGLang engine or gateway."""
     from rl360_ext.session.service import ServiceOptions, ServiceStartupError
@@ -50,6 +53,7 @@ def serve(
         routing_top_k=r3_top_k,
         routing_experts=r3_experts,
         public_url=public_url,
+        chat_template=chat_template,
     )
     try:
         run(options, host, port)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -42,6 +43,27 @@ class ServiceOptions:
     routing_experts: int | None = None
     engine_timeout_s: float = 3600.0
     public_url: str | None = None  # base URL agents reach this server at (default: the request's)
+    chat_template: str | None = None  # None: the tokenizer's own; "fixed": fixed_template_for; else a file
+
+
+def resolve_chat_template(tokenizer: Any, choice: str | None) -> str | None:
+    """The template the server renders with: the tokenizer's (None), our fixed one, or a file's text."""
+    if choice is None:
+        return None
+    if choice == "fixed":
+        from rl360_ext.templates.select import fixed_template_for
+
+        fixed = fixed_template_for(tokenizer)
+        if fixed is None:
+            raise ServiceStartupError(
+                "--chat-template fixed: rl360 has no fixed template for this tokenizer's family "
+                "(or its own template is already one of ours); pass a template file instead"
+            )
+        return fixed
+    path = Path(choice)
+    if not path.is_file():
+        raise ServiceStartupError(f"--chat-template: {choice} is not a file (or 'fixed')")
+    return path.read_text()
 
 
 def _shape_from_model_info(info: dict[str, Any]) -> RoutingShape | None:
@@ -122,7 +144,8 @@ def build_core(options: ServiceOptions) -> SessionCore:
     from rl360_ext.session.tito import TitoRenderer
     from rl360_ext.templates.render import ChatRenderer
 
-    renderer = ChatRenderer(load_hf_tokenizer(options.tokenizer_dir))
+    tokenizer = load_hf_tokenizer(options.tokenizer_dir)
+    renderer = ChatRenderer(tokenizer, resolve_chat_template(tokenizer, options.chat_template))
     facts = check_template_or_refuse(renderer, options)
     config = ServerConfig(
         r3=options.r3,

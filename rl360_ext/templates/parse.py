@@ -3,7 +3,14 @@
 Owns the inverse of the template's assistant render: `<think>…</think>` becomes
 `reasoning_content`, each `<tool_call>{"name": …, "arguments": …}</tool_call>` becomes a tool call
 whose `arguments` string is the exact JSON text the model emitted (never re-serialized, so the
-agent echoes back the same bytes and the template re-renders them verbatim). Text is not stripped.
+agent echoes back the same bytes and the template re-renders them verbatim). Text is not stripped:
+reasoning and content are returned byte for byte, so a template that renders them verbatim
+reproduces the generated text exactly.
+
+Templates differ in the text they put between the content and a tool call (the engine's reference
+template: nothing; the Qwen3-style fixed template: a newline). `tool_call_separator` names that
+text so it is not mistaken for content; `ChatRenderer.parse_assistant` passes the separator its
+template uses. It does not own rendering (`rl360_ext.templates.render`).
 """
 
 from __future__ import annotations
@@ -26,6 +33,16 @@ class ParsedAssistant:
     reasoning: str | None = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
+    def to_message(self) -> dict[str, Any]:
+        """The OpenAI assistant message an agent receives (and echoes back in its next request)."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.reasoning is not None:
+            message["reasoning_content"] = self.reasoning
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+            message["content"] = self.content or None
+        return message
+
 
 def _parse_tool_call(body: str) -> dict[str, Any] | None:
     match = _NAME_THEN_ARGS.match(body.strip())
@@ -44,11 +61,22 @@ def _parse_tool_call(body: str) -> dict[str, Any] | None:
     }
 
 
-def parse_assistant(text: str) -> ParsedAssistant:
+def _drop_separator(text: str, separator: str, keep_nonempty: bool) -> str:
+    """`text` without a trailing separator (kept when removing it would leave nothing and
+    `keep_nonempty` says the template puts the separator only after non-empty content)."""
+    if not separator or not text.endswith(separator):
+        return text
+    rest = text[: -len(separator)]
+    return text if keep_nonempty and not rest else rest
+
+
+def parse_assistant(text: str, tool_call_separator: str = "") -> ParsedAssistant:
     """Split generated text (end-of-turn token already removed) into content, reasoning, tool calls.
 
     A `<tool_call>` block that is not valid JSON of the expected shape stays in `content`
-    untouched, so nothing the model produced is lost.
+    untouched, so nothing the model produced is lost. `tool_call_separator` is the text the
+    template renders before each tool call (before the first only when the content is not empty);
+    it is removed there and kept everywhere else.
     """
     reasoning = None
     if text.startswith(THINK_START) and THINK_END in text:
@@ -62,7 +90,8 @@ def parse_assistant(text: str) -> ParsedAssistant:
         call = _parse_tool_call(match.group(1))
         if call is None:
             continue
-        kept.append(text[cursor : match.start()])
+        before = text[cursor : match.start()]
+        kept.append(_drop_separator(before, tool_call_separator, keep_nonempty=not calls))
         calls.append(call)
         cursor = match.end()
     kept.append(text[cursor:])

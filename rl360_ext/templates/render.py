@@ -1,18 +1,26 @@
 """Token-in/token-out rendering: the one place that turns chat messages into token IDs.
 
 Owns how a conversation's first prompt is tokenized and how new messages are rendered as a
-*suffix* and tokenized alone, to be appended to token IDs a session already holds. The session
-server and the append-only checker both call this module, so what the checker proves is what the
-server does. It does not own template selection (`rl360_ext.templates.select`) or parsing of
-model output (`rl360_ext.templates.parse`).
+*suffix* and tokenized alone, to be appended to token IDs a session already holds, plus the two
+template facts both the session server and the checker need: the text an assistant turn closes
+with and the separator the template puts before a tool call (so generated text parses back into
+fields that re-render byte for byte). The session server and the append-only checker both call
+this module, so what the checker proves is what the server does. It does not own template
+selection (`rl360_ext.templates.select`), the checker (`rl360_ext.templates.check`) or the parsing
+rules themselves (`rl360_ext.templates.parse`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from functools import cached_property
 from typing import Any
 
+from rl360_ext.templates.parse import TOOL_CALL_END, TOOL_CALL_START, ParsedAssistant, parse_assistant
+
 Message = dict[str, Any]
+_PROBE = "\u2063rl360-probe\u2063"
+_PROBE_TOOL = {"type": "function", "function": {"name": "probe", "parameters": {"type": "object"}}}
 
 
 class TemplateNotAppendOnlyError(ValueError):
@@ -27,18 +35,37 @@ class TemplateNotAppendOnlyError(ValueError):
         super().__init__(
             "chat template is not append-only: the history's render is not a prefix of the "
             f"conversation's render (first difference at character {position}: "
-            f"history {history_text[position:position + 40]!r} vs full {full_text[position:position + 40]!r})"
+            f"history {history_text[position : position + 40]!r} vs "
+            f"full {full_text[position : position + 40]!r})"
         )
 
 
-class ChatRenderer:
-    """Renders messages with a tokenizer's chat template (or an override) and tokenizes them."""
+def _resolve_template(tokenizer: Any, chat_template: str | None) -> str:
+    template = chat_template or getattr(tokenizer, "chat_template", None)
+    if isinstance(template, Mapping):
+        # Tokenizers with several named templates: the one transformers uses by default.
+        template = template.get("default") or template.get("tool_use")
+    if not template:
+        raise ValueError("tokenizer has no chat_template and none was given")
+    return template
 
-    def __init__(self, tokenizer: Any, chat_template: str | None = None) -> None:
+
+class ChatRenderer:
+    """Renders messages with a tokenizer's chat template (or an override) and tokenizes them.
+
+    `template_kwargs` are extra variables the template sees on every render (for example
+    `{"enable_thinking": False}` for Qwen3-style templates).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        chat_template: str | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
-        self.chat_template = chat_template or tokenizer.chat_template
-        if not self.chat_template:
-            raise ValueError("tokenizer has no chat_template and none was given")
+        self.chat_template = _resolve_template(tokenizer, chat_template)
+        self.template_kwargs = dict(template_kwargs or {})
 
     def render_text(
         self,
@@ -52,6 +79,7 @@ class ChatRenderer:
             chat_template=self.chat_template,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
+            **self.template_kwargs,
         )
 
     def encode(self, text: str) -> list[int]:
@@ -84,3 +112,46 @@ class ChatRenderer:
     ) -> list[int]:
         """Tokens to append after the tokens a session holds for `history` (tokenized alone)."""
         return self.encode(self.suffix_text(history, new_messages, tools))
+
+    # ---- template facts ---------------------------------------------------------------------
+
+    def assistant_closing(self) -> str | None:
+        """Text the template renders after a plain assistant reply's content (e.g. "<|im_end|>").
+
+        None when the reply's render does not start with the generation prompt followed by the
+        content, so the closing cannot be read off.
+        """
+        user = [{"role": "user", "content": "hi"}]
+        try:
+            prompt = self.render_text(user, add_generation_prompt=True)
+            full = self.render_text([*user, {"role": "assistant", "content": _PROBE}])
+        except Exception:  # a template that cannot render the probe has no closing to read
+            return None
+        head = prompt + _PROBE
+        return full[len(head) :] if full.startswith(head) else None
+
+    @cached_property
+    def tool_call_separator(self) -> str:
+        """Text the template puts between an assistant's content and each tool call ("" if none)."""
+        calls = [
+            {"id": f"call_{i}", "type": "function", "function": {"name": "probe", "arguments": "{}"}}
+            for i in range(2)
+        ]
+        message = {"role": "assistant", "content": _PROBE, "tool_calls": calls}
+        try:
+            text = self.render_text([{"role": "user", "content": "hi"}, message], [_PROBE_TOOL])
+        except Exception:  # no tool-call support: nothing to separate
+            return ""
+        start = text.find(_PROBE)
+        first = text.find(TOOL_CALL_START, start)
+        first_end = text.find(TOOL_CALL_END, first)
+        second = text.find(TOOL_CALL_START, first_end)
+        if start < 0 or first < 0 or first_end < 0 or second < 0:
+            return ""
+        before_first = text[start + len(_PROBE) : first]
+        between = text[first_end + len(TOOL_CALL_END) : second]
+        return before_first if before_first == between else ""
+
+    def parse_assistant(self, text: str) -> ParsedAssistant:
+        """Generated text (end-of-turn token removed) as message fields that re-render verbatim."""
+        return parse_assistant(text, self.tool_call_separator)

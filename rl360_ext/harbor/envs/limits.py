@@ -1,0 +1,281 @@
+"""Resource limits for one local sandbox: a cgroup when this process may create one, else a watchdog.
+
+Owns enforcing a trial's reservation (cpus, memory) on the processes of one bubblewrap sandbox,
+noticing when the memory limit was hit, and killing every process of the sandbox. Two modes:
+
+- cgroup (v1 or v2): a child cgroup of this process's own cgroup (never a sibling, so the
+  limits of whoever runs rl360 still apply) with a hard memory limit (swap included) and a CPU
+  quota of `cpus` cores. Processes join it before they exec (`wrap`), so every process of the
+  sandbox, including commands entered later, is counted. The kernel's OOM kill count says
+  whether the limit was hit.
+- watchdog (no writable cgroup, e.g. an unprivileged container): CPU affinity to ceil(cpus)
+  cores (`taskset`), and a poller that sums the resident memory of every process in the
+  sandbox's PID namespace every `poll_s` and kills them all once the sum exceeds the limit.
+  A fast allocation can overshoot the limit for up to one poll interval.
+
+It does not own starting the sandbox or deciding what a hit limit means for the trial.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+import os
+import signal
+import time
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+_JOIN_SCRIPT = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
+)
+_cpu_cursor = itertools.count()
+
+
+def _is_zombie(pid: str) -> bool:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] == "Z"
+
+
+def pids_in_namespace(pidns_inode: int) -> list[int]:
+    """Host PIDs of every live (not zombie) process whose PID namespace has this inode."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if os.stat(f"/proc/{entry.name}/ns/pid").st_ino == pidns_inode and not _is_zombie(entry.name):
+                pids.append(int(entry.name))
+    return pids
+
+
+def resident_bytes(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE_SIZE
+    return total
+
+
+def kill_pids(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _own_cgroup_paths() -> dict[str, str]:
+    """controller -> this process's cgroup path ("" key for the v2 unified hierarchy)."""
+    paths: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            for controller in controllers.split(",") if controllers else [""]:
+                paths[controller] = path
+    return paths
+
+
+def _write(path: Path, value: str) -> None:
+    path.write_text(value)
+
+
+class SandboxLimits:
+    """Base: no limits. Subclasses enforce; `mode` names what is enforced."""
+
+    mode = "none"
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """argv that puts the process under the limits before it execs `argv`."""
+        return argv
+
+    def attach(self, pidns_inode: int) -> None:
+        """The sandbox is up; its processes live in this PID namespace."""
+
+    def memory_exceeded(self) -> bool:
+        return False
+
+    def kill_all(self) -> None:
+        """SIGKILL every process under these limits."""
+
+    def close(self) -> None:
+        """Release what the limits created (after the sandbox is gone)."""
+
+
+class CgroupLimits(SandboxLimits):
+    """Memory and CPU limits through child cgroups (v1 memory+cpu, or v2 memory.max/cpu.max)."""
+
+    def __init__(self, name: str, cpus: float | None, memory_mb: int | None) -> None:
+        self._dirs: list[Path] = []
+        own = _own_cgroup_paths()
+        try:
+            if (CGROUP_ROOT / "cgroup.controllers").exists() and "" in own:
+                self._setup_v2(CGROUP_ROOT / own[""].lstrip("/") / name, cpus, memory_mb)
+            elif "memory" in own and (CGROUP_ROOT / "memory").is_dir():
+                self._setup_v1(own, name, cpus, memory_mb)
+            else:
+                raise OSError("no cgroup v2 hierarchy and no cgroup v1 memory controller")
+        except BaseException:
+            self.close()
+            raise
+
+    def _make(self, path: Path) -> Path:
+        path.mkdir()
+        self._dirs.append(path)
+        return path
+
+    def _setup_v2(self, path: Path, cpus: float | None, memory_mb: int | None) -> None:
+        parent_controls = (path.parent / "cgroup.subtree_control").read_text().split()
+        if memory_mb is not None and "memory" not in parent_controls:
+            raise OSError(f"the memory controller is not enabled for children of {path.parent}")
+        group = self._make(path)
+        self.mode = "cgroup-v2"
+        self._events = group / "memory.events"
+        if memory_mb is not None:
+            _write(group / "memory.max", str(memory_mb * 2**20))
+            if (group / "memory.swap.max").exists():
+                _write(group / "memory.swap.max", "0")
+        if cpus is not None and "cpu" in parent_controls:
+            _write(group / "cpu.max", f"{max(1000, int(cpus * 100_000))} 100000")
+        self._procs = [group / "cgroup.procs"]
+
+    def _setup_v1(self, own: dict[str, str], name: str, cpus: float | None, memory_mb: int | None) -> None:
+        memory = self._make(CGROUP_ROOT / "memory" / own["memory"].lstrip("/") / name)
+        self.mode = "cgroup-v1"
+        self._events = memory / "memory.oom_control"
+        if memory_mb is not None:
+            _write(memory / "memory.limit_in_bytes", str(memory_mb * 2**20))
+            if (memory / "memory.memsw.limit_in_bytes").exists():
+                _write(memory / "memory.memsw.limit_in_bytes", str(memory_mb * 2**20))
+        self._procs = [memory / "cgroup.procs"]
+        cpu_controller = next((c for c in own if c == "cpu" or c.startswith("cpu,")), None)
+        if cpus is not None and cpu_controller is not None and (CGROUP_ROOT / "cpu").is_dir():
+            cpu = self._make(CGROUP_ROOT / "cpu" / own[cpu_controller].lstrip("/") / name)
+            _write(cpu / "cpu.cfs_period_us", "100000")
+            _write(cpu / "cpu.cfs_quota_us", str(max(1000, int(cpus * 100_000))))
+            self._procs.append(cpu / "cgroup.procs")
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        return [
+            "/bin/sh",
+            "-c",
+            _JOIN_SCRIPT,
+            "rl360-join",
+            str(len(self._procs)),
+            *map(str, self._procs),
+            *argv,
+        ]
+
+    def memory_exceeded(self) -> bool:
+        with contextlib.suppress(OSError, ValueError):
+            for line in self._events.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and int(value) > 0:
+                    return True
+        return False
+
+    def _members(self) -> list[int]:
+        pids: list[int] = []
+        for procs in self._procs:
+            with contextlib.suppress(OSError, ValueError):
+                pids += [int(p) for p in procs.read_text().split()]
+        return pids
+
+    def kill_all(self) -> None:
+        deadline = time.monotonic() + 5.0
+        while (members := self._members()) and time.monotonic() < deadline:
+            kill_pids(members)
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        for path in reversed(self._dirs):
+            deadline = time.monotonic() + 5.0
+            while path.exists():
+                try:
+                    path.rmdir()
+                except OSError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+        self._dirs.clear()
+
+
+class WatchdogLimits(SandboxLimits):
+    """CPU affinity plus a resident-memory poller over the sandbox's PID namespace."""
+
+    mode = "watchdog"
+
+    def __init__(self, cpus: float | None, memory_mb: int | None, poll_s: float = 0.1) -> None:
+        self._memory_bytes = memory_mb * 2**20 if memory_mb is not None else None
+        self._poll_s = poll_s
+        self._cpu_list = self._pick_cpus(cpus)
+        self._pidns: int | None = None
+        self._exceeded = False
+        self._task: asyncio.Task[None] | None = None
+
+    @staticmethod
+    def _pick_cpus(cpus: float | None) -> list[int] | None:
+        available = sorted(os.sched_getaffinity(0))
+        if cpus is None or math.ceil(cpus) >= len(available):
+            return None
+        start = next(_cpu_cursor)
+        return [available[(start + i) % len(available)] for i in range(math.ceil(cpus))]
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        if self._cpu_list is None:
+            return argv
+        return ["taskset", "-c", ",".join(map(str, self._cpu_list)), *argv]
+
+    def attach(self, pidns_inode: int) -> None:
+        self._pidns = pidns_inode
+        if self._memory_bytes is not None:
+            self._task = asyncio.get_running_loop().create_task(self._watch(pidns_inode, self._memory_bytes))
+
+    async def _watch(self, pidns_inode: int, limit_bytes: int) -> None:
+        while True:
+            pids = pids_in_namespace(pidns_inode)
+            if resident_bytes(pids) > limit_bytes:
+                self._exceeded = True
+                kill_pids(pids)
+                return
+            await asyncio.sleep(self._poll_s)
+
+    def memory_exceeded(self) -> bool:
+        return self._exceeded
+
+    def kill_all(self) -> None:
+        if self._pidns is None:
+            return
+        deadline = time.monotonic() + 5.0
+        while (pids := pids_in_namespace(self._pidns)) and time.monotonic() < deadline:
+            kill_pids(pids)
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+def cgroups_usable() -> bool:
+    """Whether this process can create a limited child cgroup right now."""
+    probe_name = f"rl360-probe-{os.getpid()}-{next(_cpu_cursor)}"
+    try:
+        CgroupLimits(probe_name, cpus=1, memory_mb=64).close()
+    except OSError:
+        return False
+    return True
+
+
+def make_limits(mode: str, name: str, cpus: float | None, memory_mb: int | None) -> SandboxLimits:
+    """Limits for one sandbox; `mode` is "auto", "cgroup" or "watchdog"."""
+    if mode not in ("auto", "cgroup", "watchdog"):
+        raise ValueError(f"limits must be auto, cgroup or watchdog, got {mode!r}")
+    if mode == "watchdog" or (cpus is None and memory_mb is None):
+        return WatchdogLimits(cpus, memory_mb)
+    try:
+        return CgroupLimits(name, cpus, memory_mb)
+    except OSError:
+        if mode == "cgroup":
+            raise
+        return WatchdogLimits(cpus, memory_mb)

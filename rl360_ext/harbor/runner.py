@@ -1,0 +1,400 @@
+"""Run one /run attempt as a real Harbor trial under admission, one deadline, and flush.
+
+Owns the attempt's life: resolve the task and agent, wait for admission (concurrency, waves,
+reservations) no longer than the deadline allows, split what is left into phase budgets, build
+Harbor's TrialConfig (agent/verifier/environment timeouts = those budgets, the reservation and
+placement handed to the environment), run `Trial.create(...).run()`, and classify the result
+through `rl360_ext.harbor.outcome`. `flush(instance_id)` cancels every queued or running attempt
+of a session server instance; Harbor stops their sandboxes on cancellation. HTTP-agnostic: the
+FastAPI app only translates requests and errors. It does not own Harbor's trial internals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harbor.models.environment_type import EnvironmentType
+from harbor.models.trial.config import (
+    EnvironmentConfig,
+    TaskConfig,
+    TrialConfig,
+    VerifierConfig,
+)
+from harbor.models.trial.error_policy import ErrorPolicyOverride
+from harbor.trial.hooks import TrialEvent, TrialHookEvent
+from harbor.trial.trial import Trial
+
+from rl360_ext.harbor import agents, budget, outcome
+from rl360_ext.harbor.admission import (
+    Admission,
+    AdmissionRefused,
+    ImagePinning,
+    Placement,
+    Reservation,
+    RollingStart,
+    StartGate,
+)
+from rl360_ext.harbor.catalog import TaskCatalog, TaskInfo, TaskInvalid, TaskNotFound, TaskPathRejected
+from rl360_ext.harbor.envs.bwrap import IMPORT_PATH as BWRAP_IMPORT_PATH
+from rl360_ext.harbor.metrics import RunMetrics
+from rl360_ext.harbor.verifier import IMPORT_PATH as VERIFIER_IMPORT_PATH
+
+INSUFFICIENT_CAPACITY = "insufficient_capacity"
+FLUSH_WAIT_S = 60.0
+# An agent that ran out of its budget is cut off by us, not judged: skip grading, keep no reward.
+_ERROR_POLICY = {"AgentTimeoutError": ErrorPolicyOverride(should_grade=False, has_valid_reward=False)}
+_log = logging.getLogger(__name__)
+
+
+class RunRejected(ValueError):
+    """The request cannot be run as given; `field` names the request field at fault."""
+
+    def __init__(self, field: str, message: str, status: int = 422) -> None:
+        super().__init__(message)
+        self.field = field
+        self.status = status
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    """`--env`: bwrap, a Harbor environment type (docker, daytona, ...), or module.path:Class."""
+
+    name: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    placement_kwarg: str | None = None
+
+    @classmethod
+    def parse(
+        cls, spec: str, kwargs: dict[str, Any] | None = None, placement_kwarg: str | None = None
+    ) -> EnvironmentSpec:
+        if spec == "bwrap":
+            return cls(spec, dict(kwargs or {}), placement_kwarg or "node_label")
+        if ":" not in spec and spec not in {t.value for t in EnvironmentType}:
+            raise ValueError(
+                f"--env must be bwrap, a Harbor environment type or module.path:Class, got {spec!r}"
+            )
+        return cls(spec, dict(kwargs or {}), placement_kwarg)
+
+    def config(self, reservation: Reservation, placement: Placement) -> EnvironmentConfig:
+        kwargs = dict(self.kwargs)
+        if self.placement_kwarg:
+            kwargs[self.placement_kwarg] = placement.node_label
+        target: dict[str, Any]
+        if self.name == "bwrap":
+            target = {"import_path": BWRAP_IMPORT_PATH}
+        elif ":" in self.name:
+            target = {"import_path": self.name}
+        else:
+            target = {"type": EnvironmentType(self.name)}
+        return EnvironmentConfig(
+            **target,
+            kwargs=kwargs,
+            override_cpus=reservation.cpus,
+            override_memory_mb=reservation.memory_mb,
+            delete=True,
+        )
+
+
+@dataclass
+class ServerSettings:
+    tasks_root: Path
+    trials_dir: Path
+    environment: EnvironmentSpec
+    agent: str = "oracle"
+    max_concurrent: int = 64
+    rolling_start_size: int | None = None
+    rolling_start_interval_s: float = 1.0
+    capacity: Reservation | None = None
+    default_reservation: Reservation = field(default_factory=lambda: Reservation(cpus=1.0, memory_mb=2048))
+    node_labels: tuple[str, ...] = ("local",)
+    budget: budget.BudgetPolicy = field(default_factory=budget.BudgetPolicy)
+    max_turns: int | None = None
+    keep_trials: str = "failed"  # all | failed | none
+
+
+@dataclass
+class RunRequest:
+    """A validated /run request (the HTTP schema lives in rl360_ext.harbor.app)."""
+
+    task: str
+    deadline_s: float
+    base_url: str | None = None
+    model: str | None = None
+    sampling_params: dict[str, Any] = field(default_factory=dict)
+    session_id: str | None = None
+    session_server_instance_id: str | None = None
+    max_seq_len: int | None = None
+    agent: str | None = None
+    agent_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+class TrialRunner:
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.catalog = TaskCatalog(settings.tasks_root, settings.default_reservation)
+        self.metrics = RunMetrics()
+        pacing = gate = None
+        if settings.rolling_start_size is not None:
+            pacing = RollingStart(settings.rolling_start_size, settings.rolling_start_interval_s)
+            gate = RollingStart(settings.rolling_start_size, settings.rolling_start_interval_s)
+            gate.on_wave_closed = self.metrics.starts_per_wave.observe
+        self.start_gate = StartGate(gate) if gate is not None else None
+        self.admission = Admission(settings.max_concurrent, pacing, settings.capacity)
+        self.admission.on_change = self._on_admission_change
+        self.pinning = ImagePinning(settings.node_labels)
+        self.peak_running = 0
+        self._inflight: dict[str, set[asyncio.Task[outcome.Outcome]]] = defaultdict(set)
+        settings.trials_dir.mkdir(parents=True, exist_ok=True)
+        agents.validate_agent(settings.agent)
+
+    def _on_admission_change(self) -> None:
+        self.peak_running = max(self.peak_running, self.admission.running)
+        self.metrics.observe_admission(self.admission.queue_depth, self.admission.running)
+
+    def health(self) -> dict[str, Any]:
+        settings = self.settings
+        return {
+            "status": "ok",
+            "running": self.admission.running,
+            "queue_depth": self.admission.queue_depth,
+            "peak_running": self.peak_running,
+            "max_concurrent": settings.max_concurrent,
+            "rolling_start": {
+                "size": settings.rolling_start_size,
+                "interval_s": settings.rolling_start_interval_s,
+            },
+            "reserved": asdict(self.admission.reserved()),
+            "capacity": asdict(settings.capacity) if settings.capacity is not None else None,
+            "in_flight": {key or "-": len(tasks) for key, tasks in self._inflight.items() if tasks},
+            "environment": settings.environment.name,
+            "agent": settings.agent,
+            "node_labels": list(settings.node_labels),
+            "tasks_root": str(self.catalog.root),
+        }
+
+    # -- validation -----------------------------------------------------------------------------
+
+    def _check(self, request: RunRequest) -> tuple[TaskInfo, str]:
+        try:
+            task = self.catalog.load(request.task)
+        except TaskPathRejected as exc:
+            raise RunRejected("task", str(exc), 400) from exc
+        except TaskNotFound as exc:
+            raise RunRejected("task", str(exc), 404) from exc
+        except TaskInvalid as exc:
+            raise RunRejected("task", str(exc), 422) from exc
+        spec = request.agent or self.settings.agent
+        try:
+            agents.validate_agent(spec)
+        except agents.UnknownAgent as exc:
+            raise RunRejected("agent", str(exc)) from exc
+        if agents.needs_model(spec):
+            for name in ("base_url", "model"):
+                if not getattr(request, name):
+                    raise RunRejected(name, f"{name} is required for agent {spec!r}")
+        return task, spec
+
+    # -- running --------------------------------------------------------------------------------
+
+    async def run(self, request: RunRequest) -> dict[str, Any]:
+        """Run one attempt; raises RunRejected for bad input, otherwise always returns a response."""
+        received, received_at = time.monotonic(), time.time()
+        task, spec = self._check(request)
+        placement = self.pinning.place(task.image_group)
+        key = request.session_server_instance_id or ""
+        attempt = asyncio.create_task(self._attempt(request, task, spec, placement, received))
+        self._inflight[key].add(attempt)
+        try:
+            result = await asyncio.shield(attempt)
+        except asyncio.CancelledError:
+            attempt.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(attempt), timeout=FLUSH_WAIT_S)
+            raise
+        finally:
+            self._inflight[key].discard(attempt)
+            if not self._inflight[key]:
+                self._inflight.pop(key, None)
+        result.phase_timings["total"] = time.monotonic() - received
+        result.timeline.update(received_at=received_at, finished_at=time.time())
+        self.metrics.observe_outcome(result.failure_cause, result.reward_source, result.phase_timings)
+        return {
+            **result.as_dict(),
+            "placement": {"node_label": placement.node_label, "image_group": placement.image_group},
+            "task": request.task,
+            "agent": spec,
+            "session_id": request.session_id,
+            "session_server_instance_id": request.session_server_instance_id,
+        }
+
+    async def _attempt(
+        self, request: RunRequest, task: TaskInfo, spec: str, placement: Placement, received: float
+    ) -> outcome.Outcome:
+        policy = self.settings.budget
+        wait_s = budget.max_queue_s(policy, request.deadline_s, task.environment_setup_s, task.verifier_s)
+        wait_s -= time.monotonic() - received
+        if wait_s < 0:
+            return self._insufficient(request, task, time.monotonic() - received)
+        try:
+            ticket = await self.admission.acquire(task.reservation, timeout_s=wait_s)
+        except TimeoutError:
+            return self._insufficient(request, task, time.monotonic() - received)
+        except AdmissionRefused as exc:
+            return outcome.failure(INSUFFICIENT_CAPACITY, exc)
+        except asyncio.CancelledError:
+            _uncancel()
+            return self._with_queue(
+                outcome.failure(outcome.CANCELLED, message="flushed while queued"), received
+            )
+        admitted_at = time.time()
+        try:
+            queue_s = time.monotonic() - received
+            plan = budget.plan(
+                policy, request.deadline_s, queue_s, task.environment_setup_s, task.verifier_s, task.agent_s
+            )
+            if plan.agent_s is None:
+                return self._insufficient(request, task, queue_s)
+            result = await self._run_trial(request, task, spec, placement, plan)
+            result.phase_timings["queue"] = queue_s
+            result.timeline["admitted_at"] = admitted_at
+            return result
+        finally:
+            self.admission.release(ticket)
+
+    def _insufficient(self, request: RunRequest, task: TaskInfo, queue_s: float) -> outcome.Outcome:
+        policy = self.settings.budget
+        needed = budget.fixed_cost_s(policy, task.environment_setup_s, task.verifier_s) + policy.min_agent_s
+        message = (
+            f"deadline {request.deadline_s:.1f}s minus {queue_s:.1f}s queued leaves less than the "
+            f"{needed:.1f}s this task needs (setup, verifier, margin and a "
+            f"{policy.min_agent_s:.1f}s agent floor); no sandbox was started"
+        )
+        result = outcome.failure(outcome.INSUFFICIENT_BUDGET, message=message)
+        result.phase_timings["queue"] = queue_s
+        return result
+
+    @staticmethod
+    def _with_queue(result: outcome.Outcome, received: float) -> outcome.Outcome:
+        result.phase_timings["queue"] = time.monotonic() - received
+        return result
+
+    def _trial_config(
+        self, request: RunRequest, task: TaskInfo, spec: str, placement: Placement, plan: budget.TrialBudget
+    ) -> TrialConfig:
+        settings = agents.ModelSettings(
+            request.base_url, request.model, request.sampling_params, request.max_seq_len
+        )
+        agent = agents.agent_config(
+            spec,
+            settings,
+            self.settings.max_turns,
+            request.agent_kwargs,
+            plan.agent_s or 0.0,
+            plan.agent_setup_s,
+        )
+        short = uuid.uuid4().hex[:10]
+        return TrialConfig(
+            task=TaskConfig(path=task.path),
+            trial_name=f"{task.path.name[:40]}__{short}",
+            trials_dir=self.settings.trials_dir,
+            agent=agent,
+            environment=self.settings.environment.config(task.reservation, placement),
+            verifier=VerifierConfig(import_path=VERIFIER_IMPORT_PATH, override_timeout_sec=plan.verifier_s),
+            environment_build_timeout_multiplier=plan.environment_setup_s
+            / max(task.environment_setup_s, 1e-9),
+            override_error_policy=_ERROR_POLICY,
+        )
+
+    async def _run_trial(
+        self, request: RunRequest, task: TaskInfo, spec: str, placement: Placement, plan: budget.TrialBudget
+    ) -> outcome.Outcome:
+        try:
+            config = self._trial_config(request, task, spec, placement, plan)
+        except ValueError as exc:
+            return outcome.failure(outcome.HARBOR_INTERNAL_ERROR, exc)
+        trial_dir = config.trials_dir / config.trial_name
+        hard_stop = max(0.0, request.deadline_s - plan.queue_s - plan.margin_s / 2)
+        trial: Trial | None = None
+        scope = asyncio.timeout(hard_stop)
+        try:
+            async with scope:
+                trial = await Trial.create(config)
+                trial.add_hook(TrialEvent.ENVIRONMENT_START, self._on_sandbox_start)
+                result = outcome.classify(await trial.run(), trial_dir)
+        except TimeoutError as exc:
+            if not scope.expired():
+                result = outcome.failure(outcome.HARBOR_INTERNAL_ERROR, exc)
+            else:
+                result = self._from_trial(trial, trial_dir, outcome.DEADLINE_EXCEEDED)
+                result.exception_message = (
+                    f"the trial ran past the client's deadline ({request.deadline_s:.1f}s)"
+                )
+        except asyncio.CancelledError:
+            _uncancel()
+            result = self._from_trial(trial, trial_dir, outcome.CANCELLED)
+        except Exception as exc:
+            _log.exception("trial %s failed outside Harbor's error handling", config.trial_name)
+            result = outcome.failure(outcome.HARBOR_INTERNAL_ERROR, exc)
+        result.trial_name = config.trial_name
+        self._tidy(trial_dir, result)
+        return result
+
+    async def _on_sandbox_start(self, event: TrialHookEvent) -> None:
+        """Harbor is about to start the sandbox: hold the rolling-start limit exactly, count it."""
+        if self.start_gate is not None:
+            await self.start_gate.wait_turn()
+        self.metrics.sandbox_starts.inc()
+
+    @staticmethod
+    def _from_trial(trial: Trial | None, trial_dir: Path, cause: str) -> outcome.Outcome:
+        """A failure with whatever phase timings the interrupted trial recorded."""
+        result = outcome.failure(cause)
+        if trial is not None:
+            with contextlib.suppress(RuntimeError):
+                recorded = outcome.classify(trial.result, trial_dir)
+                result.phase_timings, result.agent_metrics = recorded.phase_timings, recorded.agent_metrics
+        return result
+
+    def _tidy(self, trial_dir: Path, result: outcome.Outcome) -> None:
+        keep = self.settings.keep_trials
+        if keep == "all" or (keep == "failed" and result.reward_source is None):
+            return
+        shutil.rmtree(trial_dir, ignore_errors=True)
+
+    # -- flush ----------------------------------------------------------------------------------
+
+    async def flush(self, instance_id: str) -> dict[str, Any]:
+        """Cancel every queued or running attempt of this session server instance and wait until
+        their sandboxes are stopped (bounded)."""
+        attempts = list(self._inflight.get(instance_id, ()))
+        for attempt in attempts:
+            attempt.cancel()
+        done, pending = await asyncio.wait(attempts, timeout=FLUSH_WAIT_S) if attempts else (set(), set())
+        self.metrics.flushed.inc(len(attempts))
+        return {
+            "session_server_instance_id": instance_id,
+            "cancelled": len(attempts),
+            "finished": len(done),
+            "still_stopping": len(pending),
+        }
+
+    async def flush_all(self) -> None:
+        """Cancel everything in flight (server shutdown)."""
+        for instance_id in list(self._inflight):
+            await self.flush(instance_id)
+
+
+def _uncancel() -> None:
+    """We turn a cancellation into a "cancelled" outcome; tell asyncio it was handled."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()

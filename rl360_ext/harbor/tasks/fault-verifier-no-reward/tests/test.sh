@@ -1,0 +1,4 @@
+#!/bin/bash
+# Simulates a grader that forgets the reward file.
+echo 'all checks passed'
+exit 0

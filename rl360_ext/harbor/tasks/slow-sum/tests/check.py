@@ -1,0 +1,3 @@
+from pathlib import Path
+
+assert Path("/app/sum.txt").read_text().strip() == "266"

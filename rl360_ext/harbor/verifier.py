@@ -1,0 +1,59 @@
+"""Harbor's verifier, plus a record of the task's test script exit code.
+
+Owns one thing Harbor does not keep: whether `tests/test.sh` exited non-zero. Harbor reports a
+test script that crashed before writing its reward and one that exited 0 without writing it
+with the same `RewardFileNotFoundError`; the exit code recorded here lets the result adapter
+(`rl360_ext.harbor.outcome`) call the first `verifier_crash` and the second
+`reward_file_missing`. Grading itself is Harbor's `Verifier`, unchanged; the environment it is
+given is wrapped so that the one command whose output goes to the test-stdout file has its
+exit code written next to the trial's result. Selected per trial with
+`VerifierConfig(import_path="rl360_ext.harbor.verifier:ExitRecordingVerifier")`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from harbor.environments.base import BaseEnvironment, ExecResult
+from harbor.models.trial.paths import EnvironmentPaths
+from harbor.models.verifier.result import VerifierResult
+from harbor.verifier.verifier import Verifier
+
+from rl360_ext.harbor.outcome import VERIFIER_EXIT_FILE
+
+IMPORT_PATH = "rl360_ext.harbor.verifier:ExitRecordingVerifier"
+
+
+class _ExitCodeProbe:
+    """Forwards everything to the environment; records the exit code of the test-script command."""
+
+    def __init__(self, environment: BaseEnvironment, marker: str) -> None:
+        self._environment = environment
+        self._marker = marker
+        self.test_exit_code: int | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._environment, name)
+
+    async def exec(self, command: str, *args: Any, **kwargs: Any) -> ExecResult:
+        result = await self._environment.exec(command, *args, **kwargs)
+        if self._marker in command:
+            self.test_exit_code = result.return_code
+        return result
+
+
+class ExitRecordingVerifier(Verifier):
+    async def verify(self) -> VerifierResult:
+        marker = str(EnvironmentPaths.for_os(self.environment.os).verifier_dir / "test-stdout.txt")
+        environment = self.environment
+        probe = _ExitCodeProbe(environment, marker)
+        self.environment = probe  # type: ignore[assignment]
+        record = self.trial_paths.trial_dir / VERIFIER_EXIT_FILE
+        record.unlink(missing_ok=True)
+        try:
+            return await super().verify()
+        finally:
+            self.environment = environment
+            if probe.test_exit_code is not None:
+                record.write_text(json.dumps({"test_exit_code": probe.test_exit_code}))
