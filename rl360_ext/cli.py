@@ -106,3 +106,11 @@ def bench_template(json: bool = typer.Option(False, "--json", help="Print JSON i
     from rl360_ext.templates.bench import main
 
     main(as_json=json)
+
+
+@bench_app.command("launch")
+def bench_launch(json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+    """Simulated 8,192 sandbox starts: all at once vs waves, image-group pinning vs random placement."""
+    from rl360_ext.harbor.bench import main
+
+    main(as_json=json)

@@ -63,7 +63,6 @@ def _terminus_kwargs(settings: ModelSettings, max_turns: int | None) -> dict[str
     model_info: dict[str, Any] = {"input_cost_per_token": 0.0, "output_cost_per_token": 0.0}
     if settings.max_seq_len is not None:
         model_info["max_input_tokens"] = settings.max_seq_len
-        model_info["max_tokens"] = settings.max_seq_len
     if max_new is not None:
         model_info["max_output_tokens"] = int(max_new)
     kwargs: dict[str, Any] = {

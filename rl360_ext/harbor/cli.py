@@ -47,7 +47,8 @@ def serve(
     agent: str = typer.Option("oracle", help="Default agent: a Harbor agent name or module.path:Class."),
     token: str | None = typer.Option(None, envvar="RL360_HARBOR_TOKEN", help="Require this bearer token."),
     trials_dir: Annotated[
-        Path | None, typer.Option(help="Where Harbor writes trial dirs (default: a temp dir).")
+        Path | None,
+        typer.Option(help="Where Harbor writes trial dirs (default: a temp dir removed at exit)."),
     ] = None,
     keep_trials: str = typer.Option("failed", help="Keep trial dirs: all, failed or none."),
     nodes: str = typer.Option("local", help="Comma-separated node labels for image-group pinning."),
@@ -73,7 +74,9 @@ def serve(
     log_level: str = typer.Option("warning", help="Server log level."),
 ) -> None:
     """Serve POST /run, POST /flush, GET /health, GET /metrics for Harbor trials."""
+    import contextlib
     import logging
+    import os
     import tempfile
 
     import uvicorn
@@ -92,9 +95,15 @@ def serve(
         environment = EnvironmentSpec.parse(env, _parse_kwargs(env_kwarg or []), placement_kwarg)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--env") from exc
+    # Without --trials-dir, trial directories live in a temporary directory removed at exit.
+    scratch = (
+        None
+        if trials_dir
+        else tempfile.TemporaryDirectory(prefix="rl360-trials-", ignore_cleanup_errors=True)
+    )
     settings = ServerSettings(
         tasks_root=tasks_root or example_tasks_root(),
-        trials_dir=trials_dir or Path(tempfile.mkdtemp(prefix="rl360-trials-")),
+        trials_dir=Path(scratch.name) if scratch else trials_dir,
         environment=environment,
         agent=agent,
         max_concurrent=max_concurrent,
@@ -110,11 +119,17 @@ def serve(
         keep_trials=keep_trials,
     )
     logging.getLogger("harbor").setLevel(logging.WARNING)
-    try:
-        runner = TrialRunner(settings)
-    except (ValueError, FileNotFoundError) as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    uvicorn.run(create_app(runner, token), host=host, port=port, log_level=log_level)
+    # LiteLLM (terminus-2) otherwise fetches its model price map from the internet in every process.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    with scratch or contextlib.nullcontext():
+        try:
+            runner = TrialRunner(settings)
+        except (ValueError, FileNotFoundError) as exc:
+            raise typer.BadParameter(str(exc)) from exc
+        # On SIGTERM, give in-flight /run calls 5 s, then cancel them: their sandboxes are stopped.
+        uvicorn.run(
+            create_app(runner, token), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5
+        )
 
 
 @app.command("example-tasks")

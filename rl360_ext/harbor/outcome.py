@@ -35,6 +35,7 @@ VERIFIER_EXIT_FILE = "rl360-verifier-exit.json"  # written by rl360_ext.harbor.v
 # failure_cause values rl360 adds to Harbor's own (sandbox_failed, model_provider_failed,
 # agent_refused_task, verifier_failed, unclassified, cancelled).
 INSUFFICIENT_BUDGET = "insufficient_budget"
+INSUFFICIENT_CAPACITY = "insufficient_capacity"
 DEADLINE_EXCEEDED = "deadline_exceeded"
 CANCELLED = "cancelled"
 HARBOR_INTERNAL_ERROR = "harbor_internal_error"

@@ -48,7 +48,6 @@ from rl360_ext.harbor.envs.bwrap import IMPORT_PATH as BWRAP_IMPORT_PATH
 from rl360_ext.harbor.metrics import RunMetrics
 from rl360_ext.harbor.verifier import IMPORT_PATH as VERIFIER_IMPORT_PATH
 
-INSUFFICIENT_CAPACITY = "insufficient_capacity"
 FLUSH_WAIT_S = 60.0
 # An agent that ran out of its budget is cut off by us, not judged: skip grading, keep no reward.
 _ERROR_POLICY = {"AgentTimeoutError": ErrorPolicyOverride(should_grade=False, has_valid_reward=False)}
@@ -249,7 +248,7 @@ class TrialRunner:
         except TimeoutError:
             return self._insufficient(request, task, time.monotonic() - received)
         except AdmissionRefused as exc:
-            return outcome.failure(INSUFFICIENT_CAPACITY, exc)
+            return outcome.failure(outcome.INSUFFICIENT_CAPACITY, exc)
         except asyncio.CancelledError:
             _uncancel()
             return self._with_queue(
@@ -263,7 +262,7 @@ class TrialRunner:
             )
             if plan.agent_s is None:
                 return self._insufficient(request, task, queue_s)
-            result = await self._run_trial(request, task, spec, placement, plan)
+            result = await self._run_trial(request, task, spec, placement, plan, plan.agent_s)
             result.phase_timings["queue"] = queue_s
             result.timeline["admitted_at"] = admitted_at
             return result
@@ -288,7 +287,13 @@ class TrialRunner:
         return result
 
     def _trial_config(
-        self, request: RunRequest, task: TaskInfo, spec: str, placement: Placement, plan: budget.TrialBudget
+        self,
+        request: RunRequest,
+        task: TaskInfo,
+        spec: str,
+        placement: Placement,
+        plan: budget.TrialBudget,
+        agent_s: float,
     ) -> TrialConfig:
         settings = agents.ModelSettings(
             request.base_url, request.model, request.sampling_params, request.max_seq_len
@@ -298,7 +303,7 @@ class TrialRunner:
             settings,
             self.settings.max_turns,
             request.agent_kwargs,
-            plan.agent_s or 0.0,
+            agent_s,
             plan.agent_setup_s,
         )
         short = uuid.uuid4().hex[:10]
@@ -315,10 +320,16 @@ class TrialRunner:
         )
 
     async def _run_trial(
-        self, request: RunRequest, task: TaskInfo, spec: str, placement: Placement, plan: budget.TrialBudget
+        self,
+        request: RunRequest,
+        task: TaskInfo,
+        spec: str,
+        placement: Placement,
+        plan: budget.TrialBudget,
+        agent_s: float,
     ) -> outcome.Outcome:
         try:
-            config = self._trial_config(request, task, spec, placement, plan)
+            config = self._trial_config(request, task, spec, placement, plan, agent_s)
         except ValueError as exc:
             return outcome.failure(outcome.HARBOR_INTERNAL_ERROR, exc)
         trial_dir = config.trials_dir / config.trial_name
@@ -362,6 +373,7 @@ class TrialRunner:
             with contextlib.suppress(RuntimeError):
                 recorded = outcome.classify(trial.result, trial_dir)
                 result.phase_timings, result.agent_metrics = recorded.phase_timings, recorded.agent_metrics
+                result.timeline = recorded.timeline
         return result
 
     def _tidy(self, trial_dir: Path, result: outcome.Outcome) -> None:

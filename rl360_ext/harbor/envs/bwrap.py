@@ -101,7 +101,7 @@ class BwrapOptions(EnvironmentOptions):
     auto_mounting: bool = Field(default=True, description="Bind the trial's log dirs into the sandbox.")
     sandbox_root: str | None = Field(default=None, description="Host dir for per-trial sandbox dirs.")
     allow_network: bool = Field(default=False, description="Give 'public' network tasks the host network.")
-    node_label: str | None = Field(default=None, description="Placement label (recorded; one local node).")
+    node_label: str | None = Field(default=None, description="Placement label (logged; one local node).")
     limits: Literal["auto", "cgroup", "watchdog"] = Field(
         default="auto", description="How to enforce limits."
     )
@@ -319,12 +319,16 @@ class BwrapEnvironment(BaseEnvironment):
             )
         finally:
             os.close(write_fd)
+        info = asyncio.StreamReader()
+        transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(info), os.fdopen(read_fd, "rb", 0)
+        )
         try:
-            info_raw = await asyncio.to_thread(_read_all, read_fd)
+            info_raw = await asyncio.wait_for(info.read(), timeout=_READY_TIMEOUT_S)
             stdout = self._holder.stdout
             ready = await asyncio.wait_for(stdout.readline(), timeout=_READY_TIMEOUT_S) if stdout else b""
         finally:
-            os.close(read_fd)
+            transport.close()
         if ready.strip() != b"ready" or not info_raw:
             stderr = b""
             if self._holder.stderr is not None:
@@ -333,10 +337,17 @@ class BwrapEnvironment(BaseEnvironment):
             raise SandboxBuildFailedError(
                 f"bubblewrap failed to start: {stderr.decode(errors='replace').strip()}"
             )
-        info = json.loads(info_raw)
-        self._init_pid = int(info["child-pid"])
-        self._pidns = int(info["pid-namespace"])
+        started = json.loads(info_raw)
+        self._init_pid = int(started["child-pid"])
+        self._pidns = int(started["pid-namespace"])
         self._limits.attach(self._pidns)
+        self.logger.debug(
+            "sandbox %s up: pid %s, limits %s, node %s",
+            self.session_id,
+            self._init_pid,
+            self._limits.mode,
+            self.options.node_label,
+        )
 
     async def stop(self, delete: bool) -> None:
         if self._stopped:
@@ -526,10 +537,3 @@ class BwrapEnvironment(BaseEnvironment):
 def _read_back(file: Any) -> str:
     file.seek(0)
     return file.read().decode(errors="replace")
-
-
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 4096):
-        chunks.append(chunk)
-    return b"".join(chunks)

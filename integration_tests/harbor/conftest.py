@@ -1,0 +1,85 @@
+"""Real processes for the Harbor integration tests; every test here is skipped where bubblewrap
+cannot create a sandbox."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from rl360_ext.harbor.envs.bwrap import bwrap_executable
+from rl360_ext.procs import Service, free_port, rl360_argv, start_service
+
+
+@functools.cache
+def bwrap_problem() -> str | None:
+    """Why bubblewrap sandboxes cannot run here, or None when they can."""
+    binary = bwrap_executable()
+    if binary is None:
+        return "bubblewrap is not installed (apt-get install bubblewrap)"
+    probe = subprocess.run(
+        [binary, "--unshare-all", "--ro-bind", "/", "/", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if probe.returncode != 0:
+        return f"bubblewrap cannot create a sandbox here: {probe.stderr.strip()[:200]}"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _needs_bwrap() -> None:
+    problem = bwrap_problem()
+    if problem is not None:
+        pytest.skip(problem)
+
+
+@contextlib.contextmanager
+def _harbor_server(log_dir: Path, *args: str) -> Iterator[Service]:
+    """`rl360 harbor serve` as a real process on loopback, stopped (and its sandboxes with it) on exit."""
+    port = free_port()
+    trials = ("--trials-dir", str(log_dir / "trials"))
+    argv = rl360_argv("harbor", "serve", "--host", "127.0.0.1", "--port", str(port), *trials, *args)
+    service = start_service("harbor", argv, port, log_dir, ready_timeout_s=90, stop_grace_s=30)
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
+def _descendants(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every live descendant of a process."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = Path(f"/proc/{entry.name}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if fields[0] != "Z":
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            with contextlib.suppress(OSError):
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+                found.append((child, cmdline))
+            stack.append(child)
+    return found
+
+
+@pytest.fixture(scope="session")
+def harbor_server() -> Callable[..., contextlib.AbstractContextManager[Service]]:
+    """Factory: `with harbor_server(log_dir, *serve_flags) as service: ...`."""
+    return _harbor_server
+
+
+@pytest.fixture(scope="session")
+def descendants() -> Callable[[int], list[tuple[int, str]]]:
+    return _descendants

@@ -1,0 +1,165 @@
+"""The bubblewrap environment on its own: one long-lived sandbox, its walls, its limits, its teardown."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from harbor.environments.base import SandboxBuildFailedError
+from harbor.models.task.config import EnvironmentConfig, NetworkMode
+from harbor.models.trial.paths import TrialPaths
+
+from rl360_ext.harbor.envs.bwrap import BwrapEnvironment, MemoryLimitExceededError
+from rl360_ext.harbor.envs.limits import cgroups_usable, pids_in_namespace
+
+pytestmark = pytest.mark.integration
+
+
+def make_env(
+    tmp_path: Path, *, memory_mb: int | None = 256, setup: str | None = None, **options: object
+) -> BwrapEnvironment:
+    environment_dir = tmp_path / "task" / "environment"
+    (environment_dir / "app").mkdir(parents=True)
+    (environment_dir / "app" / "seed.txt").write_text("seeded\n")
+    if setup is not None:
+        (environment_dir / "setup.sh").write_text(setup)
+    trial_paths = TrialPaths(tmp_path / "trial")
+    trial_paths.mkdir()
+    return BwrapEnvironment(
+        environment_dir=environment_dir,
+        environment_name="probe",
+        session_id=f"probe__{os.getpid()}__{len(os.listdir(tmp_path))}",
+        trial_paths=trial_paths,
+        task_env_config=EnvironmentConfig(network_mode=NetworkMode.NO_NETWORK, cpus=1, memory_mb=memory_mb),
+        sandbox_root=str(tmp_path / "sandboxes"),
+        **options,
+    )
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[BwrapEnvironment]:
+    environment = make_env(tmp_path)
+    await environment.start(force_build=False)
+    try:
+        yield environment
+    finally:
+        await environment.stop(delete=True)
+
+
+async def test_state_in_processes_survives_between_commands(env: BwrapEnvironment) -> None:
+    started = await env.exec(
+        "tmux new-session -d -s main -x 80 -y 24 && tmux send-keys -t main 'echo hi > /app/from-tmux' Enter"
+    )
+    assert started.return_code == 0, started.stderr
+    await asyncio.sleep(0.5)
+    again = await env.exec("tmux has-session -t main && cat /app/from-tmux && cat /app/seed.txt")
+    assert again.return_code == 0 and again.stdout.split() == ["hi", "seeded"]
+
+
+async def test_only_the_task_dirs_are_writable(env: BwrapEnvironment) -> None:
+    for path in ("/app", "/tmp", "/tests", "/solution", "/logs/verifier", "/logs/agent"):
+        assert (await env.exec(f"touch {path}/probe")).return_code == 0, path
+    for path in ("/usr/probe", "/etc/probe", "/probe", "/root/probe", "/var/probe"):
+        assert (await env.exec(f"touch {path}")).return_code != 0, path
+    assert (await env.exec("test -e /work || test -e /root/.bashrc")).return_code != 0  # host files stay out
+    assert (env.trial_paths.verifier_dir / "probe").exists()  # /logs/verifier is the trial's dir
+
+
+async def test_no_network_no_capabilities_no_host_environment(env: BwrapEnvironment) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    os.environ["RL360_PROBE_SECRET"] = "do-not-leak"
+    try:
+        probe = f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)\""
+        assert (await env.exec(probe)).return_code != 0  # the host's loopback is not the sandbox's
+        status = await env.exec("grep CapEff /proc/self/status; env")
+    finally:
+        listener.close()
+        del os.environ["RL360_PROBE_SECRET"]
+    assert "CapEff:\t0000000000000000" in status.stdout
+    assert "do-not-leak" not in status.stdout
+
+
+async def test_a_timed_out_command_is_killed(env: BwrapEnvironment) -> None:
+    with pytest.raises(TimeoutError, match="timed out after 1 seconds"):
+        await env.exec("sleep 123 & sleep 30", timeout_sec=1)
+    count = (
+        "import os; print(sum(open(f'/proc/{p}/cmdline', 'rb').read().split(b'\\0')[:2] in "
+        "([b'sleep', b'30'], [b'sleep', b'123']) for p in os.listdir('/proc') if p.isdigit()))"
+    )
+    left = await env.exec(f'python3 -c "{count}"')
+    assert left.stdout.strip() == "0", left.stderr
+
+
+async def test_transfers_never_follow_symlinks_planted_in_the_sandbox(
+    env: BwrapEnvironment, tmp_path: Path
+) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("host data")
+    source = tmp_path / "upload.txt"
+    source.write_text("uploaded")
+    assert (
+        await env.exec(f"ln -s {victim} /tests/test.sh && mkdir -p /solution && ln -s {tmp_path} /solution/d")
+    ).return_code == 0
+    await env.upload_file(source, "/tests/test.sh")
+    await env.upload_file(source, "/solution/d/x.txt")
+    assert victim.read_text() == "host data" and not (tmp_path / "x.txt").exists()
+    copied = await env.exec("cat /tests/test.sh /solution/d/x.txt")
+    assert copied.stdout == "uploadeduploaded"
+    assert (await env.exec(f"ln -s {victim} /app/leak")).return_code == 0
+    with pytest.raises(PermissionError):
+        await env.download_file("/app/leak", tmp_path / "got.txt")
+    with pytest.raises(PermissionError):
+        await env.upload_file(source, "/usr/bin/evil")
+
+
+async def test_stop_leaves_no_process_and_no_files(tmp_path: Path) -> None:
+    env = make_env(tmp_path)
+    await env.start(force_build=False)
+    await env.exec("(sleep 300 &) ; nohup sleep 301 >/dev/null 2>&1 &")
+    pidns = env._pidns
+    assert pidns is not None and len(pids_in_namespace(pidns)) >= 3
+    await env.stop(delete=True)
+    assert pids_in_namespace(pidns) == []
+    assert not env.sandbox_dir.exists()
+    with pytest.raises(RuntimeError, match="not running"):
+        await env.exec("true")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("limits", ["cgroup", "watchdog"])
+async def test_the_memory_reservation_is_enforced(tmp_path: Path, limits: str) -> None:
+    if limits == "cgroup" and not cgroups_usable():
+        pytest.skip("this process cannot create a limited child cgroup")
+    env = make_env(tmp_path, memory_mb=128, limits=limits)
+    await env.start(force_build=False)
+    try:
+        assert env.limits_mode.startswith(limits)
+        assert (await env.exec("python3 -c 'x = bytearray(b\"1\") * (32 * 2**20)'")).return_code == 0
+        with pytest.raises(MemoryLimitExceededError, match="128 MB"):
+            await env.exec(
+                "python3 -c 'import time; x = bytearray(b\"1\") * (400 * 2**20); time.sleep(5)'",
+                timeout_sec=30,
+            )
+    finally:
+        await env.stop(delete=True)
+
+
+async def test_the_environment_definition_is_setup_sh(tmp_path: Path) -> None:
+    env = make_env(tmp_path, setup="set -e\necho built > /app/built.txt\n")
+    await env.start(force_build=False)
+    try:
+        assert (await env.exec("cat /app/built.txt /app/seed.txt")).stdout.split() == ["built", "seeded"]
+    finally:
+        await env.stop(delete=True)
+    broken = make_env(tmp_path / "broken", setup="echo missing dependency >&2\nexit 7\n")
+    with pytest.raises(SandboxBuildFailedError, match="exited 7: missing dependency"):
+        await broken.start(force_build=False)
+    await broken.stop(delete=True)
+    assert not broken.sandbox_dir.exists()

@@ -1,0 +1,168 @@
+"""`rl360 harbor serve` as a real process running real Harbor trials in bubblewrap sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from rl360_ext.procs import Service
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CODING_TASKS = ("fix-mean", "fizzbuzz", "slow-sum")
+FAULTS = {
+    "fault-env-start-fails": "sandbox_failed",
+    "fault-env-start-hangs": "environment_start_timeout",
+    "fault-verifier-crashes": "verifier_crash",
+    "fault-verifier-no-reward": "reward_file_missing",
+    "fault-verifier-hangs": "verifier_timeout",
+    "fault-agent-over-budget": "agent_timeout",
+    "fault-memory-hog": "memory_limit_exceeded",
+}
+BUDGET_FLAGS = ("--env-setup-s", "20", "--agent-setup-s", "5", "--margin-s", "2", "--min-agent-s", "1")
+
+
+async def run_all(service: Service, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    async with httpx.AsyncClient(base_url=service.url, timeout=300) as http:
+        responses = await asyncio.gather(*(http.post("/run", json=body) for body in bodies))
+    for response in responses:
+        assert response.status_code == 200, response.text
+    return [response.json() for response in responses]
+
+
+def max_in_window(times: list[float], interval: float) -> int:
+    times = sorted(times)
+    return max(sum(1 for t in times if start <= t < start + interval) for start in times)
+
+
+@pytest.fixture(scope="module")
+def server(harbor_server: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    logs = tmp_path_factory.mktemp("harbor-logs")
+    with harbor_server(logs, "--max-concurrent", "4", *BUDGET_FLAGS) as service:
+        yield service
+
+
+async def test_oracle_passes_and_nop_fails_on_every_coding_task(server: Service) -> None:
+    bodies = [{"task": t, "deadline_s": 120, "agent": a} for t in CODING_TASKS for a in ("oracle", "nop")]
+    for body, result in zip(bodies, await run_all(server, bodies), strict=True):
+        expected = 1.0 if body["agent"] == "oracle" else 0.0
+        assert (result["reward"], result["reward_source"], result["failure_cause"]) == (
+            expected,
+            "verifier",
+            None,
+        ), (
+            body,
+            result,
+        )
+        assert result["rewards"] == {"reward": expected}
+        timings = result["phase_timings"]
+        assert all(
+            timings[phase] is not None for phase in ("queue", "environment_setup", "agent", "verifier")
+        )
+        assert result["placement"] == {"node_label": "local", "image_group": "rl360-python-3"}
+
+
+async def test_each_fault_task_fails_with_its_cause_and_no_reward(server: Service) -> None:
+    bodies = [{"task": task, "deadline_s": 120, "agent": "oracle"} for task in FAULTS]
+    for body, result in zip(bodies, await run_all(server, bodies), strict=True):
+        assert (result["failure_cause"], result["reward"], result["reward_source"], result["rewards"]) == (
+            FAULTS[body["task"]],
+            None,
+            None,
+            None,
+        ), result
+        assert result["exception_type"] and result["exception_message"]
+
+
+async def test_a_task_over_its_memory_reservation_fails_alone(server: Service) -> None:
+    bodies = [{"task": "fault-memory-hog", "deadline_s": 120}] + [{"task": "slow-sum", "deadline_s": 120}] * 3
+    hog, *neighbours = await run_all(server, bodies)
+    assert (hog["failure_cause"], hog["reward"]) == ("memory_limit_exceeded", None)
+    for result in neighbours:
+        assert (result["reward"], result["reward_source"], result["failure_cause"]) == (1.0, "verifier", None)
+
+
+async def test_waves_hold_the_rolling_start_limit(harbor_server: Callable[..., Any], tmp_path: Path) -> None:
+    waves = ("--rolling-start-size", "2", "--rolling-start-interval", "0.5")
+    with harbor_server(tmp_path, "--max-concurrent", "16", *waves, *BUDGET_FLAGS) as service:
+        results = await run_all(service, [{"task": "fix-mean", "deadline_s": 120, "agent": "nop"}] * 10)
+        metrics = httpx.get(service.url + "/metrics").text
+    starts = [r["timeline"]["sandbox_started_at"] for r in results]
+    assert all(r["reward_source"] == "verifier" for r in results)
+    assert max_in_window(starts, 0.5 - 0.01) <= 2
+    assert max(starts) - min(starts) >= 2.0  # 10 starts at 2 per 0.5 s cannot take less
+    assert "rl360_harbor_sandbox_starts_total 10.0" in metrics
+    assert "rl360_harbor_starts_per_wave_count" in metrics
+
+
+async def test_fifty_concurrent_runs_are_bounded_and_all_answered(server: Service) -> None:
+    results = await run_all(server, [{"task": "slow-sum", "deadline_s": 180, "agent": "oracle"}] * 50)
+    assert all((r["reward"], r["failure_cause"]) == (1.0, None) for r in results)
+    health = httpx.get(server.url + "/health").json()
+    assert health["peak_running"] == 4 and health["running"] == 0 and health["queue_depth"] == 0
+    # Independently of the server's own count: sandbox lifetimes (start to end of verification) overlap <= 4.
+    events = []
+    for r in results:
+        start, t = r["timeline"]["sandbox_started_at"], r["phase_timings"]
+        end = start + t["environment_setup"] + t["agent_setup"] + t["agent"] + t["verifier"]
+        events += [(start, 1), (end, -1)]
+    live = peak = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
+        live += step
+        peak = max(peak, live)
+    assert peak <= 4
+    assert max(r["phase_timings"]["queue"] for r in results) > 5  # most of them really queued
+
+
+async def test_flush_cancels_an_instance_and_releases_its_sandboxes(
+    harbor_server: Callable[..., Any], descendants: Callable[[int], list[tuple[int, str]]], tmp_path: Path
+) -> None:
+    sandboxes = tmp_path / "sandboxes"
+    flags = ("--max-concurrent", "4", "--env-kwarg", f"sandbox_root={sandboxes}", *BUDGET_FLAGS)
+    doomed_body = {"task": "slow-sum", "deadline_s": 120, "session_server_instance_id": "A"}
+    with harbor_server(tmp_path, *flags) as service:
+        async with httpx.AsyncClient(base_url=service.url, timeout=120) as http:
+            doomed = [asyncio.create_task(http.post("/run", json=doomed_body)) for _ in range(3)]
+            survivor = asyncio.create_task(
+                http.post(
+                    "/run", json={"task": "fix-mean", "deadline_s": 120, "session_server_instance_id": "B"}
+                )
+            )
+            deadline = time.monotonic() + 30
+            while len(started := list(sandboxes.glob("slow-sum__*"))) < 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert len(started) == 3  # all three sandboxes are up before the flush
+            flushed = (await http.post("/flush", json={"session_server_instance_id": "A"})).json()
+            results = [(await task).json() for task in doomed]
+            kept = (await survivor).json()
+            health = (await http.get("/health")).json()
+        leftovers = [cmd for _, cmd in descendants(service.pid) if "bwrap" in cmd or "sleep" in cmd]
+        remaining = sorted(p.name for p in sandboxes.iterdir()) if sandboxes.exists() else []
+    assert flushed == {"session_server_instance_id": "A", "cancelled": 3, "finished": 3, "still_stopping": 0}
+    for r in results:
+        assert (r["failure_cause"], r["reward"], r["reward_source"]) == ("cancelled", None, None), r
+        assert r["timeline"]["sandbox_started_at"] is not None
+    assert (kept["reward"], kept["failure_cause"]) == (1.0, None)
+    assert health["in_flight"] == {} and health["running"] == 0
+    assert leftovers == [] and remaining == []
+
+
+async def test_the_agent_budget_comes_from_the_client_deadline(server: Service) -> None:
+    # fixed cost: setup 20 + agent setup 5 + verifier 30 + margin 2 = 57 s, so a 59 s deadline leaves 2 s
+    (result,) = await run_all(server, [{"task": "fault-agent-over-budget", "deadline_s": 59}])
+    assert (result["failure_cause"], result["reward"]) == ("agent_timeout", None)
+    agent_timeout = float(re.search(r"timed out after ([0-9.]+) seconds", result["exception_message"])[1])
+    assert 1.5 < agent_timeout <= 2.0  # what the deadline left, not the task's own 3 s
+    assert result["phase_timings"]["total"] < 59
+    (refused,) = await run_all(server, [{"task": "fault-agent-over-budget", "deadline_s": 57.5}])
+    assert (
+        refused["failure_cause"] == "insufficient_budget"
+        and refused["timeline"].get("sandbox_started_at") is None
+    )

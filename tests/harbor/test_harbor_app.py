@@ -1,0 +1,152 @@
+"""The /run server without sandboxes: schema errors name the field, auth on every route,
+insufficient budget and flush of queued attempts never start a sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rl360_ext.harbor.admission import Reservation
+from rl360_ext.harbor.app import create_app
+from rl360_ext.harbor.budget import BudgetPolicy
+from rl360_ext.harbor.catalog import example_tasks_root
+from rl360_ext.harbor.runner import EnvironmentSpec, RunRequest, ServerSettings, TrialRunner
+
+POLICY = BudgetPolicy(environment_setup_s=5, agent_setup_s=1, max_verifier_s=5, margin_s=1, min_agent_s=1)
+
+
+def make_runner(tmp_path: Path, max_concurrent: int = 4) -> TrialRunner:
+    return TrialRunner(
+        ServerSettings(
+            tasks_root=example_tasks_root(),
+            trials_dir=tmp_path / "trials",
+            environment=EnvironmentSpec.parse("bwrap", {"sandbox_root": str(tmp_path / "sandboxes")}),
+            max_concurrent=max_concurrent,
+            budget=POLICY,
+        )
+    )
+
+
+def client(
+    runner: TrialRunner, token: str | None = None, headers: dict[str, str] | None = None
+) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=create_app(runner, token))
+    return httpx.AsyncClient(transport=transport, base_url="http://harbor", headers=headers)
+
+
+def field_of(response: httpx.Response) -> str:
+    return response.json()["detail"][0]["loc"][-1]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field"),
+    [
+        ({"task": "fix-mean"}, 422, "deadline_s"),
+        ({"task": "fix-mean", "deadline_s": 0}, 422, "deadline_s"),
+        ({"task": "fix-mean", "deadline_s": 60, "max_seq_len": 0}, 422, "max_seq_len"),
+        ({"task": "fix-mean", "deadline_s": 60, "colour": "blue"}, 422, "colour"),
+        ({"task": "", "deadline_s": 60}, 422, "task"),
+        ({"task": "../etc", "deadline_s": 60}, 400, "task"),
+        ({"task": "/etc/passwd", "deadline_s": 60}, 400, "task"),
+        ({"task": "no-such-task", "deadline_s": 60}, 404, "task"),
+        ({"task": "fix-mean", "deadline_s": 60, "agent": "nobody"}, 422, "agent"),
+        ({"task": "fix-mean", "deadline_s": 60, "agent": "terminus-2", "model": "m"}, 422, "base_url"),
+        (
+            {"task": "fix-mean", "deadline_s": 60, "agent": "terminus-2", "base_url": "http://x/v1"},
+            422,
+            "model",
+        ),
+    ],
+)
+async def test_bad_requests_name_the_field(tmp_path: Path, body: dict, status: int, field: str) -> None:
+    async with client(make_runner(tmp_path)) as http:
+        response = await http.post("/run", json=body)
+    assert response.status_code == status, response.text
+    assert field_of(response) == field
+
+
+async def test_every_route_needs_the_token(tmp_path: Path) -> None:
+    runner = make_runner(tmp_path)
+    routes = [
+        ("GET", "/health", None),
+        ("GET", "/metrics", None),
+        ("POST", "/flush", {"session_server_instance_id": "a"}),
+    ]
+    routes.append(("POST", "/run", {"task": "fix-mean", "deadline_s": 1}))
+    async with (
+        client(runner, token="s3cret") as anonymous,
+        client(runner, "s3cret", {"authorization": "Bearer nope"}) as wrong,
+    ):
+        for method, path, body in routes:
+            assert (await anonymous.request(method, path, json=body)).status_code == 401, path
+            assert (await wrong.request(method, path, json=body)).status_code == 401, path
+        assert (await anonymous.get("/docs")).status_code == 404
+    async with client(runner, "s3cret", {"authorization": "Bearer s3cret"}) as allowed:
+        for method, path, body in routes:
+            assert (await allowed.request(method, path, json=body)).status_code == 200, path
+
+
+async def test_an_insufficient_deadline_starts_no_sandbox(tmp_path: Path) -> None:
+    runner = make_runner(tmp_path)
+    async with client(runner) as http:
+        body = (
+            await http.post("/run", json={"task": "fix-mean", "deadline_s": 3, "session_id": "s1"})
+        ).json()
+        metrics = (await http.get("/metrics")).text
+        health = (await http.get("/health")).json()
+    assert (body["failure_cause"], body["reward"], body["reward_source"]) == (
+        "insufficient_budget",
+        None,
+        None,
+    )
+    assert "no sandbox was started" in body["exception_message"]
+    assert body["session_id"] == "s1" and body["placement"]["image_group"] == "rl360-python-3"
+    assert body["timeline"].get("sandbox_started_at") is None
+    assert 'rl360_harbor_attempts_total{failure_cause="insufficient_budget"} 1.0' in metrics
+    assert "rl360_harbor_sandbox_starts_total 0.0" in metrics
+    assert health["running"] == 0 and health["peak_running"] == 0
+    assert not (tmp_path / "sandboxes").exists()
+
+
+async def test_a_queued_attempt_gives_up_when_its_deadline_no_longer_fits(tmp_path: Path) -> None:
+    runner = make_runner(tmp_path, max_concurrent=1)
+    occupied = await runner.admission.acquire(Reservation(1, 1), timeout_s=1)
+    # fixed cost 5 + 1 + 5 + 1 = 12 s, floor 1 s: a 13.3 s deadline may queue about 0.3 s
+    result = await runner.run(RunRequest(task="fix-mean", deadline_s=13.3))
+    runner.admission.release(occupied)
+    assert result["failure_cause"] == "insufficient_budget"
+    assert 0.2 < result["phase_timings"]["queue"] < 5
+    assert runner.admission.queue_depth == 0
+
+
+async def test_flush_cancels_queued_attempts_of_that_instance_only(tmp_path: Path) -> None:
+    runner = make_runner(tmp_path, max_concurrent=1)
+    occupied = await runner.admission.acquire(Reservation(1, 1), timeout_s=1)
+    doomed = [
+        asyncio.create_task(
+            runner.run(RunRequest(task="fix-mean", deadline_s=600, session_server_instance_id="A"))
+        )
+        for _ in range(3)
+    ]
+    other = asyncio.create_task(
+        runner.run(RunRequest(task="fix-mean", deadline_s=13.5, session_server_instance_id="B"))
+    )
+    await asyncio.sleep(0.1)
+    assert runner.health()["in_flight"] == {"A": 3, "B": 1}
+    flushed = await runner.flush("A")
+    assert flushed["cancelled"] == 3 and flushed["still_stopping"] == 0
+    for result in await asyncio.gather(*doomed):
+        assert (result["failure_cause"], result["reward"], result["reward_source"]) == (
+            "cancelled",
+            None,
+            None,
+        )
+    assert (await other)[
+        "failure_cause"
+    ] == "insufficient_budget"  # B was left alone to time out in the queue
+    runner.admission.release(occupied)
+    assert runner.health()["in_flight"] == {} and runner.admission.queue_depth == 0
+    assert (await runner.flush("nobody"))["cancelled"] == 0
