@@ -114,3 +114,11 @@ def bench_launch(json: bool = typer.Option(False, "--json", help="Print JSON ins
     from rl360_ext.harbor.bench import main
 
     main(as_json=json)
+
+
+@bench_app.command("faults")
+def bench_faults(json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+    """Fault matrix: every injected infra failure, its class, and proof its reward enters no mean."""
+    from rl360_ext.rollout.bench import main
+
+    main(as_json=json)

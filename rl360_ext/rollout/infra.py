@@ -71,7 +71,13 @@ POLICY_OUTCOME_EXCEPTIONS = frozenset(
     }
 )
 POLICY_OUTCOME_CAUSES = frozenset(
-    {"agent_exhausted_budget", "agent_refused_task", "agent_nonzero_exit", "context_length_exceeded"}
+    {
+        "agent_exhausted_budget",
+        "agent_refused_task",
+        "agent_nonzero_exit",
+        "context_length_exceeded",
+        "output_length_exceeded",
+    }
 )
 AGENT_TIMEOUT_EXCEPTION = "AgentTimeoutError"
 
@@ -157,6 +163,11 @@ _LEGACY_FAILURE_CAUSES: dict[str, str] = {
     "verifier_failed": "verifier_crash",
     "cancelled": "aborted",
     "unclassified": "unclassified",
+    "memory_limit_exceeded": "sandbox_lost",
+    "insufficient_budget": "no_sandbox",
+    "insufficient_capacity": "no_sandbox",
+    "deadline_exceeded": "client_deadline",
+    "reward_key_missing": "reward_file_invalid",
 }
 
 _POLICY = "policy"  # verdict: the policy's own outcome, verifier reward counts

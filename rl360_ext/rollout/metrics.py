@@ -56,6 +56,7 @@ SCHEMA_VERSION = 1
 METRICS_PATH_ENV = "RL360_METRICS_PATH"
 METRICS_ATTEMPTS_ENV = "RL360_METRICS_ATTEMPTS"
 MAX_PENDING_GROUPS = 16384
+ROUTING_BYTES = "routing_bytes"  # metadata key: bytes of routing-replay (R3) data the attempt carried
 
 
 @dataclass
@@ -115,6 +116,11 @@ def _cache_counts(sample: Any, metadata: Mapping[str, Any]) -> tuple[int | None,
     return (None if cached is None else int(cached)), (None if prompt is None else int(prompt))
 
 
+def _routing_bytes(metadata: Mapping[str, Any]) -> int | None:
+    value = metadata.get(ROUTING_BYTES)
+    return None if value is None else int(value)
+
+
 def attempt_summary(sample: Any, reward_key: str | None = None) -> dict[str, Any]:
     """The per-attempt record (also a JSONL "attempt" line without the step fields)."""
     metadata = getattr(sample, "metadata", None) or {}
@@ -134,6 +140,7 @@ def attempt_summary(sample: Any, reward_key: str | None = None) -> dict[str, Any
         "cached_tokens": cached_tokens,
         "prompt_tokens": prompt_tokens,
         "non_generation_time": getattr(sample, "non_generation_time", None),
+        "routing_bytes": _routing_bytes(metadata),
     }
 
 
@@ -368,15 +375,23 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
     return steps, attempts
 
 
+def read_records(path: Path, kind: str) -> list[dict[str, Any]]:
+    """Records of one other `kind` in file order, e.g. the "weight_push" lines a driver appends."""
+    return [record for record in iter_records(path) if record.get("kind") == kind]
+
+
 def iter_records(path: Path) -> Iterator[dict[str, Any]]:
     with Path(path).open("rb") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
-                yield orjson.loads(line)
+                record = orjson.loads(line)
             except orjson.JSONDecodeError as error:
                 raise ValueError(f"{path}:{number}: not a JSON line ({error})") from error
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}:{number}: not a JSON object")
+            yield record
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -214,3 +214,12 @@ def test_jsonl_lines_are_plain_json(tmp_path: Path) -> None:
     log_rollout_metrics(0, args(path, dynamic_sampling_filter_path=None), [valid(0, 0, 1.0)], {}, 0.5)
     for line in path.read_bytes().splitlines():
         assert isinstance(orjson.loads(line), dict)
+
+
+def test_a_json_line_that_is_not_an_object_is_named(tmp_path) -> None:
+    from rl360_ext.rollout.metrics import read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"kind": "step", "schema": 1, "rollout_id": 0, "metrics": {}}\n[1, 2]\n')
+    with pytest.raises(ValueError, match=r"metrics\.jsonl:2: not a JSON object"):
+        read_metrics(path)

@@ -1,0 +1,614 @@
+"""`rl360 report RUN_DIR [--out report.html]`: a self-contained HTML step report of an rl360 run.
+
+Owns the page: a summary table and six charts (attempt outcomes per step, unfiltered vs kept
+reward, phase durations, infrastructure failures by cause, prefix-cache hit rate and routing
+bytes, weight pushes), each drawn as inline SVG (charts.py) from the run's metrics JSONL
+(report_data.py). The page has no script and loads nothing: its content security policy is
+`default-src 'none'`, so it renders the same offline, from a file, or attached to a ticket. A
+chart whose data the run does not have says so ("no data in this run: <why>") instead of
+drawing an empty axis. It does not compute training metrics (the metrics hook does) or run
+anything.
+
+What it reads: RUN_DIR/metrics.jsonl (or, without one, the folder's only *.jsonl; or RUN_DIR
+itself when it is a file): `step` and `attempt` lines written by
+`rl360_ext.rollout.metrics.log_rollout_metrics`, and `weight_push` lines a driver such as
+`rl360 demo` appends. Other *.jsonl files in the folder are listed on the page as not read.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from html import escape
+from pathlib import Path
+
+from rl360_ext.diagnostics.charts import (
+    FULL_WIDTH,
+    HALF_WIDTH,
+    Formatter,
+    Series,
+    bar_chart,
+    format_bytes,
+    format_number,
+    format_percent,
+    format_seconds,
+    hbar_chart,
+    legend,
+    line_chart,
+)
+from rl360_ext.diagnostics.report_data import (
+    OUTCOMES,
+    PHASES,
+    Attempt,
+    Run,
+    Summary,
+    cache_and_routing,
+    infra_causes,
+    load_run,
+    outcome_counts,
+    phase_stats,
+    slowest_attempts,
+    step_counts,
+    step_metric_series,
+    summary,
+)
+
+REPORT_FILE = "report.html"
+SLOWEST_ATTEMPTS = 25
+REWARD_TABLE_STEPS = 20
+PUSH_TABLE_ROWS = 20  # the most recent pushes; incomplete or failed ones are always listed
+MAX_ENGINE_SERIES = 12
+STEP_AXIS = "rollout step"
+
+OUTCOME_STYLE = {
+    "passed": ("passed (reward > 0)", "#2e7d32"),
+    "failed": ("failed (reward ≤ 0)", "#ef6c00"),
+    "dropped_all_passed": ("group dropped: all passed", "#a5d6a7"),
+    "dropped_all_failed": ("group dropped: all failed", "#ffcc80"),
+    "dropped_insufficient_valid": ("group dropped: < 2 valid rewards", "#b0bec5"),
+    "dropped_other": ("group dropped: other filter reason", "#78909c"),
+    "unused": ("unused (batch already full)", "#81d4fa"),
+    "infra": ("infrastructure failure", "#7b1fa2"),
+    "unknown": ("unknown (no class or no reward)", "#424242"),
+}
+PHASE_STYLE = {
+    "queue": ("queue", "#90a4ae"),
+    "environment_setup": ("sandbox setup", "#8d6e63"),
+    "agent_setup": ("agent setup", "#ffb300"),
+    "agent": ("agent", "#1e88e5"),
+    "verifier": ("verifier", "#43a047"),
+}
+PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+    "#393b79",
+    "#ad494a",
+)
+
+CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; color: #212121;
+       margin: 24px auto; max-width: 1340px; padding: 0 16px; }
+h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 0 0 4px; }
+.meta { color: #616161; font-size: 13px; margin: 0 0 12px; }
+table { border-collapse: collapse; font-size: 13px; margin: 6px 0; }
+th, td { border: 1px solid #e0e0e0; padding: 3px 10px; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+th { background: #f5f5f5; font-weight: 600; }
+section.chart { border-top: 1px solid #e0e0e0; padding: 14px 0 6px; }
+.pair { display: flex; gap: 20px; flex-wrap: wrap; }
+.pair > section.chart { flex: 1 1 640px; }
+.caption { color: #424242; font-size: 13px; margin: 0 0 6px; max-width: 1200px; }
+.no-data { background: #fafafa; border: 1px dashed #bdbdbd; color: #616161; font-style: italic;
+           padding: 18px; margin: 6px 0; }
+.partial { background: #fafafa; border-left: 3px solid #bdbdbd; color: #616161; padding: 6px 12px;
+           margin: 6px 0; }
+.empty-ok { background: #f1f8e9; border: 1px solid #c5e1a5; color: #33691e; padding: 18px; margin: 6px 0; }
+.notes { background: #fff8e1; border: 1px solid #ffe082; padding: 6px 14px; font-size: 13px; }
+ul.legend { list-style: none; display: flex; flex-wrap: wrap; gap: 4px 16px; padding: 0; margin: 4px 0 0;
+            font-size: 12px; }
+ul.legend li { display: flex; align-items: center; gap: 6px; }
+.swatch { display: inline-block; width: 14px; height: 12px; }
+.legend-note { color: #757575; }
+svg { display: block; font-family: inherit; }
+svg text { fill: #424242; }
+svg text.total { font-weight: 600; fill: #212121; }
+svg text.in-bar { font-size: 10px; }
+svg text.axis-title { fill: #616161; font-size: 12px; }
+svg line.grid { stroke: #eeeeee; } svg line.axis { stroke: #9e9e9e; }
+"""
+
+
+def _section(chart_id: str, title: str, caption: str, body: str) -> str:
+    return (
+        f'<section class="chart" id="{chart_id}"><h2>{escape(title)}</h2>'
+        f'<p class="caption">{caption}</p>{body}</section>'
+    )
+
+
+def _no_data(why: str) -> str:
+    return f'<p class="no-data">No data in this run: {escape(why)}</p>'
+
+
+def _empty_note(series: Sequence[Series], what: str) -> str | None:
+    """None when some bar has a positive value; otherwise the note that replaces an empty axis."""
+    values = [v for s in series for v in s.values if v is not None]
+    if any(v > 0 for v in values):
+        return None
+    if values:
+        return f'<p class="empty-ok">Every {escape(what)} in this run is 0.</p>'
+    return _no_data(f"no record carries a {what}.")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequence[bool]) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td{' class=num' if num else ''}>{escape(cell)}</td>"
+            for cell, num in zip(row, numeric, strict=True)
+        )
+        + "</tr>"
+        for row in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _optional(value: float | None) -> str:
+    return "n/a" if value is None else format_number(value)
+
+
+def _summary_section(run: Run, facts: Summary) -> str:
+    def maybe(value: float | None, fmt: Formatter = format_number) -> str:
+        return "n/a" if value is None else fmt(value)
+
+    last = "" if facts.last_step is None else f" (rollout {facts.last_step})"
+    steps = str(facts.steps) + (
+        "" if facts.first_step is None else f" (rollout {facts.first_step}–{facts.last_step})"
+    )
+    trained = maybe(facts.trained) + ("" if facts.masked is None else f" ({facts.masked:,} masked)")
+    pushes = f"{facts.pushes} ({facts.complete_pushes} complete)" if facts.pushes else "none recorded"
+    rows = [
+        ("Steps", steps),
+        ("Attempts", format_number(facts.attempts)),
+        ("Valid fraction", maybe(facts.valid_fraction, format_percent)),
+        ("Infrastructure failure rate", maybe(facts.infra_rate, format_percent)),
+        ("Kept mean, last step", maybe(facts.kept_mean_last) + last),
+        ("Unfiltered mean, last step", maybe(facts.unfiltered_mean_last) + last),
+        ("Trained samples", trained),
+        ("Dropped groups", maybe(facts.dropped_groups)),
+        ("Weight pushes", pushes),
+    ]
+    table = (
+        '<table id="summary">'
+        + "".join(f'<tr><th>{escape(k)}</th><td class="num">{escape(v)}</td></tr>' for k, v in rows)
+        + "</table>"
+    )
+    notes = "".join(f"<li>{escape(note)}</li>" for note in run.notes)
+    return table + (f'<div class="notes"><ul>{notes}</ul></div>' if notes else "")
+
+
+def _outcomes_section(run: Run) -> str:
+    title = "1. What happened to every attempt, per step"
+    caption = (
+        "Each attempt the dynamic filter saw, stacked by outcome. <b>passed</b>/<b>failed</b>: valid, in a "
+        "group the trainer used, verifier reward &gt; 0 / ≤ 0. <b>group dropped</b>: the valid attempts of "
+        "groups the filter dropped: all passed or all failed (zero reward spread), or fewer than two valid "
+        "rewards. Infrastructure failures count here whatever happened to their group; they never enter a "
+        "reward or a baseline."
+    )
+    ids = [str(rid) for rid in run.step_ids]
+    if run.attempts:
+        counts = outcome_counts(run)
+        series = [
+            Series(OUTCOME_STYLE[o][0], OUTCOME_STYLE[o][1], counts[o]) for o in OUTCOMES if any(counts[o])
+        ]
+        totals = [f"({sum(counts[o]):,})" for o in OUTCOMES if any(counts[o])]
+        chart = bar_chart(ids, series, x_label=STEP_AXIS, y_label="attempts")
+        return _section("chart-outcomes", title, caption, chart + legend(series, totals))
+    counted = step_counts(run)
+    if not counted:
+        return _section(
+            "chart-outcomes",
+            title,
+            caption,
+            _no_data("the file has no attempt lines and no step carries attempt counts (count/attempts)."),
+        )
+    valid = [counted[rid].valid if rid in counted else None for rid in run.step_ids]
+    infra = [counted[rid].attempts - counted[rid].valid if rid in counted else None for rid in run.step_ids]
+    series = [
+        Series("valid (pass/fail unknown)", "#607d8b", valid),
+        Series(OUTCOME_STYLE["infra"][0], OUTCOME_STYLE["infra"][1], infra),
+    ]
+    note = (
+        '<p class="partial">This run has no attempt lines (written with --no-rl360-metrics-attempts or '
+        "RL360_METRICS_ATTEMPTS=0): passed/failed and dropped groups per attempt are unknown; "
+        "valid and infrastructure counts come from the step metrics.</p>"
+    )
+    if empty := _empty_note(series, "attempt count"):
+        return _section("chart-outcomes", title, caption, note + empty)
+    chart = bar_chart(ids, series, x_label=STEP_AXIS, y_label="attempts")
+    return _section("chart-outcomes", title, caption, note + chart + legend(series))
+
+
+def _rewards_section(run: Run) -> str:
+    title = "2. Reward: every valid attempt vs the trained batch"
+    caption = (
+        "<b>unfiltered mean</b> (reward/unfiltered_mean): valid attempts of every group the filter saw, "
+        "before dropping. <b>kept mean</b> (reward/kept_mean): valid samples of the trained batch. "
+        "Dropping all-pass groups pulls the kept mean away from the unfiltered one. Dashed: what "
+        "upstream Miles would log for the trained batch (failures as 0: audit/logged_mean_upstream)."
+    )
+    series = [
+        Series("unfiltered mean", "#1565c0", step_metric_series(run, "reward/unfiltered_mean")),
+        Series("kept mean", "#d81b60", step_metric_series(run, "reward/kept_mean")),
+        Series(
+            "upstream logged mean", "#757575", step_metric_series(run, "audit/logged_mean_upstream"), True
+        ),
+    ]
+    drawn = [s for s in series if any(v is not None for v in s.values)]
+    if not drawn:
+        why = (
+            "no step record carries reward/unfiltered_mean or reward/kept_mean."
+            if run.steps
+            else ("the file has no step records.")
+        )
+        return _section("chart-rewards", title, caption, _no_data(why))
+    notes = ""
+    if all(v is None for v in series[0].values):
+        prefilters = sorted({s.prefilter or "missing" for s in run.steps.values()})
+        notes = (
+            '<p class="partial">reward/unfiltered_mean is null in every step (prefilter: '
+            f"{escape(', '.join(prefilters))}): a dynamic filter other than rl360's ran, so the "
+            "groups it dropped were never seen.</p>"
+        )
+    chart = line_chart(
+        [str(rid) for rid in run.step_ids],
+        drawn,
+        x_label=STEP_AXIS,
+        y_label="mean reward",
+        y_range=(0.0, 1.0),
+    )
+    return _section(
+        "chart-rewards", title, caption, notes + chart + legend(drawn) + _reward_table(run, series)
+    )
+
+
+def _reward_table(run: Run, series: Sequence[Series]) -> str:
+    unfiltered, kept, upstream = (s.values for s in series)
+    rows = []
+    for position in range(max(0, len(run.step_ids) - REWARD_TABLE_STEPS), len(run.step_ids)):
+        u, k, up = unfiltered[position], kept[position], upstream[position]
+        gap = None if u is None or k is None else k - u
+        signed = "n/a" if gap is None else f"{gap:+.3f}"
+        rows.append((str(run.step_ids[position]), _optional(u), _optional(k), signed, _optional(up)))
+    shown = "" if len(rows) == len(run.step_ids) else f" (last {len(rows)} steps)"
+    header = (f"rollout step{shown}", "unfiltered mean", "kept mean", "kept − unfiltered", "upstream logged")
+    return _table(header, rows, (False, True, True, True, True))
+
+
+SHORT_OUTCOME = {
+    "passed": "passed",
+    "failed": "failed",
+    "dropped_all_passed": "dropped, all passed",
+    "dropped_all_failed": "dropped, all failed",
+    "dropped_insufficient_valid": "dropped, < 2 valid",
+    "dropped_other": "dropped, other reason",
+    "unused": "unused",
+    "unknown": "unknown",
+}
+
+
+def _attempt_label(a: Attempt) -> str:
+    outcome = f"infra: {a.cause}" if a.cause is not None else SHORT_OUTCOME[a.outcome]
+    return f"step {a.rollout_id} · group {a.group_index} · #{a.index} · {outcome}"
+
+
+def _phases_section(run: Run) -> str:
+    title = "3. Phase durations per attempt"
+    slowest = slowest_attempts(run, SLOWEST_ATTEMPTS)
+    timed = sum(1 for a in run.attempts if a.phases)
+    caption = (
+        "Per attempt, stacked by phase: queue (waiting for a sandbox slot), sandbox setup, agent setup, "
+        "agent, verifier, as the Harbor /run server reported them."
+    )
+    if slowest:
+        caption += (
+            f" The {len(slowest)} slowest of {timed:,} timed attempts (sum of phases); the table summarizes "
+            "every attempt."
+        )
+    if not run.attempts:
+        return _section("chart-phases", title, caption, _no_data("the file has no attempt lines."))
+    if not slowest:
+        return _section(
+            "chart-phases",
+            title,
+            caption,
+            _no_data("no attempt carries phase_timings (the generate hook copies Harbor's phase timings)."),
+        )
+    series = [
+        Series(PHASE_STYLE[p][0], PHASE_STYLE[p][1], [a.phases.get(p) for a in slowest])
+        for p in PHASES
+        if any(p in a.phases for a in slowest)
+    ]
+    if empty := _empty_note(series, "phase duration"):
+        return _section("chart-phases", title, caption, empty)
+    chart = hbar_chart([_attempt_label(a) for a in slowest], series, x_label="seconds", fmt=format_seconds)
+    rows = [
+        (
+            PHASE_STYLE[s.phase][0],
+            f"{s.attempts:,}",
+            format_seconds(s.median),
+            format_seconds(s.p90),
+            format_seconds(s.maximum),
+            format_percent(s.share),
+        )
+        for s in phase_stats(run)
+    ]
+    table = _table(("phase", "attempts", "median", "p90", "max", "share of time"), rows, (False, *[True] * 5))
+    return _section("chart-phases", title, caption, chart + legend(series) + table)
+
+
+def _infra_section(run: Run) -> str:
+    title = "4. Infrastructure failures by cause"
+    caption = (
+        "Attempts per step whose environment, not the policy, failed (class infra:&lt;cause&gt;, see "
+        "docs/hooks.md). They are masked out of the loss and out of every baseline, never scored 0."
+    )
+    if not run.step_ids:
+        return _section("chart-infra", title, caption, _no_data("the file has no step or attempt records."))
+    causes, from_lines = infra_causes(run)
+    counted = step_counts(run)
+    if not causes:
+        if not counted:
+            return _section(
+                "chart-infra",
+                title,
+                caption,
+                _no_data("no step carries infra counts (count/infra) and there are no attempt lines."),
+            )
+        attempts = sum(c.attempts for c in counted.values())
+        message = f"No infrastructure failures in {attempts:,} attempts over {len(counted)} steps."
+        return _section("chart-infra", title, caption, f'<p class="empty-ok">{escape(message)}</p>')
+    series = [
+        Series(cause, PALETTE[i % len(PALETTE)], counts) for i, (cause, counts) in enumerate(causes.items())
+    ]
+    totals = [f"({sum(counts):,})" for counts in causes.values()]
+    note = ""
+    if from_lines:
+        note = (
+            '<p class="caption">Steps '
+            + escape(", ".join(map(str, from_lines)))
+            + " lack pre-filter counts (another dynamic filter): counted from their attempt lines, "
+            "which cover the trained batch only.</p>"
+        )
+    chart = bar_chart([str(r) for r in run.step_ids], series, x_label=STEP_AXIS, y_label="attempts")
+    return _section("chart-infra", title, caption, note + chart + legend(series, totals))
+
+
+def _cache_sections(run: Run) -> str:
+    rows = cache_and_routing(run)
+    ids = [str(rid) for rid in run.step_ids]
+    cache_title, routing_title = "5a. Prefix-cache hit rate per step", "5b. Routing-replay bytes per step"
+    cache_caption = (
+        "sum(cached_tokens) / sum(prompt_tokens) over the step's attempts that report both (all classes: "
+        "caching is the engines' business). Sticky routing (X-SMG-Routing-Key) keeps a trajectory's turns "
+        "on the engine that holds its prefix."
+    )
+    routing_caption = (
+        "Sum of routing_bytes (routing-replay / R3 data, written from metadata['routing_bytes']) "
+        "over the step's attempts."
+    )
+    if not run.attempts:
+        cache = _section(
+            "chart-cache", cache_title, cache_caption, _no_data("the file has no attempt lines.")
+        )
+        routing = _section(
+            "chart-routing", routing_title, routing_caption, _no_data("the file has no attempt lines.")
+        )
+        return f'<div class="pair">{cache}{routing}</div>'
+    if any(r.hit_rate is not None for r in rows):
+        series = [Series("prefix-cache hit rate", "#00897b", [r.hit_rate for r in rows])]
+        chart = line_chart(
+            ids,
+            series,
+            x_label=STEP_AXIS,
+            y_label="hit rate",
+            fmt=format_percent,
+            y_range=(0.0, 1.0),
+            width=HALF_WIDTH,
+        )
+        counted = sum(r.attempts for r in rows)
+        cache = _section(
+            "chart-cache", cache_title, cache_caption + f" {counted:,} attempts report token counts.", chart
+        )
+    else:
+        cache = _section(
+            "chart-cache",
+            cache_title,
+            cache_caption,
+            _no_data("no attempt carries both cached_tokens and prompt_tokens."),
+        )
+    if any(r.routing_bytes is not None for r in rows):
+        series = [Series("routing bytes", "#5e35b1", [r.routing_bytes for r in rows])]
+        chart = _empty_note(series, "routing_bytes value") or bar_chart(
+            ids, series, x_label=STEP_AXIS, y_label="bytes", fmt=format_bytes, width=HALF_WIDTH
+        )
+        routing = _section("chart-routing", routing_title, routing_caption, chart)
+    else:
+        routing = _section(
+            "chart-routing",
+            routing_title,
+            routing_caption,
+            _no_data(
+                "no attempt carries routing_bytes (written when the generate hook collects routing replay, "
+                "i.e. --use-rollout-routing-replay)."
+            ),
+        )
+    return f'<div class="pair">{cache}{routing}</div>'
+
+
+def _range(values: Sequence[float]) -> str:
+    if not values:
+        return "n/a"
+    low, high = min(values), max(values)
+    return format_number(low) if low == high else f"{format_number(low)}–{format_number(high)}"
+
+
+PUSH_DURATION = (
+    "chart-pushes",
+    "6a. Weight pushes: duration",
+    "Wall time of each push (pause, update, resume, version read-back), coloured by the path it took. "
+    "A push that silently takes a slow path shows up here and in the calls per engine.",
+)
+PUSH_CALLS = (
+    "chart-push-calls",
+    "6b. Weight pushes: update calls per engine",
+    "update_weights calls each engine received per push: one per engine on the direct from-disk path; "
+    "hundreds or thousands when weights go tensor by tensor.",
+)
+
+
+def _push_duration(run: Run) -> str:
+    labels = [p.label for p in run.pushes]
+    paths = sorted({p.path for p in run.pushes})
+    series = [
+        Series(
+            path, PALETTE[i % len(PALETTE)], [p.duration_s if p.path == path else None for p in run.pushes]
+        )
+        for i, path in enumerate(paths)
+    ]
+    body = _empty_note(series, "push duration (duration_s)") or (
+        bar_chart(labels, series, x_label="push", y_label="seconds", fmt=format_seconds, width=HALF_WIDTH)
+        + legend(series)
+    )
+    return _section(*PUSH_DURATION, body)
+
+
+def _push_calls(run: Run) -> str:
+    engines = sorted({engine for p in run.pushes for engine in p.update_calls_per_engine})
+    if len(engines) <= MAX_ENGINE_SERIES:
+        series = [
+            Series(
+                engine, PALETTE[i % len(PALETTE)], [p.update_calls_per_engine.get(engine) for p in run.pushes]
+            )
+            for i, engine in enumerate(engines)
+        ]
+    else:
+        calls = [sorted(p.update_calls_per_engine.values()) for p in run.pushes]
+        series = [
+            Series("min over engines", "#90caf9", [v[0] if v else None for v in calls]),
+            Series("median over engines", "#1e88e5", [statistics.median(v) if v else None for v in calls]),
+            Series("max over engines", "#0d47a1", [v[-1] if v else None for v in calls]),
+        ]
+    labels = [p.label for p in run.pushes]
+    body = _empty_note(series, "update call count (update_calls_per_engine)") or (
+        bar_chart(labels, series, x_label="push", y_label="update calls", stacked=False, width=HALF_WIDTH)
+        + legend(series)
+    )
+    return _section(*PUSH_CALLS, body)
+
+
+def _push_table(run: Run) -> str:
+    recent = len(run.pushes) - PUSH_TABLE_ROWS
+    shown = [p for n, p in enumerate(run.pushes) if n >= recent or p.complete is False or p.failures]
+    rows = [
+        (
+            p.label,
+            p.path,
+            "n/a" if p.duration_s is None else format_seconds(p.duration_s),
+            f"{_optional(p.engines_reached)} / {_optional(p.engines_targeted)}",
+            _range(list(p.update_calls_per_engine.values())),
+            _range(list(p.control_calls_per_engine.values())),
+            {True: "yes", False: "NO", None: "n/a"}[p.complete],
+            str(p.failures),
+        )
+        for p in shown
+    ]
+    header = (
+        "push"
+        if len(shown) == len(run.pushes)
+        else f"push ({len(shown)} of {len(run.pushes)}: incomplete or recent)",
+        "path",
+        "duration",
+        "engines reached / targeted",
+        "update calls per engine",
+        "control calls per engine",
+        "complete",
+        "failures",
+    )
+    numeric = (False, False, True, True, True, True, False, True)
+    return f'<section class="table" id="push-table">{_table(header, rows, numeric)}</section>'
+
+
+def _push_sections(run: Run) -> str:
+    if not run.pushes:
+        why = _no_data(
+            "no weight_push records. Miles' own weight sync does not write them (the metrics hook writes "
+            "step and attempt lines only); rl360 demo appends one per push."
+        )
+        return f'<div class="pair">{_section(*PUSH_DURATION, why)}{_section(*PUSH_CALLS, why)}</div>'
+    return f'<div class="pair">{_push_duration(run)}{_push_calls(run)}</div>{_push_table(run)}'
+
+
+def render_report(run: Run) -> str:
+    """The whole page for a loaded run."""
+    facts = summary(run)
+    generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    ignored = ""
+    if run.ignored_files:
+        ignored = " Not read: " + ", ".join(p.name for p in run.ignored_files) + "."
+    meta = (
+        f"Source: {run.source} ({len(run.steps)} step records, {len(run.attempts):,} attempt lines, "
+        f"{len(run.pushes)} weight pushes). Generated {generated}.{ignored}"
+    )
+    body = "".join(
+        (
+            "<h1>rl360 step report</h1>",
+            f'<p class="meta">{escape(meta)}</p>',
+            _summary_section(run, facts),
+            _outcomes_section(run),
+            _rewards_section(run),
+            _phases_section(run),
+            _infra_section(run),
+            _cache_sections(run),
+            _push_sections(run),
+        )
+    )
+    csp = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
+        f'<meta name="viewport" content="width={FULL_WIDTH + 40}">'
+        f"<title>rl360 report: {escape(run.source.name)}</title><style>{CSS}</style></head>"
+        f"<body>{body}</body></html>\n"
+    )
+
+
+def default_output(run_dir: Path) -> Path:
+    """RUN_DIR/report.html, or report.html next to RUN_DIR when it is a file."""
+    run_dir = Path(run_dir)
+    return (run_dir.parent if run_dir.is_file() else run_dir) / REPORT_FILE
+
+
+def main(run_dir: Path, out: Path | None) -> None:
+    """`rl360 report RUN_DIR [--out PATH]`: write the page and say where."""
+    run = load_run(run_dir)
+    target = Path(out) if out is not None else default_output(run_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.partial")
+    partial.write_text(render_report(run), encoding="utf-8")
+    os.replace(partial, target)
+    print(
+        f"wrote {target} ({len(run.step_ids)} steps, {len(run.attempts):,} attempt lines, "
+        f"{len(run.pushes)} weight pushes)"
+    )

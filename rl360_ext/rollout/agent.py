@@ -1,0 +1,335 @@
+"""The agent function: one Harbor `/run` per attempt, returning reward provenance, never a made-up reward.
+
+Owns Miles' agent-function contract (`async def run(base_url, prompt, request_kwargs, metadata,
+**kwargs) -> dict | None` and `async def abort(args)`, as Miles' `agentic_tool_call.generate`
+and rl360's generate hook call them): building the `/run` body, the client-side deadline, the
+bearer token, and mapping the answer (or its absence) to the metadata dict every rl360 hook
+reads. It does not run trials (the rl360 Harbor server does), decide validity rules (that is
+`rl360_ext.rollout.infra.classify_attempt`, called here), or touch sessions and samples (the
+generate hook does).
+
+Configuration comes from `configure(...)` (the generate hook calls it from its flags) or, when
+nothing configured it (Miles' stock generate), from the environment: RL360_HARBOR_URL,
+RL360_HARBOR_TOKEN, RL360_DEADLINE_S, RL360_AGENT, RL360_TASK_KEY, RL360_MODEL and
+RL360_AGENT_TIMEOUT_POLICY.
+
+Deadline: the request carries the client's remaining deadline (`metadata["deadline_s"]` when the
+generate hook set it, else the configured deadline), and the client waits that long plus
+`client_margin_s`. The server subtracts its own margins from the same number, so a healthy server
+always answers first; a server that does not is an infrastructure failure ("client_deadline").
+A transport failure is "transport_error". Neither ever carries a reward: upstream's example
+scores both as 0.0, which is exactly the bug this package exists to fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import httpx
+
+from rl360_ext.rollout.infra import AGENT_TIMEOUT_POLICIES, classify_attempt
+from rl360_ext.rollout.provenance import ATTEMPT_CLASS, FAILURE_CAUSE, PHASE_TIMINGS, REWARD_SOURCE
+
+logger = logging.getLogger(__name__)
+
+HARBOR_URL_ENV = "RL360_HARBOR_URL"
+HARBOR_TOKEN_ENV = "RL360_HARBOR_TOKEN"
+DEADLINE_ENV = "RL360_DEADLINE_S"
+AGENT_ENV = "RL360_AGENT"
+TASK_KEY_ENV = "RL360_TASK_KEY"
+MODEL_ENV = "RL360_MODEL"
+TIMEOUT_POLICY_ENV = "RL360_AGENT_TIMEOUT_POLICY"
+
+DEFAULT_DEADLINE_S = 3600.0
+DEFAULT_CLIENT_MARGIN_S = 5.0
+DEFAULT_TASK_KEY = "task"
+DEFAULT_MODEL = "rl360-policy"  # the session server's default served name
+DEADLINE_KEY = "deadline_s"  # metadata key the generate hook sets to the remaining deadline
+MESSAGE_LIMIT = 2000
+
+# Client-side failure causes this module reports in `failure_cause` (infra cause names).
+CLIENT_DEADLINE = "client_deadline"
+TRANSPORT_ERROR = "transport_error"
+HARBOR_INTERNAL_ERROR = "harbor_internal_error"
+RUN_REJECTED = "run_rejected"  # the server refused the request (4xx); the message names the field
+
+
+class AgentConfigError(ValueError):
+    """The caller's configuration or data is wrong for every attempt alike (no Harbor URL, no task key)."""
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """How `run` reaches the Harbor /run server and what it asks for."""
+
+    harbor_url: str | None = None
+    token: str | None = None
+    deadline_s: float = DEFAULT_DEADLINE_S
+    client_margin_s: float = DEFAULT_CLIENT_MARGIN_S
+    agent: str | None = None  # Harbor agent for /run; None: the server's default
+    task_key: str = DEFAULT_TASK_KEY
+    model: str = DEFAULT_MODEL
+    agent_timeout_policy: str = "score"
+
+    def __post_init__(self) -> None:
+        if not self.deadline_s > 0:
+            raise ValueError(f"deadline_s must be > 0, got {self.deadline_s!r}")
+        if self.client_margin_s < 0:
+            raise ValueError(f"client_margin_s must be >= 0, got {self.client_margin_s!r}")
+        if self.agent_timeout_policy not in AGENT_TIMEOUT_POLICIES:
+            raise ValueError(
+                f"agent_timeout_policy must be one of {AGENT_TIMEOUT_POLICIES}, "
+                f"got {self.agent_timeout_policy!r}"
+            )
+        if not self.task_key:
+            raise ValueError("task_key must be a non-empty metadata key")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentSettings:
+        env = os.environ if environ is None else environ
+        deadline = env.get(DEADLINE_ENV)
+        try:
+            deadline_s = float(deadline) if deadline else DEFAULT_DEADLINE_S
+        except ValueError:
+            raise ValueError(f"${DEADLINE_ENV} must be a number of seconds, got {deadline!r}") from None
+        return cls(
+            harbor_url=env.get(HARBOR_URL_ENV) or None,
+            token=env.get(HARBOR_TOKEN_ENV) or None,
+            deadline_s=deadline_s,
+            agent=env.get(AGENT_ENV) or None,
+            task_key=env.get(TASK_KEY_ENV) or DEFAULT_TASK_KEY,
+            model=env.get(MODEL_ENV) or DEFAULT_MODEL,
+            agent_timeout_policy=env.get(TIMEOUT_POLICY_ENV) or "score",
+        )
+
+
+_settings: AgentSettings | None = None
+_instance_ids: set[str] = set()  # session-server instance ids of this process (for abort)
+
+
+def configure(**settings: Any) -> AgentSettings:
+    """Set this process's settings (AgentSettings fields); unset fields keep the environment's."""
+    global _settings
+    _settings = replace(AgentSettings.from_env(), **settings)
+    return _settings
+
+
+def current_settings() -> AgentSettings:
+    return _settings if _settings is not None else AgentSettings.from_env()
+
+
+def register_instance_ids(instance_ids: list[str] | tuple[str, ...] | set[str]) -> None:
+    """Session-server instance ids whose trials `abort` flushes (the generate hook registers its pool's)."""
+    _instance_ids.update(instance_ids)
+
+
+def forget_instance_ids(instance_ids: list[str] | tuple[str, ...] | set[str]) -> None:
+    _instance_ids.difference_update(instance_ids)
+
+
+# ---- pure parts ---------------------------------------------------------------------------------
+
+
+def build_run_body(
+    settings: AgentSettings, base_url: str, request_kwargs: Mapping[str, Any], metadata: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The `/run` body for one attempt. Raises AgentConfigError naming a missing or bad metadata key."""
+    task = metadata.get(settings.task_key)
+    if not isinstance(task, str) or not task:
+        raise AgentConfigError(
+            f"metadata[{settings.task_key!r}] must name the Harbor task (a path relative to the "
+            f"server's tasks root), got {task!r}; set --rl360-task-key to the key your dataset uses"
+        )
+    deadline_s = metadata.get(DEADLINE_KEY, settings.deadline_s)
+    if isinstance(deadline_s, bool) or not isinstance(deadline_s, int | float) or not deadline_s > 0:
+        raise AgentConfigError(
+            f"metadata[{DEADLINE_KEY!r}] must be a positive number of seconds, got {deadline_s!r}"
+        )
+    body: dict[str, Any] = {
+        "task": task,
+        "deadline_s": float(deadline_s),
+        "base_url": base_url.rstrip("/") + "/v1",
+        "model": settings.model,
+        "sampling_params": dict(request_kwargs),
+    }
+    for key in ("session_id", "session_server_instance_id", "max_seq_len"):
+        if metadata.get(key) is not None:
+            body[key] = metadata[key]
+    if settings.agent is not None:
+        body["agent"] = settings.agent
+    return body
+
+
+def _bounded(text: Any) -> str | None:
+    if text is None:
+        return None
+    text = str(text)
+    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 15] + " ...[truncated]"
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+def result_metadata(response: Mapping[str, Any], agent_timeout_policy: str = "score") -> dict[str, Any]:
+    """The agent function's dict for a `/run` answer (HTTP 200): provenance, class, timings.
+
+    `reward` is kept only when the class is "valid"; otherwise it is None whatever the server said.
+    """
+    attempt_class = classify_attempt(response, agent_timeout_policy=agent_timeout_policy)
+    valid = attempt_class == "valid"
+    failure_cause = response.get("failure_cause")
+    return {
+        "reward": response.get("reward") if valid else None,
+        "rewards": response.get("rewards") if valid else None,
+        REWARD_SOURCE: response.get("reward_source"),
+        FAILURE_CAUSE: failure_cause,
+        "exception_type": response.get("exception_type"),
+        "exception_message": _bounded(response.get("exception_message")),
+        ATTEMPT_CLASS: attempt_class,
+        "exit_status": failure_cause or ("completed" if valid else "no_reward"),
+        PHASE_TIMINGS: _mapping(response.get("phase_timings")),
+        "agent_metrics": _mapping(response.get("agent_metrics")),
+        "placement": response.get("placement"),
+        "trial_name": response.get("trial_name"),
+        "transport_error": None,
+        "client_deadline": False,
+    }
+
+
+def failure_metadata(
+    cause: str, message: str, exception_type: str | None = None, elapsed_s: float | None = None
+) -> dict[str, Any]:
+    """The agent function's dict when no usable `/run` answer arrived: no reward, an infra class."""
+    if cause == CLIENT_DEADLINE:
+        attempt_class = classify_attempt(None, client_deadline=True)
+    elif cause == TRANSPORT_ERROR:
+        attempt_class = classify_attempt(None, transport_error=message)
+    else:
+        attempt_class = classify_attempt({FAILURE_CAUSE: cause})
+    return {
+        "reward": None,
+        "rewards": None,
+        REWARD_SOURCE: None,
+        FAILURE_CAUSE: cause,
+        "exception_type": exception_type,
+        "exception_message": _bounded(message),
+        ATTEMPT_CLASS: attempt_class,
+        "exit_status": cause,
+        PHASE_TIMINGS: {} if elapsed_s is None else {"client_wait": elapsed_s},
+        "agent_metrics": {},
+        "placement": None,
+        "trial_name": None,
+        "transport_error": message if cause == TRANSPORT_ERROR else None,
+        "client_deadline": cause == CLIENT_DEADLINE,
+    }
+
+
+def response_metadata(
+    status_code: int, body: Any, agent_timeout_policy: str = "score", elapsed_s: float | None = None
+) -> dict[str, Any]:
+    """Map an HTTP answer of `/run` (status and decoded JSON body, or None) to the agent's dict."""
+    if status_code == 200 and isinstance(body, Mapping):
+        return result_metadata(body, agent_timeout_policy)
+    if status_code == 200:
+        return failure_metadata(HARBOR_INTERNAL_ERROR, f"/run answered 200 without a JSON object: {body!r}")
+    detail = body.get("detail", body) if isinstance(body, Mapping) else body
+    message = f"/run answered HTTP {status_code}: {detail!r}"
+    if 400 <= status_code < 500:
+        return failure_metadata(RUN_REJECTED, message, elapsed_s=elapsed_s)
+    if status_code == 500:
+        return failure_metadata(HARBOR_INTERNAL_ERROR, message, elapsed_s=elapsed_s)
+    return failure_metadata(TRANSPORT_ERROR, message, elapsed_s=elapsed_s)
+
+
+def _headers(settings: AgentSettings) -> dict[str, str]:
+    return {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
+
+
+def _harbor_url(settings: AgentSettings) -> str:
+    if not settings.harbor_url:
+        raise AgentConfigError(
+            f"no Harbor /run server configured: pass --rl360-harbor-url or set ${HARBOR_URL_ENV}"
+        )
+    return settings.harbor_url.rstrip("/")
+
+
+# ---- Miles' agent-function contract -------------------------------------------------------------
+
+
+async def run(
+    base_url: str,
+    prompt: Any,
+    request_kwargs: dict[str, Any],
+    metadata: dict[str, Any],
+    **kwargs: Any,
+) -> dict[str, Any] | None:
+    """Run one attempt on the Harbor `/run` server; see the module docstring for the result.
+
+    `base_url` is the session's URL without `/v1` (as Miles passes it). `prompt` is not sent:
+    Harbor reads the task's own instruction. Raises AgentConfigError only for a caller error (no
+    Harbor URL configured, no task in the metadata); every failure of the attempt is returned.
+    """
+    settings = current_settings()
+    url = _harbor_url(settings) + "/run"
+    body = build_run_body(settings, base_url, request_kwargs, metadata)
+    limit_s = body["deadline_s"] + settings.client_margin_s
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(limit_s):
+            async with httpx.AsyncClient(timeout=httpx.Timeout(limit_s, connect=30.0)) as http:
+                response = await http.post(url, json=body, headers=_headers(settings))
+    except (TimeoutError, httpx.TimeoutException) as exc:
+        elapsed = time.monotonic() - started
+        message = f"no answer from {url} within the client deadline ({limit_s:.1f}s incl. margin)"
+        logger.warning("rl360 agent: %s (task %s)", message, body["task"])
+        return failure_metadata(CLIENT_DEADLINE, message, type(exc).__name__, elapsed)
+    except httpx.HTTPError as exc:
+        elapsed = time.monotonic() - started
+        message = f"{type(exc).__name__} talking to {url}: {exc}"
+        logger.warning("rl360 agent: %s (task %s)", message, body["task"])
+        return failure_metadata(TRANSPORT_ERROR, message, type(exc).__name__, elapsed)
+    elapsed = time.monotonic() - started
+    try:
+        decoded: Any = response.json()
+    except ValueError:
+        decoded = response.text[:MESSAGE_LIMIT]
+    result = response_metadata(response.status_code, decoded, settings.agent_timeout_policy, elapsed)
+    if response.status_code != 200:
+        logger.warning("rl360 agent: %s (task %s)", result["exception_message"], body["task"])
+    return result
+
+
+async def abort(args: Any) -> None:
+    """Flush this process's trials on the Harbor server (Miles calls it when a rollout is aborted).
+
+    Flushes every session-server instance id the generate hook registered, plus Miles' own
+    `args.session_server_instance_id(s)` when set (stock `agentic_tool_call.generate`).
+    """
+    settings = current_settings()
+    if not settings.harbor_url:
+        return
+    ids = set(_instance_ids)
+    if getattr(args, "session_server_instance_id", None):
+        ids.add(str(args.session_server_instance_id))
+    ids.update(str(v) for v in (getattr(args, "session_server_instance_ids", None) or {}).values())
+    if not ids:
+        return
+    url = _harbor_url(settings) + "/flush"
+    async with httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=10.0)) as http:
+        answers = await asyncio.gather(
+            *(
+                http.post(url, json={"session_server_instance_id": i}, headers=_headers(settings))
+                for i in sorted(ids)
+            ),
+            return_exceptions=True,
+        )
+    for instance_id, answer in zip(sorted(ids), answers, strict=True):
+        if isinstance(answer, BaseException) or answer.status_code != 200:
+            logger.warning("rl360 agent: flushing instance %s failed: %r", instance_id, answer)

@@ -1,0 +1,207 @@
+"""The agent function's pure parts: the /run body, and the mapping from an answer (or none) to metadata."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rl360_ext.rollout import agent
+from rl360_ext.rollout.agent import (
+    AgentConfigError,
+    AgentSettings,
+    build_run_body,
+    failure_metadata,
+    response_metadata,
+    result_metadata,
+)
+
+SETTINGS = AgentSettings(harbor_url="http://harbor:8765", deadline_s=600.0)
+
+
+def verifier_answer(reward: float = 1.0, **fields: object) -> dict:
+    return {
+        "reward": reward,
+        "rewards": {"reward": reward},
+        "reward_source": "verifier",
+        "failure_cause": None,
+        "exception_type": None,
+        "phase_timings": {"queue": 0.1, "agent": 2.0, "verifier": 0.5},
+        "agent_metrics": {"turns": 3},
+        "placement": {"node_label": "local", "image_group": "py"},
+        **fields,
+    }
+
+
+def test_run_body_carries_the_session_and_the_remaining_deadline() -> None:
+    metadata = {
+        "task": "fizzbuzz",
+        "session_id": "s1",
+        "session_server_instance_id": "inst",
+        "max_seq_len": 4096,
+        "deadline_s": 123.5,
+        "unrelated": "not sent",
+    }
+    body = build_run_body(
+        AgentSettings(harbor_url="x", agent="oracle"), "http://s:1/sessions/s1/", {"max_tokens": 8}, metadata
+    )
+    assert body == {
+        "task": "fizzbuzz",
+        "deadline_s": 123.5,
+        "base_url": "http://s:1/sessions/s1/v1",
+        "model": "rl360-policy",
+        "sampling_params": {"max_tokens": 8},
+        "session_id": "s1",
+        "session_server_instance_id": "inst",
+        "max_seq_len": 4096,
+        "agent": "oracle",
+    }
+
+
+def test_run_body_defaults_to_the_configured_deadline_and_the_servers_agent() -> None:
+    body = build_run_body(SETTINGS, "http://s:1/sessions/a", {}, {"task": "t", "max_seq_len": None})
+    assert body["deadline_s"] == 600.0
+    assert "agent" not in body and "max_seq_len" not in body and "session_id" not in body
+
+
+def test_run_body_names_the_missing_task_key() -> None:
+    with pytest.raises(AgentConfigError, match=r"metadata\['instance'\].*--rl360-task-key"):
+        build_run_body(replace_key("instance"), "http://s", {}, {"task": "t"})
+    with pytest.raises(AgentConfigError, match="deadline_s"):
+        build_run_body(SETTINGS, "http://s", {}, {"task": "t", "deadline_s": 0})
+
+
+def replace_key(task_key: str) -> AgentSettings:
+    return AgentSettings(harbor_url="x", task_key=task_key)
+
+
+def test_a_verifier_reward_is_kept_with_its_provenance() -> None:
+    meta = result_metadata(verifier_answer(0.0))
+    assert (meta["reward"], meta["reward_source"], meta["attempt_class"]) == (0.0, "verifier", "valid")
+    assert meta["exit_status"] == "completed"
+    assert meta["phase_timings"]["agent"] == 2.0
+    assert meta["placement"] == {"node_label": "local", "image_group": "py"}
+
+
+def test_a_reward_next_to_an_infra_failure_is_dropped() -> None:
+    meta = result_metadata(verifier_answer(1.0, failure_cause="verifier_timeout"))
+    assert (meta["reward"], meta["rewards"], meta["attempt_class"]) == (None, None, "infra:verifier_timeout")
+    assert meta["exit_status"] == "verifier_timeout"
+
+
+def test_agent_timeout_follows_the_policy() -> None:
+    timed_out = verifier_answer(0.0, exception_type="AgentTimeoutError")
+    assert result_metadata(timed_out, "score")["attempt_class"] == "valid"
+    masked = result_metadata(timed_out, "mask")
+    assert (masked["attempt_class"], masked["reward"]) == ("infra:agent_timeout", None)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "cause", "attempt_class"),
+    [
+        (
+            422,
+            {"detail": [{"loc": ["body", "task"], "msg": "no such task"}]},
+            "run_rejected",
+            "infra:unclassified",
+        ),
+        (401, {"detail": "missing or wrong bearer token"}, "run_rejected", "infra:unclassified"),
+        (500, "Internal Server Error", "harbor_internal_error", "infra:harbor_internal_error"),
+        (502, "Bad Gateway", "transport_error", "infra:transport_error"),
+        (200, "not json", "harbor_internal_error", "infra:harbor_internal_error"),
+    ],
+)
+def test_answers_without_a_result_are_infra(
+    status: int, body: object, cause: str, attempt_class: str
+) -> None:
+    meta = response_metadata(status, body)
+    assert (meta["failure_cause"], meta["attempt_class"], meta["reward"], meta["reward_source"]) == (
+        cause,
+        attempt_class,
+        None,
+        None,
+    )
+    assert str(status) in meta["exception_message"] or status == 200
+
+
+def test_client_side_failures_never_carry_a_reward() -> None:
+    deadline = failure_metadata("client_deadline", "no answer in 605 s", "TimeoutError", 605.0)
+    assert (deadline["attempt_class"], deadline["client_deadline"], deadline["reward"]) == (
+        "infra:client_deadline",
+        True,
+        None,
+    )
+    assert deadline["phase_timings"] == {"client_wait": 605.0}
+    transport = failure_metadata("transport_error", "connection reset")
+    assert (transport["attempt_class"], transport["transport_error"]) == (
+        "infra:transport_error",
+        "connection reset",
+    )
+
+
+def test_settings_come_from_the_environment_and_configure_overrides_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(agent.HARBOR_URL_ENV, "http://env:1")
+    monkeypatch.setenv(agent.DEADLINE_ENV, "90")
+    monkeypatch.setenv(agent.TASK_KEY_ENV, "instance_id")
+    monkeypatch.setattr(agent, "_settings", None)
+    assert agent.current_settings() == AgentSettings(
+        harbor_url="http://env:1", deadline_s=90.0, task_key="instance_id"
+    )
+    configured = agent.configure(deadline_s=30.0)
+    assert (configured.harbor_url, configured.deadline_s, configured.task_key) == (
+        "http://env:1",
+        30.0,
+        "instance_id",
+    )
+    monkeypatch.setenv(agent.DEADLINE_ENV, "soon")
+    with pytest.raises(ValueError, match=agent.DEADLINE_ENV):
+        AgentSettings.from_env()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [("deadline_s", 0.0, "deadline_s"), ("agent_timeout_policy", "drop", "agent_timeout_policy"),
+     ("client_margin_s", -1.0, "client_margin_s"), ("task_key", "", "task_key")],
+)  # fmt: skip
+def test_bad_settings_name_the_field(field: str, value: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        AgentSettings(**{field: value})
+
+
+async def test_run_without_a_harbor_url_is_a_configuration_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(agent.HARBOR_URL_ENV, raising=False)
+    monkeypatch.setattr(agent, "_settings", None)
+    with pytest.raises(AgentConfigError, match="--rl360-harbor-url"):
+        await agent.run("http://s", "p", {}, {"task": "t"})
+
+
+answers = st.dictionaries(
+    st.sampled_from(
+        ["reward", "rewards", "reward_source", "failure_cause", "exception_type", "phase_timings"]
+    ),
+    st.one_of(
+        st.none(),
+        st.floats(allow_nan=True),
+        st.integers(-3, 3),
+        st.booleans(),
+        st.sampled_from(
+            ["verifier", "judge", "cancelled", "verifier_crash", "AgentTimeoutError", "", "oops"]
+        ),
+        st.dictionaries(st.text(max_size=3), st.floats(allow_nan=True), max_size=2),
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(status=st.sampled_from([200, 200, 200, 400, 404, 422, 500, 502, 503]), body=answers,
+       policy=st.sampled_from(["score", "mask"]))  # fmt: skip
+def test_a_reward_is_returned_only_for_a_valid_verifier_answer(status: int, body: dict, policy: str) -> None:
+    meta = response_metadata(status, body, policy)
+    if meta["attempt_class"] == "valid":
+        assert status == 200 and body.get("reward_source") == "verifier"
+        assert meta["reward"] == body["reward"]
+    else:
+        assert meta["reward"] is None and meta["rewards"] is None
+        assert meta["attempt_class"].startswith("infra:")

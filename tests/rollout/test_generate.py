@@ -1,0 +1,339 @@
+"""The generate hook's pure parts: flags, options, request kwargs, and filling a Sample from a merged one."""
+
+from __future__ import annotations
+
+import argparse
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rl360_ext.rollout import agent as agent_module
+from rl360_ext.rollout.generate import (
+    add_arguments,
+    finish_sample,
+    generate,
+    load_agent_function,
+    non_generation_time,
+    options_from_args,
+    request_kwargs_from_sampling_params,
+    session_metadata,
+)
+from rl360_ext.rollout.provenance import is_valid
+from rl360_ext.rollout.sample import GenerateFnInput, GenerateFnOutput, Sample
+from rl360_ext.session.merge import MergedSample, TurnRecord, merge
+
+LAYERS, TOP_K = 2, 3
+EOS = 99
+
+
+def turn(
+    index: int, start: int, n_in: int, n_out: int, finish: str = "stop", rows_from: int = 0
+) -> TurnRecord:
+    inputs = np.arange(start, start + n_in, dtype=np.int32) + 10
+    outputs = np.arange(start + n_in, start + n_in + n_out, dtype=np.int32) + 10
+    end = start + n_in + n_out
+    routing = (np.arange(rows_from, end - 1)[:, None, None] % 7 + np.zeros((1, LAYERS, TOP_K))).astype(
+        np.uint8
+    )
+    return TurnRecord(
+        index=index,
+        segment=0,
+        input_start=start,
+        input_ids=inputs,
+        output_ids=outputs,
+        output_logprobs=-np.linspace(0.1, 0.9, n_out).astype(np.float32),
+        finish_reason=finish,
+        weight_version=f"{index + 3}",
+        prompt_tokens=start + n_in,
+        cached_tokens=start,
+        routing=routing,
+        routing_start=rows_from,
+        routing_sources=np.zeros(len(routing), np.uint8),
+        routing_wire_bytes=len(routing) * 16,
+        latency_s=0.25,
+    )
+
+
+def two_turns(second_finish: str = "stop") -> MergedSample:
+    first = turn(0, 0, 5, 3)
+    second = turn(1, first.end, 4, 2, second_finish, rows_from=first.end - 1)
+    return merge(
+        [first, second], "sid", {"session": {"routing_key": "sid", "template": {"append_only": True}}}
+    )
+
+
+def decode(ids: list[int]) -> str:
+    return " ".join(map(str, ids))
+
+
+def verifier_result(reward: float = 1.0) -> dict:
+    return {
+        "reward": reward,
+        "rewards": {"reward": reward, "tests_passed": 3.0},
+        "reward_source": "verifier",
+        "failure_cause": None,
+        "phase_timings": {"agent": 3.0},
+        "agent_metrics": {"turns": 2},
+        "exit_status": "completed",
+        "attempt_class": "valid",
+        "transport_error": None,
+        "client_deadline": False,
+    }
+
+
+def finish(
+    sample: Sample, merged: MergedSample | None, cls: str, result: dict | None = None, **kw: object
+) -> Sample:
+    return finish_sample(
+        sample,
+        merged=merged,
+        result=result,
+        attempt_class=cls,
+        detail="why",
+        decode=decode,
+        fallback_token_id=EOS,
+        routing_shape=(LAYERS, TOP_K),
+        **kw,
+    )
+
+
+# ---- flags and options ---------------------------------------------------------------------------------
+
+
+def test_one_call_registers_every_rl360_flag_and_a_second_call_is_harmless() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    add_arguments(parser)
+    args = parser.parse_args(
+        ["--rl360-harbor-url", "http://h:1", "--rl360-session-servers", "4", "--no-rl360-r3",
+         "--rl360-agent-timeout-policy", "mask", "--rl360-metrics-path", "m.jsonl",
+         "--rl360-pg-loss-constant", "8",
+         "--custom-agent-function-path", "my.agent.run", "--max-seq-len", "4096"]
+    )  # fmt: skip
+    assert (args.rl360_harbor_url, args.rl360_session_servers, args.rl360_r3) == ("http://h:1", 4, False)
+    assert (args.rl360_agent_timeout_policy, args.rl360_metrics_path, args.rl360_pg_loss_constant) == (
+        "mask",
+        "m.jsonl",
+        8.0,
+    )
+    assert (args.custom_agent_function_path, args.max_seq_len) == ("my.agent.run", 4096)
+    assert generate.add_arguments is add_arguments  # type: ignore[attr-defined]
+
+
+def test_flags_miles_already_defines_are_not_added_again() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--custom-agent-function-path", type=str)  # as agentic_tool_call.generate adds it
+    parser.add_argument("--max-seq-len", type=int, dest="max_seq_len")
+    add_arguments(parser)
+    assert parser.parse_args(["--max-seq-len", "7"]).max_seq_len == 7
+    assert parser.parse_args([]).custom_agent_function_path is None
+
+
+def test_the_default_agent_function_path_lets_miles_find_the_abort_hook() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    path = parser.parse_args([]).custom_agent_function_path
+    assert path == "rl360_ext.rollout.agent.run"
+    assert load_agent_function(path.rpartition(".")[0] + ".abort") is agent_module.abort
+
+
+def test_options_default_to_miles_own_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(agent_module.HARBOR_URL_ENV, raising=False)
+    args = SimpleNamespace(
+        rl360_harbor_url="http://h:1",
+        sglang_router_ip="10.0.0.1",
+        sglang_router_port=30000,
+        hf_checkpoint="/models/policy",
+        use_rollout_routing_replay=True,
+        max_seq_len=8192,
+        custom_agent_function_path=None,
+    )
+    options = options_from_args(args)
+    assert options.pool.backend_url == "http://10.0.0.1:30000"
+    assert (options.pool.tokenizer_dir, options.pool.r3, options.pool.num_servers) == (
+        "/models/policy",
+        True,
+        1,
+    )
+    assert (options.deadline_s, options.agent_timeout_policy, options.task_key) == (3600.0, "score", "task")
+    assert options.max_seq_len == 8192
+
+
+@pytest.mark.parametrize(
+    ("overrides", "flag"),
+    [({"rl360_harbor_url": None}, "--rl360-harbor-url"),
+     ({"sglang_router_ip": None}, "--rl360-session-backend"),
+     ({"hf_checkpoint": None}, "--rl360-tokenizer"),
+     ({"rl360_session_servers": 0}, "--rl360-session-servers"),
+     ({"rl360_deadline_s": -1.0}, "--rl360-deadline-s"),
+     ({"rl360_agent_timeout_policy": "drop"}, "--rl360-agent-timeout-policy")],
+)  # fmt: skip
+def test_missing_or_bad_options_name_the_flag(
+    overrides: dict, flag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(agent_module.HARBOR_URL_ENV, raising=False)
+    base = {
+        "rl360_harbor_url": "http://h:1",
+        "sglang_router_ip": "10.0.0.1",
+        "sglang_router_port": 30000,
+        "hf_checkpoint": "/m",
+    }
+    with pytest.raises(ValueError, match=flag):
+        options_from_args(SimpleNamespace(**{**base, **overrides}))
+
+
+def test_sampling_params_become_openai_request_kwargs() -> None:
+    kwargs = request_kwargs_from_sampling_params(
+        {"max_new_tokens": 64, "sampling_seed": 7, "temperature": 0.8, "top_k": 20, "top_p": None,
+         "logit_bias": {"2": 4.0}, "return_logprob": True, "min_new_tokens": 1}
+    )  # fmt: skip
+    assert kwargs == {
+        "max_tokens": 64,
+        "seed": 7,
+        "temperature": 0.8,
+        "top_k": 20,
+        "logit_bias": {"2": 4.0},
+        "min_tokens": 1,
+    }
+    assert request_kwargs_from_sampling_params({"max_new_tokens": 64, "max_tokens": 32}) == {"max_tokens": 32}
+    assert "logit_bias" not in request_kwargs_from_sampling_params({"temperature": 1.0})
+
+
+def test_the_default_agent_function_is_rl360s_and_others_load_by_dotted_path() -> None:
+    assert load_agent_function(None) is agent_module.run
+    assert load_agent_function("rl360_ext.rollout.agent.abort") is agent_module.abort
+    with pytest.raises(ValueError, match=r"module\.function"):
+        load_agent_function("run")
+
+
+async def test_generate_without_a_harbor_url_fails_before_touching_anything(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(agent_module.HARBOR_URL_ENV, raising=False)
+    state = SimpleNamespace(args=SimpleNamespace(rl360_session_backend="http://b", rl360_tokenizer="/t"))
+    with pytest.raises(ValueError, match="--rl360-harbor-url"):
+        await generate(GenerateFnInput(state, Sample(metadata={"task": "t"}), {}, False))
+    assert isinstance(GenerateFnOutput(samples=Sample()).samples, Sample)
+
+
+# ---- filling samples ---------------------------------------------------------------------------------
+
+
+def test_a_valid_attempt_fills_tokens_response_part_and_routing_like_miles() -> None:
+    merged = two_turns()
+    sample = finish(Sample(prompt="p", metadata={"task": "t"}), merged, "valid", verifier_result(0.0))
+    prompt = merged.prompt_length
+    assert sample.tokens == merged.tokens.tolist()
+    assert sample.response_length == len(merged.tokens) - prompt == 3 + 4 + 2
+    assert sample.loss_mask == [1, 1, 1, 0, 0, 0, 0, 1, 1]
+    assert sample.rollout_log_probs == pytest.approx(merged.rollout_log_probs[prompt:].tolist())
+    assert sample.response == decode(merged.tokens[prompt:].tolist())
+    assert sample.rollout_routed_experts.dtype == np.int32
+    assert sample.rollout_routed_experts.shape == (len(sample.tokens) - 1, LAYERS, TOP_K)
+    assert sample.weight_versions == ["3", "4"]
+    assert sample.status == Sample.Status.COMPLETED
+    assert (sample.reward, sample.remove_sample, is_valid(sample)) == (0.0, False, True)
+    assert sample.metadata["task"] == "t" and sample.metadata["reward_source"] == "verifier"
+    assert "reward" not in sample.metadata and sample.metadata["exit_status"] == "completed"
+    assert (sample.metadata["cached_tokens"], sample.metadata["prompt_tokens"]) == (8, 17)
+    assert sample.metadata["routing_bytes"] == 16 * (len(sample.tokens) - 1)
+    sample.validate()
+
+
+def test_reward_key_keeps_the_rewards_dict() -> None:
+    sample = finish(Sample(), two_turns(), "valid", verifier_result(1.0), reward_key="tests_passed")
+    assert sample.reward == {"reward": 1.0, "tests_passed": 3.0}
+
+
+def test_an_infra_attempt_keeps_its_tokens_but_trains_on_none_of_them() -> None:
+    sample = finish(Sample(), two_turns(), "infra:verifier_timeout", verifier_result(1.0))
+    assert sample.loss_mask == [0] * sample.response_length and sample.response_length == 9
+    assert (sample.reward, sample.remove_sample, sample.status) == (None, True, Sample.Status.ABORTED)
+    assert sample.metadata["attempt_class"] == "infra:verifier_timeout"
+    assert sample.metadata["infra_detail"] == "why"
+    sample.validate()
+
+
+def test_an_attempt_without_a_session_gets_a_masked_placeholder() -> None:
+    sample = finish(Sample(prompt="p"), None, "infra:session_vanished")
+    assert (sample.tokens, sample.response_length, sample.loss_mask) == ([EOS, EOS], 1, [0])
+    assert sample.rollout_routed_experts.shape == (1, LAYERS, TOP_K)
+    assert sample.metadata["cached_tokens"] == 0 and sample.metadata["reward_source"] is None
+    sample.validate()
+
+
+def test_a_valid_verdict_without_model_calls_is_aborted_not_scored() -> None:
+    empty = merge([], "sid", {"session": {"routing_key": "sid"}}, routing_tail_shape=(LAYERS, TOP_K))
+    sample = finish(Sample(), empty, "valid", verifier_result(1.0))
+    assert (sample.metadata["attempt_class"], sample.reward) == ("infra:aborted", None)
+    assert "no model calls" in sample.metadata["infra_detail"]
+    sample.validate()
+
+
+def test_an_engine_abort_makes_the_sample_a_prefix_so_it_is_masked() -> None:
+    merged = two_turns(second_finish="abort")
+    sample = finish(Sample(), merged, "valid", verifier_result(1.0))
+    assert (sample.metadata["attempt_class"], sample.status, sample.reward) == (
+        "infra:aborted",
+        Sample.Status.ABORTED,
+        None,
+    )
+    assert len(sample.tokens) == len(merged.tokens) and sum(sample.loss_mask) == 0
+    sample.validate()
+
+
+def test_max_seq_len_truncates_like_miles_session_server() -> None:
+    merged = two_turns()
+    sample = finish(Sample(), merged, "valid", verifier_result(1.0), max_seq_len=10)
+    assert (len(sample.tokens), sample.response_length, sample.status) == (10, 5, Sample.Status.TRUNCATED)
+    assert sample.rollout_routed_experts.shape[0] == 9
+    sample.validate()
+    too_short = finish(Sample(), merged, "valid", verifier_result(1.0), max_seq_len=4)
+    assert too_short.metadata["attempt_class"] == "infra:aborted"
+    assert "does not fit --max-seq-len 4" in too_short.metadata["infra_detail"]
+
+
+def test_non_generation_time_prefers_the_agents_tool_time() -> None:
+    merged = two_turns()
+    assert non_generation_time({"agent_metrics": {"total_tool_time": 4.5}}, 10.0, merged) == 4.5
+    assert non_generation_time({}, 10.0, merged) == pytest.approx(9.5)
+    assert non_generation_time(None, 0.1, merged) == 0.0
+    assert session_metadata(None) == {"cached_tokens": 0, "prompt_tokens": 0, "routing_bytes": 0}
+
+
+@st.composite
+def merged_samples(draw: st.DrawFn) -> MergedSample:
+    turns, position, rows = [], 0, 0
+    for index in range(draw(st.integers(0, 5))):
+        n_in, n_out = draw(st.integers(1, 5)), draw(st.integers(0, 5))
+        finish_reason = draw(st.sampled_from(["stop", "stop", "length", "abort"]))
+        record = turn(index, position, n_in, n_out, finish_reason, rows_from=rows)
+        turns.append(record)
+        position, rows = record.end, record.end - 1
+        if finish_reason != "stop":
+            break
+    return merge(turns, "sid", {"session": {"routing_key": "sid"}}, routing_tail_shape=(LAYERS, TOP_K))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    merged=st.one_of(st.none(), merged_samples()),
+    cls=st.sampled_from(["valid", "infra:transport_error", "infra:session_vanished", "infra:verifier_crash"]),
+    max_seq_len=st.one_of(st.none(), st.integers(1, 40)),
+)
+def test_every_filled_sample_is_consistent_and_only_valid_ones_train(
+    merged: MergedSample | None, cls: str, max_seq_len: int | None
+) -> None:
+    sample = finish(Sample(), merged, cls, verifier_result(0.5), max_seq_len=max_seq_len)
+    sample.validate()
+    assert sample.rollout_routed_experts.shape == (len(sample.tokens) - 1, LAYERS, TOP_K)
+    if is_valid(sample):
+        assert cls == "valid" and sample.reward == 0.5 and not sample.remove_sample
+        assert sample.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
+        assert sum(sample.loss_mask) > 0 or sample.response_length > 0
+    else:
+        assert sample.reward is None and sample.remove_sample and sample.status == Sample.Status.ABORTED
+        assert sum(sample.loss_mask) == 0 and sample.response_length >= 1
