@@ -44,6 +44,8 @@ def test_engine_errors_are_502_and_leave_no_turn(log_dir) -> None:
         sample = _merged(server, session_id)
         assert len(sample.turns) == 1 and sample.metadata["session"]["forks"] == []
         assert sample.status == "COMPLETED"
+        failed = {"turn": 0, "status": 502, "cause": "engine_failed"}
+        assert sample.metadata["session"]["turn_errors"] == [failed]
 
         httpx.post(engine.url + "/rl360/faults", json={"abort_rate": 1.0}, timeout=10).raise_for_status()
         history = [

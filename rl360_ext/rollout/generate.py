@@ -420,15 +420,35 @@ def run_metadata(result: Mapping[str, Any] | None) -> dict[str, Any]:
     return entries
 
 
-def classify(result: Mapping[str, Any] | None, session_error: str | None, agent_timeout_policy: str) -> str:
-    """The attempt's class from the agent's answer (or None) and what the session side saw."""
+def classify(
+    result: Mapping[str, Any] | None,
+    session_error: str | None,
+    agent_timeout_policy: str,
+    merged: MergedSample | None = None,
+) -> str:
+    """The attempt's class from the agent's answer (or None) and what the session side saw.
+
+    A turn the engine side failed with a 5xx during the attempt (recorded by the session server)
+    makes the attempt `infra:no_engine_available` even when the agent carried on and a verifier
+    graded it: the trajectory it graded was cut short by infrastructure, not by the policy.
+    """
     return classify_attempt(
         result,
         transport_error=(result or {}).get("transport_error"),
         client_deadline=bool((result or {}).get("client_deadline")),
         session_error=session_error,
+        gateway_status=worst_engine_failure(merged),
         agent_timeout_policy=agent_timeout_policy,
     )
+
+
+def worst_engine_failure(merged: MergedSample | None) -> int | None:
+    """The highest 5xx status among the session's failed turns, or None when none failed."""
+    if merged is None:
+        return None
+    errors = merged.metadata.get("session", {}).get("turn_errors", [])
+    statuses = [int(e["status"]) for e in errors if int(e.get("status", 0)) >= 500]
+    return max(statuses, default=None)
 
 
 def reward_for(result: Mapping[str, Any], reward_key: str | None) -> Any:
@@ -607,7 +627,7 @@ async def generate(input: GenerateFnInput) -> GenerateFnOutput:
         await asyncio.shield(_delete(handle, session_id))
     timings["total"] = time.monotonic() - started
     attempt_class = classify(
-        result, SESSION_VANISHED if session_problem else None, options.agent_timeout_policy
+        result, SESSION_VANISHED if session_problem else None, options.agent_timeout_policy, merged
     )
     detail = session_problem or why or (result or {}).get("exception_message")
     sample.routing_key = sample.routing_key or (merged.metadata["session"]["routing_key"] if merged else None)

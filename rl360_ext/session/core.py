@@ -100,6 +100,7 @@ class Session:
     turns: list[TurnRecord] = field(default_factory=list)
     segment: Segment | None = None
     forks: list[dict[str, Any]] = field(default_factory=list)
+    turn_errors: list[dict[str, Any]] = field(default_factory=list)  # failed turns: {turn, status, cause}
 
 
 @dataclass
@@ -273,20 +274,25 @@ class SessionCore:
             )
         except EngineError as exc:
             cause = "engine_rejected" if exc.is_client_error else "engine_failed"
-            self.metrics.turn_errors.labels(cause).inc()
             status = 400 if exc.is_client_error else 502
+            self._turn_error(session, status, cause)
             raise RequestError(
                 status, f"the engine failed this turn (not recorded): {exc}", code=cause
             ) from exc
         problem = self._check_result(plan, result)
         if problem:
-            self.metrics.turn_errors.labels("engine_protocol").inc()
+            self._turn_error(session, 502, "engine_protocol")
             raise RequestError(
                 502,
                 f"the engine's response breaks the protocol (turn not recorded): {problem}",
                 code="engine_protocol",
             )
         return result
+
+    def _turn_error(self, session: Session, status: int, cause: str) -> None:
+        """Count a failed turn and keep it in the session's facts (the turn itself is not recorded)."""
+        self.metrics.turn_errors.labels(cause).inc()
+        session.turn_errors.append({"turn": len(session.turns), "status": status, "cause": cause})
 
     def _check_result(self, plan: _Plan, result: GenerateResult) -> str | None:
         sent = len(plan.prompt)
@@ -326,7 +332,7 @@ class SessionCore:
             try:
                 routing = compact_rows(raw, shape)
             except ValueError as exc:
-                self.metrics.turn_errors.labels("engine_protocol").inc()
+                self._turn_error(session, 502, "engine_protocol")
                 raise RequestError(
                     502, f"the engine's routing is unusable (turn not recorded): {exc}"
                 ) from exc
@@ -386,6 +392,7 @@ class SessionCore:
             "routing_shape": None if shape is None else vars(shape),
             "history_mismatch": self.config.history_mismatch,
             "forks": list(session.forks),
+            "turn_errors": list(session.turn_errors),
             "template": dict(self.config.template_facts),
             "template_append_only": self.config.template_append_only,
         }

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from rl360_ext.rollout import agent as agent_module
 from rl360_ext.rollout.generate import (
     add_arguments,
+    classify,
     finish_sample,
     generate,
     load_agent_function,
@@ -337,3 +338,24 @@ def test_every_filled_sample_is_consistent_and_only_valid_ones_train(
     else:
         assert sample.reward is None and sample.remove_sample and sample.status == Sample.Status.ABORTED
         assert sum(sample.loss_mask) == 0 and sample.response_length >= 1
+
+
+# ---- engine failures the agent carried on past ----------------------------------------------------
+
+
+def with_turn_errors(errors: list[dict]) -> MergedSample:
+    first = turn(0, 0, 5, 3)
+    facts = {"routing_key": "sid", "template": {"append_only": True}, "turn_errors": errors}
+    return merge([first], "sid", {"session": facts})
+
+
+def test_a_failed_engine_turn_masks_a_graded_attempt() -> None:
+    merged = with_turn_errors([{"turn": 1, "status": 502, "cause": "engine_failed"}])
+    assert classify(verifier_result(1.0), None, "score", merged) == "infra:no_engine_available"
+
+
+def test_client_errors_and_clean_sessions_keep_the_verifier_reward() -> None:
+    rejected = with_turn_errors([{"turn": 1, "status": 400, "cause": "engine_rejected"}])
+    assert classify(verifier_result(0.0), None, "score", rejected) == "valid"
+    assert classify(verifier_result(0.0), None, "score", with_turn_errors([])) == "valid"
+    assert classify(verifier_result(0.0), None, "score", None) == "valid"
