@@ -1,0 +1,165 @@
+"""patches/miles/*.patch apply to MILES_SRC and do what patches/README.md says.
+
+`git apply --check` each patch against MILES_SRC; then apply all of them to a copy of the
+checkout's `miles/`, `tests/` and `examples/` and run, against that copy: Miles' own tests the
+patches touch or add (in a subprocess, this interpreter), and the patched Harbor example agent
+function against a refused port and a server that never answers, next to the unpatched one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+PATCHES = sorted((Path(__file__).resolve().parents[2] / "patches" / "miles").glob("*.patch"))
+HARBOR_EXAMPLE = Path("examples") / "swe-agent-harbor-docker"
+MILES_TESTS_TOUCHED = [
+    "tests/fast/ray/rollout/test_train_data_conversion.py",
+    "tests/fast/rollout/test_filter_metrics.py",
+]
+
+
+def test_there_are_three_patch_sets() -> None:
+    assert [p.name[:4] for p in PATCHES] == ["0001", "0002", "0003"]
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)
+def test_patch_applies_to_miles_src(miles_root: Path, patch: Path) -> None:
+    result = subprocess.run(
+        ["git", "apply", "--check", "--verbose", str(patch)],
+        cwd=miles_root,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, f"{patch.name} does not apply to {miles_root}:\n{result.stderr}"
+
+
+@pytest.fixture(scope="module")
+def patched_copy(miles_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("miles-patched")
+    for name in ("miles", "tests", "examples"):
+        shutil.copytree(miles_root / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(miles_root / "pyproject.toml", root / "pyproject.toml")
+    result = subprocess.run(
+        ["git", "apply", *map(str, PATCHES)], cwd=root, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    return root
+
+
+@pytest.mark.slow
+def test_miles_own_tests_pass_with_the_patches(patched_copy: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(patched_copy)}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *MILES_TESTS_TOUCHED],
+        cwd=patched_copy,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "passed" in result.stdout.splitlines()[-1]
+
+
+def _load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+async def silent_server() -> AsyncIterator[str]:
+    """A TCP server on loopback that accepts /run requests and never answers."""
+
+    done = asyncio.Event()
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        await done.wait()
+        writer.close()
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        done.set()
+        server.close()
+        await server.wait_closed()
+
+
+async def _run(module: ModuleType, agent_server_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("AGENT_SERVER_URL", agent_server_url)
+    monkeypatch.setenv("AGENT_TRIAL_TIMEOUT", "1")
+    monkeypatch.setattr(module, "_agent_server_client", None)
+    return await module.run(
+        base_url="http://127.0.0.1:1/sessions/s", prompt=[], request_kwargs={}, metadata={}
+    )
+
+
+async def test_patched_harbor_agent_returns_no_reward_and_a_failure_class(
+    miles_root: Path, patched_copy: Path, silent_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    patched = _load(patched_copy / HARBOR_EXAMPLE / "swe_agent_function.py", "rl360_patched_swe_agent")
+    upstream = _load(miles_root / HARBOR_EXAMPLE / "swe_agent_function.py", "rl360_upstream_swe_agent")
+    refused = f"http://127.0.0.1:{_free_port()}"
+
+    assert await _run(upstream, refused, monkeypatch) is None  # upstream: no metadata -> reward_func's 0.0
+
+    transport = await _run(patched, refused, monkeypatch)
+    assert transport["reward"] is None
+    assert transport["failure_class"] == "infra:transport_error"
+    deadline = await _run(patched, silent_server, monkeypatch)
+    assert deadline["reward"] is None
+    assert deadline["failure_class"] == "infra:client_deadline"
+
+
+async def test_patched_reward_func_does_not_score_a_missing_reward(
+    miles_root: Path, patched_copy: Path, make_args
+) -> None:
+    from miles.utils.types import Sample
+
+    upstream = _load(miles_root / HARBOR_EXAMPLE / "generate.py", "rl360_upstream_harbor_generate")
+    patched = _load(patched_copy / HARBOR_EXAMPLE / "generate.py", "rl360_patched_harbor_generate")
+
+    def attempts() -> list[Sample]:
+        failed = Sample(status=Sample.Status.COMPLETED, metadata={})  # agent returned None upstream
+        timed_out = Sample(
+            status=Sample.Status.COMPLETED,
+            metadata={"reward": None, "failure_class": "infra:client_deadline"},
+        )
+        scored = Sample(status=Sample.Status.COMPLETED, metadata={"reward": 1.0, "failure_class": None})
+        return [failed, timed_out, scored]
+
+    assert await upstream.reward_func(make_args(), attempts()[:1]) == [0.0]  # the bug: a failure scores 0
+
+    samples = attempts()
+    assert await patched.reward_func(make_args(), samples) == [None, None, 1.0]
+    assert [s.status for s in samples] == [
+        Sample.Status.ABORTED,
+        Sample.Status.ABORTED,
+        Sample.Status.COMPLETED,
+    ]
+    assert [s.remove_sample for s in samples] == [True, True, False]
