@@ -59,7 +59,8 @@ def demo(
     """Run the whole rollout loop on this CPU machine and write a step report."""
     from rl360_ext.diagnostics.demo import run_demo
 
-    run_demo(steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out)
+    result = run_demo(steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out)
+    raise typer.Exit(1 if result.problems else 0)
 
 
 @bench_app.command("engine")

@@ -169,7 +169,11 @@ def start_smg(
         *extra,
     ]
     service = start_service(name, argv, port, log_dir, ready_path="/health", stop_grace_s=15.0)
-    _wait_workers_registered(service, len(worker_urls))
+    try:
+        _wait_workers_registered(service, len(worker_urls))
+    except BaseException:
+        service.stop()
+        raise
     return service
 
 

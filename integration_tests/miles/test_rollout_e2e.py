@@ -99,7 +99,7 @@ def miles_args(stack: dict[str, Service]) -> argparse.Namespace:
         "--custom-generate-function-path", GENERATE,
         "--custom-agent-function-path", "rl360_ext.rollout.agent.run",
         "--rl360-harbor-url", stack["harbor"].url,
-        "--rl360-session-servers", "2", "--rl360-deadline-s", "150",
+        "--rl360-session-servers", "2", "--rl360-deadline-s", "150", "--rl360-session-host", "127.0.0.1",
         "--dynamic-sampling-filter-path", "rl360_ext.rollout.filters.check_valid_reward_nonzero_std",
         "--custom-reward-post-process-path", "rl360_ext.rollout.rewards.valid_group_advantages",
     ]  # fmt: skip

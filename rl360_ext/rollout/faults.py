@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from rl360_ext.procs import LOOPBACK
 from rl360_ext.rollout import agent as agent_module
 from rl360_ext.rollout.filters import check_valid_reward_nonzero_std
 from rl360_ext.rollout.generate import generate, shutdown_session_pool
@@ -61,14 +62,13 @@ class FaultCase:
     deadline_s: float = 120.0
 
 
-# Harbor failure causes rl360_ext.rollout.infra does not name yet: any infra class is safe, the
-# table says which one they get today ("infra:unclassified") and which one would be precise.
+# The class each case must get (a tuple, so a case may accept more than one precise class).
 CASES: tuple[FaultCase, ...] = (
     FaultCase("policy_failure", "none: the policy's answer fails the tests (verifier writes 0)", "fizzbuzz",
               (VALID,)),
     FaultCase("policy_success", "none: the verifier writes 1", PASS_TASK, (VALID,)),
     FaultCase("env_start_fails", "environment setup exits 1", "fault-env-start-fails",
-              ("infra:sandbox_lost", "infra:no_sandbox")),
+              ("infra:no_sandbox",)),
     FaultCase("env_start_hangs", "environment setup never finishes", "fault-env-start-hangs",
               ("infra:environment_start_timeout",)),
     FaultCase("verifier_crashes", "tests/test.sh dies before writing a reward", "fault-verifier-crashes",
@@ -78,11 +78,11 @@ CASES: tuple[FaultCase, ...] = (
     FaultCase("verifier_no_reward", "tests/test.sh exits 0 without a reward file", "fault-verifier-no-reward",
               ("infra:reward_file_missing",)),
     FaultCase("memory_hog", "the agent uses 4x its memory reservation", "fault-memory-hog",
-              ("infra:unclassified", "infra:sandbox_lost"), agent="oracle"),
+              ("infra:sandbox_lost",), agent="oracle"),
     FaultCase("agent_over_budget", "the agent runs past its 3 s budget", "fault-agent-over-budget",
               ("infra:agent_timeout",), agent="oracle"),
     FaultCase("insufficient_budget", "a deadline too short for the task (no sandbox started)", "fizzbuzz",
-              ("infra:unclassified", "infra:no_sandbox"), deadline_s=20.0),
+              ("infra:no_sandbox",), deadline_s=20.0),
     FaultCase("engine_503", "every engine call answers 503", "fizzbuzz", ("infra:no_engine_available",),
               how="engine", engine_faults={"error_rate": 1.0}),
     FaultCase("engine_aborts", "the engine aborts every generation part-way", "fizzbuzz", ("infra:aborted",),
@@ -245,6 +245,7 @@ class FaultStack:
         values: dict[str, Any] = {
             "rl360_harbor_url": self.harbor.url,
             "rl360_session_backend": self.gateway.url,
+            "rl360_session_host": LOOPBACK,
             "rl360_tokenizer": self.tokenizer_dir,
             "rl360_r3": True,
             "rl360_deadline_s": case.deadline_s,

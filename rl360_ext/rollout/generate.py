@@ -87,6 +87,7 @@ class PoolKey:
     tokenizer_dir: str
     chat_template: str | None
     r3: bool
+    host: str | None = None  # the address session servers bind; None: the Ray node's IP
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,12 @@ def options_from_args(args: Any) -> GenerateOptions:
         harbor_url=str(harbor_url),
         harbor_token=_arg(args, "rl360_harbor_token", env.token),
         pool=PoolKey(
-            servers, str(backend), str(tokenizer_dir), getattr(args, "rl360_chat_template", None), bool(r3)
+            servers,
+            str(backend),
+            str(tokenizer_dir),
+            getattr(args, "rl360_chat_template", None),
+            bool(r3),
+            getattr(args, "rl360_session_host", None),
         ),
         deadline_s=deadline_s,
         client_margin_s=float(_arg(args, "rl360_client_margin_s", agent_module.DEFAULT_CLIENT_MARGIN_S)),
@@ -175,6 +181,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             type=str,
             default=None,
             help="SGLang-protocol URL the session servers use (default http://<sglang-router-ip>:<port>).",
+        )
+        group.add_argument(
+            "--rl360-session-host",
+            type=str,
+            default=None,
+            help="Address the session servers bind (default: the Ray node's IP; 127.0.0.1 on one machine).",
         )
         group.add_argument(
             "--rl360-tokenizer", type=str, default=None, help="Tokenizer directory (default --hf-checkpoint)."
@@ -270,7 +282,7 @@ def _start_pool(key: PoolKey) -> PoolHandle:
         options.update(
             routing_layers=resolved.layers, routing_top_k=resolved.top_k, routing_experts=resolved.num_experts
         )
-    pool = SessionPool(key.num_servers, key.backend_url, key.tokenizer_dir, key.r3, **options)
+    pool = SessionPool(key.num_servers, key.backend_url, key.tokenizer_dir, key.r3, host=key.host, **options)
     instance_ids = [uuid.uuid4().hex for _ in pool.actors]
     agent_module.register_instance_ids(instance_ids)
     return PoolHandle(pool, instance_ids, shape)

@@ -273,10 +273,19 @@ def classify_attempt(
             f"run_result must be a dict (the /run response) or None, got {type(run_result).__name__}"
         )
 
-    verdicts = [
-        _cause_verdict(run_result.get("failure_cause")),
-        _exception_verdict(run_result.get("exception_type")),
-    ]
+    cause_verdict = _cause_verdict(run_result.get("failure_cause"))
+    exception_verdict = _exception_verdict(run_result.get("exception_type"))
+    # Harbor's coarse causes (sandbox_failed, verifier_failed, ...) yield to a specific exception:
+    # a sandbox that never started (SandboxBuildFailedError) is no_sandbox, not sandbox_lost.
+    specific = exception_verdict not in (None, _POLICY, _TIMEOUT, infra_class("harbor_internal_error"))
+    coarse = (
+        isinstance(run_result.get("failure_cause"), str)
+        and run_result["failure_cause"] in _LEGACY_FAILURE_CAUSES
+    )
+    if coarse and specific:
+        verdicts = [exception_verdict, cause_verdict]
+    else:
+        verdicts = [cause_verdict, exception_verdict]
     infra = [v for v in verdicts if v is not None and v.startswith(INFRA_PREFIX)]
     if infra:
         return infra[0]

@@ -234,3 +234,14 @@ def test_mark_rejects_valid_and_unknown_causes() -> None:
         mark_infra_sample(DuckSample(), "valid")
     with pytest.raises(ValueError, match="unknown infra cause"):
         mark_infra_sample(DuckSample(), "infra:gremlins")
+
+
+def test_a_coarse_harbor_cause_yields_to_a_specific_exception() -> None:
+    from rl360_ext.rollout.infra import classify_attempt
+
+    never_started = {"failure_cause": "sandbox_failed", "exception_type": "SandboxBuildFailedError"}
+    assert classify_attempt(never_started) == "infra:no_sandbox"
+    unknown = {"failure_cause": "sandbox_failed", "exception_type": "SomethingNew"}
+    assert classify_attempt(unknown) == "infra:sandbox_lost"
+    assert classify_attempt({"failure_cause": "insufficient_budget"}) == "infra:no_sandbox"
+    assert classify_attempt({"failure_cause": "deadline_exceeded"}) == "infra:client_deadline"

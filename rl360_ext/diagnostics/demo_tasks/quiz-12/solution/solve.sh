@@ -1,0 +1,2 @@
+#!/bin/bash
+echo D > /app/answer.txt
