@@ -481,12 +481,10 @@ def summary_table(summaries: Sequence[StepSummary]) -> Table:
 
     table = Table(title="rl360 demo: per step")
     for column in (
-        "step", "attempts", "valid", "infra by cause", "kept groups",
+        "step", "attempts", "valid", "infra", "kept groups",
         "mean (all)", "mean (kept)", "weights", "push after",
     ):  # fmt: skip
-        table.add_column(
-            column, justify="left" if column.startswith(("infra", "weights", "push")) else "right"
-        )
+        table.add_column(column, justify="left" if column.startswith(("weights", "push")) else "right")
     for s in summaries:
         version = ",".join(s.versions_seen) or "-"
         version_cell = (
@@ -499,13 +497,27 @@ def summary_table(summaries: Sequence[StepSummary]) -> Table:
             str(s.step),
             str(s.attempts),
             str(s.valid),
-            "\n".join([str(s.infra), *(f"{c} {n}" for c, n in s.infra_by_cause.items())]),
+            str(s.infra),
             f"{s.kept_groups}/{s.groups}",
             mean(s.unfiltered_mean),
             mean(s.kept_mean),
             version_cell,
             push,
         )
+    return table
+
+
+def infra_table(summaries: Sequence[StepSummary]) -> Table | None:
+    """Infrastructure failures by cause (rows) and step (columns); None when there were none."""
+    causes = sorted({cause for s in summaries for cause in s.infra_by_cause})
+    if not causes:
+        return None
+    table = Table(title="infrastructure failures by cause (masked, out of every mean)")
+    table.add_column("cause")
+    for s in summaries:
+        table.add_column(f"step {s.step}", justify="right")
+    for cause in causes:
+        table.add_row(f"infra:{cause}", *(str(s.infra_by_cause.get(cause, 0)) for s in summaries))
     return table
 
 
@@ -555,6 +567,8 @@ def run_demo(
     wall_s = time.monotonic() - started
     console.print(f"stopped in {time.monotonic() - stopping:.1f} s")
     console.print(summary_table(summaries))
+    if (by_cause := infra_table(summaries)) is not None:
+        console.print(by_cause)
     if engine_503s:
         console.print("engine 503s injected: " + ", ".join(f"{name} {n}" for name, n in engine_503s.items()))
     for problem in driver.problems:

@@ -250,3 +250,25 @@ def test_defaults_are_the_cli_defaults() -> None:
     config = DemoConfig()
     assert (config.steps, config.tasks, config.attempts, config.faults, config.engines) == (3, 8, 4, 0.0, 2)
     assert config.out == Path("runs/demo")
+
+
+def test_infra_table_lists_every_cause_per_step() -> None:
+    from rich.console import Console
+
+    from rl360_ext.diagnostics.demo import infra_table
+
+    clean = summarize_step(0, [[_sample(0, 0, "valid", 1.0, ["0"])]], [False], expected_version="0")
+    assert infra_table([clean]) is None
+    faulty = summarize_step(
+        1,
+        [[_sample(0, 0, "infra:no_sandbox", None, []), _sample(0, 1, "infra:verifier_crash", None, [])]],
+        [False],
+        expected_version="0",
+    )
+    table = infra_table([clean, faulty])
+    assert table is not None
+    console = Console(width=120, record=True)
+    console.print(table)
+    text = console.export_text()
+    assert "infra:no_sandbox" in text and "infra:verifier_crash" in text
+    assert [column.header for column in table.columns] == ["cause", "step 0", "step 1"]
