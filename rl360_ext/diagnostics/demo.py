@@ -201,6 +201,7 @@ class DemoDriver:
         self.reward_post_process = load_function(self.args.custom_reward_post_process_path)
         self.log_rollout = load_function(self.args.custom_rollout_log_function_path)
         self._sample_type = Sample
+        self.run_id = uuid.uuid4().hex
         self._input_type = GenerateFnInput
         self.sampling_params = {"temperature": config.temperature, "max_new_tokens": config.max_new_tokens}
         root = demo_tasks_root()
@@ -366,7 +367,9 @@ class DemoDriver:
             index=plan.index,
             prompt=self.instructions[plan.task],
             metadata={"task": plan.run_task, "quiz": plan.task, DOMAIN: "quiz", "demo_fault": plan.fault},
-            routing_key=str(uuid.uuid4()),
+            # One key per group, as Miles' generate_and_rm_group sets under a manual router policy:
+            # a group's attempts share one engine and its prefix cache.
+            routing_key=f"{self.run_id}-group-{plan.group_index}",
         )
 
     def _problem(self, message: str) -> None:
