@@ -7,7 +7,10 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="rl360_ext.engine commands.", no_args_is_help=True)
+app = typer.Typer(
+    help="The tiny CPU reference engine (SGLang's native protocol), its tokenizer and weights.",
+    no_args_is_help=True,
+)
 
 SEED = typer.Option(0, help="Seed of the deterministic weights.")
 LAYERS = typer.Option(4, min=1, help="Transformer layers.")

@@ -8,7 +8,10 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="rl360_ext.harbor commands.", no_args_is_help=True)
+app = typer.Typer(
+    help="The Harbor /run server (one deadline, waves, reservations, pinning) and example tasks.",
+    no_args_is_help=True,
+)
 
 
 def _parse_kwargs(pairs: list[str]) -> dict[str, object]:

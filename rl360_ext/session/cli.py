@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="rl360_ext.session commands.", no_args_is_help=True)
+app = typer.Typer(help="The delta-R3 token-in/token-out session server.", no_args_is_help=True)
 
 
 @app.command()
