@@ -30,24 +30,16 @@ from typing import Any
 
 import pytest
 
+from integration_tests.components import bwrap_problem, skip_if_missing
 from rl360_ext.diagnostics.demo_plan import DemoConfig, expected_weight_version, plan_step
 from rl360_ext.diagnostics.demo_stack import DemoUnavailable, preflight, quiz_task_names
 from rl360_ext.procs import LOOPBACK, rl360_argv
 from rl360_ext.rollout.metrics import read_metrics, read_records
+from tests.diagnostics.report_fixtures import CHARTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MARKER = "RL360_DEMO_TEST_MARKER"
-CHARTS = (
-    "chart-outcomes",
-    "chart-rewards",
-    "chart-phases",
-    "chart-infra",
-    "chart-cache",
-    "chart-routing",
-    "chart-pushes",
-    "chart-push-calls",
-)
 STEPS, TASKS, ATTEMPTS, FAULTS = 3, 2, 3, 0.5
 UNKNOWN_PID = -1
 
@@ -58,11 +50,7 @@ def _needs_the_stack() -> None:
         preflight()
     except DemoUnavailable as exc:
         pytest.skip(str(exc))
-    probe = subprocess.run(
-        ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--", "true"], capture_output=True, timeout=30
-    )
-    if probe.returncode != 0:
-        pytest.skip(f"bubblewrap cannot create a sandbox here: {probe.stderr.decode()[:200]}")
+    skip_if_missing(bwrap_problem)
 
 
 def _demo_argv(out: Path, *flags: str) -> list[str]:

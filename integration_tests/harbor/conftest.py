@@ -4,40 +4,19 @@ cannot create a sandbox."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from rl360_ext.harbor.envs.bwrap import bwrap_executable
+from integration_tests.components import bwrap_problem, skip_if_missing
 from rl360_ext.procs import Service, free_port, rl360_argv, start_service
-
-
-@functools.cache
-def bwrap_problem() -> str | None:
-    """Why bubblewrap sandboxes cannot run here, or None when they can."""
-    binary = bwrap_executable()
-    if binary is None:
-        return "bubblewrap is not installed (apt-get install bubblewrap)"
-    probe = subprocess.run(
-        [binary, "--unshare-all", "--ro-bind", "/", "/", "--", "true"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    if probe.returncode != 0:
-        return f"bubblewrap cannot create a sandbox here: {probe.stderr.strip()[:200]}"
-    return None
 
 
 @pytest.fixture(autouse=True)
 def _needs_bwrap() -> None:
-    problem = bwrap_problem()
-    if problem is not None:
-        pytest.skip(problem)
+    skip_if_missing(bwrap_problem)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from integration_tests.components import bwrap_problem, skip_if_missing
 from rl360_ext.procs import Service, free_port, start_engine, start_service, start_smg
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,20 +45,9 @@ def _harbor_python() -> str:
     return python
 
 
-def _bwrap_or_skip() -> None:
-    binary = shutil.which("bwrap")
-    probe = (
-        None
-        if binary is None
-        else subprocess.run([binary, "--unshare-all", "--ro-bind", "/", "/", "--", "true"])
-    )
-    if probe is None or probe.returncode != 0:
-        pytest.skip("bubblewrap cannot create a sandbox here (apt-get install bubblewrap)")
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Service]]:
-    _bwrap_or_skip()
+    skip_if_missing(bwrap_problem)
     python = _harbor_python()
     logs = tmp_path_factory.mktemp("miles-e2e")
     engine = start_engine(logs)

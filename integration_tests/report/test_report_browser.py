@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rl360_ext.diagnostics.report import main
-from tests.diagnostics.report_fixtures import write_run
+from tests.diagnostics.report_fixtures import CHARTS, write_run
 
 from .browser import Browser, chromium_path
 
@@ -26,16 +26,6 @@ pytestmark = [
 ]
 
 OUTPUT = Path(__file__).resolve().parents[2] / "test-output" / "report"
-CHARTS = (
-    "chart-outcomes",
-    "chart-rewards",
-    "chart-phases",
-    "chart-infra",
-    "chart-cache",
-    "chart-routing",
-    "chart-pushes",
-    "chart-push-calls",
-)
 # Per chart section: drawn marks with a non-zero box, visible no-data notes, and the page's size.
 LAYOUT = """JSON.stringify({
   charts: Object.fromEntries([...document.querySelectorAll('section.chart')].map(s => [s.id, {

@@ -1,4 +1,8 @@
-"""Real processes for session-server tests: the tiny engine, session servers, and a little agent."""
+"""Real processes for session-server tests: the tiny engine, session servers, and a little agent.
+
+Also what the tests' agents share: the opening messages, a `bash` tool call, an official openai
+client on a session's URL, and the merged sample read back over HTTP.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from rl360_ext.engine.tokenizer import default_tokenizer_dir, write_tokenizer_dir
 from rl360_ext.procs import Service, free_port, rl360_argv, start_engine, start_service
+from rl360_ext.session import wire
 
+SYSTEM = {"role": "system", "content": "You are a helpful coding agent."}
+USER = {"role": "user", "content": "Run the tests and fix the bug."}
+LS_CALL = {"id": "call_0", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
 END_OF_TURN_BIAS = {"2": 4.0}  # nudges the random tiny model to end turns after a few dozen tokens
 TOOLS = [
     {
@@ -56,6 +65,18 @@ def new_session(server: Service, **body: Any) -> tuple[str, str]:
     response.raise_for_status()
     created = response.json()
     return created["session_id"], created["base_url"]
+
+
+def session_client(base_url: str) -> openai.OpenAI:
+    """The official openai client on a session's URL, without retries (a retry would be a new turn)."""
+    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+
+
+def merged(server: Service, session_id: str) -> Any:
+    """The session's merged sample, decoded from the binary wire format."""
+    response = httpx.get(f"{server.url}/sessions/{session_id}/merged", timeout=30)
+    response.raise_for_status()
+    return wire.decode(response.content)
 
 
 @pytest.fixture(scope="module")

@@ -9,19 +9,10 @@ import openai
 import pytest
 
 from rl360_ext.engine.tokenizer import load_hf_tokenizer
-from rl360_ext.session import wire
 
-from .conftest import END_OF_TURN_BIAS, TOOLS, new_session
+from .conftest import END_OF_TURN_BIAS, LS_CALL, SYSTEM, TOOLS, USER, merged, new_session, session_client
 
 pytestmark = pytest.mark.integration
-SYSTEM = {"role": "system", "content": "You are a helpful coding agent."}
-USER = {"role": "user", "content": "Run the tests and fix the bug."}
-
-
-def _merged(server, session_id: str):
-    response = httpx.get(f"{server.url}/sessions/{session_id}/merged", timeout=30)
-    response.raise_for_status()
-    return wire.decode(response.content)
 
 
 def _chat(client: openai.OpenAI, messages: list, seed: int, **kw):
@@ -32,7 +23,7 @@ def _chat(client: openai.OpenAI, messages: list, seed: int, **kw):
 
 def test_openai_client_multi_turn(session_server) -> None:
     session_id, base_url = new_session(session_server, metadata={"task": "plain"})
-    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    client = session_client(base_url)
     messages = [SYSTEM, USER]
     finishes = []
     for turn in range(3):
@@ -44,7 +35,7 @@ def test_openai_client_multi_turn(session_server) -> None:
             choice.message.model_dump(exclude_none=True),
             {"role": "user", "content": f"step {turn}"},
         ]
-    sample = _merged(session_server, session_id)
+    sample = merged(session_server, session_id)
     kept = finishes.index("length") + 1 if "length" in finishes else 3
     assert len(sample.turns) == kept and sample.status == (
         "TRUNCATED" if "length" in finishes else "COMPLETED"
@@ -58,16 +49,11 @@ def test_openai_client_multi_turn(session_server) -> None:
 
 def test_openai_client_with_tools(session_server) -> None:
     session_id, base_url = new_session(session_server)
-    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
-    call = {
-        "id": "call_0",
-        "type": "function",
-        "function": {"name": "bash", "arguments": '{"command": "ls"}'},
-    }
+    client = session_client(base_url)
     messages = [
         SYSTEM,
         USER,
-        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "assistant", "content": None, "tool_calls": [LS_CALL]},
         {"role": "tool", "tool_call_id": "call_0", "content": "app.py  test_app.py"},
     ]
     first = _chat(client, messages, seed=1, tools=TOOLS, tool_choice="auto")
@@ -76,7 +62,7 @@ def test_openai_client_with_tools(session_server) -> None:
         {"role": "user", "content": "Now run pytest."},
     ]
     _chat(client, messages, seed=2, tools=TOOLS, tool_choice="auto")
-    sample = _merged(session_server, session_id)
+    sample = merged(session_server, session_id)
     text = load_hf_tokenizer().decode(sample.tokens.tolist())
     assert '"name": "bash"' in text and "<tool_response>app.py  test_app.py</tool_response>" in text
     assert sample.metadata["session"]["forks"] == []
@@ -86,13 +72,13 @@ def test_openai_client_with_tools(session_server) -> None:
 
 def test_openai_client_streaming(session_server) -> None:
     session_id, base_url = new_session(session_server)
-    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    client = session_client(base_url)
     chunks = list(_chat(client, [USER], seed=3, stream=True))
     content = "".join(c.choices[0].delta.content or "" for c in chunks)
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
     reply = {"role": "assistant", "content": content}
     _chat(client, [USER, reply, {"role": "user", "content": "again"}], seed=4)  # streaming kept the history
-    sample = _merged(session_server, session_id)
+    sample = merged(session_server, session_id)
     assert sample.metadata["session"]["forks"] == []
     assert load_hf_tokenizer().decode(sample.tokens[sample.loss_mask == 1].tolist()).startswith(content)
 
@@ -113,7 +99,7 @@ def test_litellm_client(session_server) -> None:
         )
         message = response.choices[0].message
         messages += [{"role": "assistant", "content": message.content}, {"role": "user", "content": "next"}]
-    sample = _merged(session_server, session_id)
+    sample = merged(session_server, session_id)
     assert sample.metadata["session"]["forks"] == []
     assert len(sample.turns) == (1 if sample.turns[0]["finish_reason"] == "length" else 2)
     assert np.all(sample.rollout_log_probs[sample.loss_mask == 1] <= 0)
@@ -121,7 +107,7 @@ def test_litellm_client(session_server) -> None:
 
 def test_errors_are_clear_to_clients(session_server) -> None:
     session_id, base_url = new_session(session_server)
-    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    client = session_client(base_url)
     with pytest.raises(openai.BadRequestError, match="n=2 is not supported"):
         client.chat.completions.create(model="policy", messages=[USER], n=2)
     with pytest.raises(openai.BadRequestError, match=r"messages\[0\].role"):
@@ -143,11 +129,9 @@ def test_errors_are_clear_to_clients(session_server) -> None:
 
 def test_json_merged_health_and_metrics(session_server) -> None:
     session_id, base_url = new_session(session_server)
-    openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0).chat.completions.create(
-        model="policy", messages=[USER], max_tokens=8
-    )
+    session_client(base_url).chat.completions.create(model="policy", messages=[USER], max_tokens=8)
     as_json = httpx.get(f"{session_server.url}/sessions/{session_id}/merged?format=json", timeout=10).json()
-    binary = _merged(session_server, session_id)
+    binary = merged(session_server, session_id)
     assert as_json["tokens"] == binary.tokens.tolist()
     assert as_json["routed_experts"] == binary.routed_experts.tolist()
     assert httpx.get(session_server.url + "/health", timeout=10).json()["status"] == "ok"

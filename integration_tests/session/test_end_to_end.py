@@ -8,17 +8,24 @@ at sampling time on every masked-in token, and its routing must match the delta-
 
 from __future__ import annotations
 
-import httpx
 import numpy as np
-import openai
 import pytest
 
 from rl360_ext.engine.model import ModelConfig, TinyMoEModel
 from rl360_ext.engine.tokenizer import build_tokenizer
 from rl360_ext.procs import running, start_engine
-from rl360_ext.session import wire
 
-from .conftest import END_OF_TURN_BIAS, TOOLS, new_session, start_session_server
+from .conftest import (
+    END_OF_TURN_BIAS,
+    LS_CALL,
+    SYSTEM,
+    TOOLS,
+    USER,
+    merged,
+    new_session,
+    session_client,
+    start_session_server,
+)
 
 pytestmark = pytest.mark.integration
 SEED, LAYERS, EXPERTS, TOP_K = 3, 3, 6, 2
@@ -39,16 +46,8 @@ def test_recomputed_logprobs_and_routing_match_the_sampler(log_dir) -> None:
     server = start_session_server(log_dir, engine.url, "--r3", name="e2e-session")
     with running(engine, server):
         session_id, base_url = new_session(server)
-        client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
-        call = {
-            "id": "call_0",
-            "type": "function",
-            "function": {"name": "bash", "arguments": '{"command": "ls"}'},
-        }
-        messages = [
-            {"role": "system", "content": "You are a helpful coding agent."},
-            {"role": "user", "content": "Run the tests and fix the bug."},
-        ]
+        client = session_client(base_url)
+        messages = [SYSTEM, USER]
         for turn in range(4):
             reply = client.chat.completions.create(
                 model="policy", messages=messages, tools=TOOLS, max_tokens=40, temperature=0.9, seed=turn,
@@ -57,12 +56,12 @@ def test_recomputed_logprobs_and_routing_match_the_sampler(log_dir) -> None:
             messages.append(reply.choices[0].message.model_dump(exclude_none=True))
             if turn % 2 == 0:
                 messages += [
-                    {"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "assistant", "content": None, "tool_calls": [LS_CALL]},
                     {"role": "tool", "tool_call_id": "call_0", "content": f"output of step {turn}"},
                 ]
             else:
                 messages.append({"role": "user", "content": "Keep going."})
-        sample = wire.decode(httpx.get(f"{server.url}/sessions/{session_id}/merged", timeout=30).content)
+        sample = merged(server, session_id)
 
     assert sample.metadata["session"]["forks"] == []
     kept = len(sample.turns)

@@ -10,20 +10,10 @@ import openai
 import pytest
 
 from rl360_ext.procs import rl360_argv, running, start_engine
-from rl360_ext.session import wire
 
-from .conftest import new_session, newline_after_end_token, start_session_server
+from .conftest import USER, merged, new_session, newline_after_end_token, session_client, start_session_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-USER = {"role": "user", "content": "Run the tests and fix the bug."}
-
-
-def _client(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
-
-
-def _merged(server, session_id: str):
-    return wire.decode(httpx.get(f"{server.url}/sessions/{session_id}/merged", timeout=10).content)
 
 
 def test_engine_errors_are_502_and_leave_no_turn(log_dir) -> None:
@@ -32,16 +22,16 @@ def test_engine_errors_are_502_and_leave_no_turn(log_dir) -> None:
     with running(engine, server):
         session_id, base_url = new_session(server)
         with pytest.raises(openai.InternalServerError, match="not recorded") as err:
-            _client(base_url).chat.completions.create(model="p", messages=[USER], max_tokens=8)
+            session_client(base_url).chat.completions.create(model="p", messages=[USER], max_tokens=8)
         assert err.value.status_code == 502
-        assert _merged(server, session_id).status == "FAILED"  # nothing recorded
+        assert merged(server, session_id).status == "FAILED"  # nothing recorded
 
         httpx.post(engine.url + "/rl360/faults", json={"error_rate": 0.0}, timeout=10).raise_for_status()
         # The retry of the failed turn is no history mismatch; a huge end-of-turn bias ends it at once.
-        reply = _client(base_url).chat.completions.create(
+        reply = session_client(base_url).chat.completions.create(
             model="p", messages=[USER], max_tokens=8, logit_bias={"2": 100}
         )
-        sample = _merged(server, session_id)
+        sample = merged(server, session_id)
         assert len(sample.turns) == 1 and sample.metadata["session"]["forks"] == []
         assert sample.status == "COMPLETED"
         failed = {"turn": 0, "status": 502, "cause": "engine_failed"}
@@ -53,14 +43,14 @@ def test_engine_errors_are_502_and_leave_no_turn(log_dir) -> None:
             reply.choices[0].message.model_dump(exclude_none=True),
             {"role": "user", "content": "go"},
         ]
-        _client(base_url).chat.completions.create(model="p", messages=history, max_tokens=8)
-        aborted = _merged(server, session_id)
+        session_client(base_url).chat.completions.create(model="p", messages=history, max_tokens=8)
+        aborted = merged(server, session_id)
         assert aborted.status == "ABORTED" and aborted.turns[-1]["finish_reason"] == "abort"
 
         engine.stop()
         _, other_url = new_session(server)
         with pytest.raises(openai.InternalServerError, match="failed") as dead:
-            _client(other_url).chat.completions.create(model="p", messages=[USER], max_tokens=8)
+            session_client(other_url).chat.completions.create(model="p", messages=[USER], max_tokens=8)
         assert dead.value.status_code == 502
         metrics = httpx.get(server.url + "/metrics", timeout=10).text
         assert 'rl360_session_turn_errors_total{cause="engine_failed"} 2.0' in metrics
@@ -73,7 +63,7 @@ def test_reject_mode_and_limits(log_dir, engine) -> None:
     )  # fmt: skip
     with running(server):
         session_id, base_url = new_session(server)
-        client = _client(base_url)
+        client = session_client(base_url)
         reply = client.chat.completions.create(model="p", messages=[USER], max_tokens=8)
         edited = [
             {"role": "user", "content": "something else"},
@@ -101,7 +91,7 @@ def test_server_refuses_a_template_that_is_not_append_only(log_dir, engine, tmp_
     )
     with running(server):
         session_id, base_url = new_session(server)
-        _client(base_url).chat.completions.create(model="p", messages=[USER], max_tokens=4)
-        sample = _merged(server, session_id)
+        session_client(base_url).chat.completions.create(model="p", messages=[USER], max_tokens=4)
+        sample = merged(server, session_id)
         assert sample.metadata["session"]["template"]["append_only"] is False
     assert f"session {session_id}: the chat template is not append-only" in server.log_tail(20000)

@@ -6,13 +6,14 @@ import asyncio
 
 import httpx
 import numpy as np
-import openai
 import pytest
 import ray
 
 from rl360_ext.engine.tokenizer import default_tokenizer_dir
 from rl360_ext.session import wire
 from rl360_ext.session.pool import SessionPool, SessionPoolError
+
+from .conftest import session_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -28,7 +29,7 @@ def test_pool_places_serves_collects_and_deletes(engine) -> None:
             assert {pool.server_for(sid) for sid, _ in created} == {0, 1}  # 8 random ids land on both
             for sid, base_url in created:
                 assert base_url == f"{pool.urls[pool.server_for(sid)]}/sessions/{sid}/v1"
-                client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+                client = session_client(base_url)
                 client.chat.completions.create(
                     model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=6
                 )

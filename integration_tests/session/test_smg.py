@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import httpx
-import openai
 import pytest
 
 from rl360_ext.procs import running, start_engine, start_smg
-from rl360_ext.session import wire
 
-from .conftest import END_OF_TURN_BIAS, new_session, start_session_server
+from .conftest import END_OF_TURN_BIAS, merged, new_session, session_client, start_session_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -21,7 +18,7 @@ def test_sticky_routing_and_delta_r3_through_smg(log_dir) -> None:
     with running(*engines, gateway, server):
         sessions = [new_session(server) for _ in range(4)]
         for index, (_, base_url) in enumerate(sessions):
-            client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+            client = session_client(base_url)
             messages = [{"role": "user", "content": f"Fix bug number {index} in the parser."}]
             for turn in range(3):
                 reply = client.chat.completions.create(
@@ -33,7 +30,7 @@ def test_sticky_routing_and_delta_r3_through_smg(log_dir) -> None:
                 ]
         workers = set()
         for session_id, _ in sessions:
-            sample = wire.decode(httpx.get(f"{server.url}/sessions/{session_id}/merged", timeout=10).content)
+            sample = merged(server, session_id)
             turns = sample.turns
             routed = {t["routed_worker"] for t in turns}
             assert len(routed) == 1 and None not in routed  # X-SMG-Routing-Key kept the session on one engine

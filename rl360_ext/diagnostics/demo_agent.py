@@ -79,61 +79,28 @@ except ImportError:  # no Harbor here (Python 3.11 / no harbor extra): only the 
     BaseAgent = None  # type: ignore[assignment,misc]
 
 if BaseAgent is not None:
-    import openai
     from harbor.environments.base import BaseEnvironment
     from harbor.models.agent.context import AgentContext
 
-    from rl360_ext.harbor.demo_agent import request_params
+    from rl360_ext.harbor.demo_agent import SessionChatAgent, opening_messages
 
-    class QuizAgent(BaseAgent):
+    class QuizAgent(SessionChatAgent):
         """Asks the policy once and writes the letter it sampled to /app/answer.txt."""
 
         def __init__(
-            self,
-            logs_dir: Path,
-            model_name: str | None = None,
-            logger: Any = None,
-            *,
-            api_base: str | None = None,
-            api_model: str | None = None,
-            sampling_params: dict[str, Any] | None = None,
-            **kwargs: Any,
+            self, logs_dir: Path, model_name: str | None = None, logger: Any = None, **kwargs: Any
         ) -> None:
             for unused in ("max_turns", "max_seq_len"):  # one short turn by design
                 kwargs.pop(unused, None)
             super().__init__(logs_dir=logs_dir, model_name=model_name, logger=logger, **kwargs)
-            if not api_base or not api_model:
-                raise ValueError("QuizAgent needs api_base and api_model")
-            self.api_base = api_base
-            self.api_model = api_model
-            self.sampling_params = dict(sampling_params or {})
 
         @staticmethod
         def name() -> str:
             return "rl360-demo-quiz"
 
-        def version(self) -> str:
-            return "1.0.0"
-
-        async def setup(self, environment: BaseEnvironment) -> None:
-            self.logs_dir.mkdir(parents=True, exist_ok=True)
-
         async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
-            params, extra_body = request_params(self.sampling_params)
-            messages = [
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": instruction},
-            ]
-            async with openai.AsyncOpenAI(
-                base_url=self.api_base, api_key="rl360-session", max_retries=0
-            ) as client:
-                reply = await client.chat.completions.create(
-                    model=self.api_model,
-                    messages=messages,
-                    tools=[ANSWER_TOOL],
-                    extra_body=extra_body,
-                    **params,
-                )
+            async with self.session_client() as client:
+                reply = await self.chat(client, opening_messages(SYSTEM_PROMPT, instruction), ANSWER_TOOL)
             message = reply.choices[0].message
             calls = [call.model_dump() for call in message.tool_calls or []]
             letter = extract_answer(message.content, calls)

@@ -217,29 +217,22 @@ class EngineClient:
             await self._client.aclose()
 
     async def _post(self, path: str, payload: Any, headers: dict[str, str] | None = None) -> httpx.Response:
-        url = self.base_url + path
         headers = {"Content-Type": "application/json", **(headers or {})}
-        try:
-            response = await self._client.post(url, content=orjson.dumps(payload), headers=headers)
-        except httpx.HTTPError as exc:
-            raise EngineError(f"POST {url} failed: {type(exc).__name__}: {exc}") from exc
-        if response.status_code >= 400:
-            raise EngineError(
-                f"POST {url} returned HTTP {response.status_code}: {response.text[:500]}",
-                status=response.status_code,
-                body=response.text,
-            )
-        return response
+        return await self._request("POST", path, content=orjson.dumps(payload), headers=headers)
 
     async def _get(self, path: str) -> httpx.Response:
+        return await self._request("GET", path)
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The response, or an EngineError naming the request for a transport failure or HTTP >= 400."""
         url = self.base_url + path
         try:
-            response = await self._client.get(url)
+            response = await self._client.request(method, url, **kwargs)
         except httpx.HTTPError as exc:
-            raise EngineError(f"GET {url} failed: {type(exc).__name__}: {exc}") from exc
+            raise EngineError(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 400:
             raise EngineError(
-                f"GET {url} returned HTTP {response.status_code}: {response.text[:500]}",
+                f"{method} {url} returned HTTP {response.status_code}: {response.text[:500]}",
                 status=response.status_code,
                 body=response.text,
             )

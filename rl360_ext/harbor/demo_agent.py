@@ -10,6 +10,10 @@ When the session server refuses a request because the context is full, the agent
 `ContextLengthExceededError` (named like Harbor's: a policy failure, so the verifier still grades
 what the agent left). Other model errors propagate as the openai client raised them.
 Use it with `--agent rl360_ext.harbor.demo_agent:BashToolAgent`.
+
+`SessionChatAgent` is what rl360's demo agents share (this one and `rl360 demo`'s quiz agent in
+rl360_ext.diagnostics.demo_agent): the session URL and model, the official client, and one chat
+request built from SGLang-style sampling params.
 """
 
 from __future__ import annotations
@@ -79,7 +83,14 @@ def _assistant_message(message: Any) -> dict[str, Any]:
     return turn
 
 
-class BashToolAgent(BaseAgent):
+def opening_messages(system_prompt: str, instruction: str) -> list[dict[str, Any]]:
+    """The conversation an attempt starts with: the agent's system prompt and the task's instruction."""
+    return [{"role": "system", "content": system_prompt}, {"role": "user", "content": instruction}]
+
+
+class SessionChatAgent(BaseAgent):
+    """A Harbor agent that talks to one rl360 session's OpenAI-compatible URL (`api_base`, `api_model`)."""
+
     def __init__(
         self,
         logs_dir: Path,
@@ -89,6 +100,42 @@ class BashToolAgent(BaseAgent):
         api_base: str | None = None,
         api_model: str | None = None,
         sampling_params: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(logs_dir=logs_dir, model_name=model_name, logger=logger, **kwargs)
+        if not api_base or not api_model:
+            raise ValueError(f"{type(self).__name__} needs api_base and api_model")
+        self.api_base = api_base
+        self.api_model = api_model
+        self.sampling_params = dict(sampling_params or {})
+
+    def version(self) -> str:
+        return "1.0.0"
+
+    async def setup(self, environment: BaseEnvironment) -> None:
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+
+    def session_client(self) -> openai.AsyncOpenAI:
+        """The official client on the session URL; no retries (a failed call is the attempt's outcome)."""
+        return openai.AsyncOpenAI(base_url=self.api_base, api_key="rl360-session", max_retries=0)
+
+    async def chat(
+        self, client: openai.AsyncOpenAI, messages: list[dict[str, Any]], tool: dict[str, Any]
+    ) -> Any:
+        """One chat completion offering `tool`, sampled with this agent's sampling params."""
+        params, extra_body = request_params(self.sampling_params)
+        return await client.chat.completions.create(
+            model=self.api_model, messages=messages, tools=[tool], extra_body=extra_body, **params
+        )
+
+
+class BashToolAgent(SessionChatAgent):
+    def __init__(
+        self,
+        logs_dir: Path,
+        model_name: str | None = None,
+        logger: Any = None,
+        *,
         max_seq_len: int | None = None,
         max_turns: int = 8,
         command_timeout_s: int = 30,
@@ -96,13 +143,8 @@ class BashToolAgent(BaseAgent):
         **kwargs: Any,
     ) -> None:
         super().__init__(logs_dir=logs_dir, model_name=model_name, logger=logger, **kwargs)
-        if not api_base or not api_model:
-            raise ValueError("BashToolAgent needs api_base and api_model")
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        self.api_base = api_base
-        self.api_model = api_model
-        self.sampling_params = dict(sampling_params or {})
         self.max_seq_len = max_seq_len
         self.max_turns = max_turns
         self.command_timeout_s = command_timeout_s
@@ -111,12 +153,6 @@ class BashToolAgent(BaseAgent):
     @staticmethod
     def name() -> str:
         return "rl360-bash"
-
-    def version(self) -> str:
-        return "1.0.0"
-
-    async def setup(self, environment: BaseEnvironment) -> None:
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
 
     async def _run_tool(self, environment: BaseEnvironment, arguments: str) -> str:
         try:
@@ -135,25 +171,15 @@ class BashToolAgent(BaseAgent):
         return text if len(text) <= self.output_chars else text[: self.output_chars] + "\n...[truncated]"
 
     async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
-        params, extra_body = request_params(self.sampling_params)
-        messages: list[dict[str, Any]] = [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": instruction},
-        ]
+        messages = opening_messages(SYSTEM_PROMPT, instruction)
         context.n_input_tokens = context.n_output_tokens = 0
         context.metadata = {"turns": 0, "stop": "max_turns"}
         log = (self.logs_dir / "rl360-bash.jsonl").open("a")
-        client = openai.AsyncOpenAI(base_url=self.api_base, api_key="rl360-session", max_retries=0)
+        client = self.session_client()
         try:
             for turn in range(1, self.max_turns + 1):
                 try:
-                    reply = await client.chat.completions.create(
-                        model=self.api_model,
-                        messages=messages,
-                        tools=[BASH_TOOL],
-                        extra_body=extra_body,
-                        **params,
-                    )
+                    reply = await self.chat(client, messages, BASH_TOOL)
                 except openai.BadRequestError as exc:
                     if _is_context_error(exc):
                         raise ContextLengthExceededError(str(exc)) from exc

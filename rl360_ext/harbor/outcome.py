@@ -4,7 +4,9 @@ Owns the mapping from what Harbor leaves behind after one trial (a `TrialResult`
 or 0.26, an exception raised around `Trial.create`/`Trial.run`, and the trial's verifier
 directory) to one `Outcome`: reward, rewards, reward_source, failure_cause, exception type and
 message, phase timings and agent metrics. It does not run trials, and nothing else in rl360
-reads `TrialResult.exception_info`, `ErrorPolicy` or the removed 0.25 `failure_cause`.
+reads `TrialResult.exception_info`, `ErrorPolicy` or the removed 0.25 `failure_cause`. The
+failure causes and the table from Harbor exception types to them live in the Harbor-free
+`rl360_ext.rollout.harbor_exceptions`, which the infra classifier reads too.
 
 The reward rule is stricter than Harbor's policy, never looser:
 - reward_source is "verifier" only when THIS run's verifier wrote reward.txt/reward.json: the
@@ -29,122 +31,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-MESSAGE_LIMIT = 2000
-VERIFIER_EXIT_FILE = "rl360-verifier-exit.json"  # written by rl360_ext.harbor.verifier, read here
-
-# failure_cause values rl360 adds to Harbor's own (sandbox_failed, model_provider_failed,
-# agent_refused_task, verifier_failed, unclassified, cancelled).
-INSUFFICIENT_BUDGET = "insufficient_budget"
-INSUFFICIENT_CAPACITY = "insufficient_capacity"
-DEADLINE_EXCEEDED = "deadline_exceeded"
-CANCELLED = "cancelled"
-HARBOR_INTERNAL_ERROR = "harbor_internal_error"
-UNCLASSIFIED = "unclassified"
-SANDBOX_FAILED = "sandbox_failed"
-ENVIRONMENT_START_TIMEOUT = "environment_start_timeout"
-MEMORY_LIMIT_EXCEEDED = "memory_limit_exceeded"
-AGENT_SETUP_TIMEOUT = "agent_setup_timeout"
-AGENT_TIMEOUT = "agent_timeout"
-MODEL_PROVIDER_FAILED = "model_provider_failed"
-VERIFIER_FAILED = "verifier_failed"
-VERIFIER_TIMEOUT = "verifier_timeout"
-VERIFIER_CRASH = "verifier_crash"
-REWARD_FILE_MISSING = "reward_file_missing"
-REWARD_FILE_EMPTY = "reward_file_empty"
-REWARD_FILE_INVALID = "reward_file_invalid"
-REWARD_KEY_MISSING = "reward_key_missing"
-CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
-OUTPUT_LENGTH_EXCEEDED = "output_length_exceeded"
-AGENT_NONZERO_EXIT = "agent_nonzero_exit"
-AGENT_REFUSED_TASK = "agent_refused_task"
-
-# Causes where the policy failed and the verifier's grade of what it left still counts.
-POLICY_CAUSES = frozenset(
-    {CONTEXT_LENGTH_EXCEEDED, OUTPUT_LENGTH_EXCEEDED, AGENT_NONZERO_EXIT, AGENT_REFUSED_TASK}
+from rl360_ext.rollout.harbor_exceptions import (
+    POLICY_CAUSES,
+    REWARD_FILE_MISSING,
+    REWARD_KEY_MISSING,
+    VERIFIER_CRASH,
+    cause_for_exception_type,
 )
 
-_CAUSE_BY_EXCEPTION: dict[str, str] = {
-    "EnvironmentStartTimeoutError": ENVIRONMENT_START_TIMEOUT,
-    "SandboxBuildFailedError": SANDBOX_FAILED,
-    "HealthcheckError": SANDBOX_FAILED,
-    "SSHAccessError": SANDBOX_FAILED,
-    "GKEExecStreamClosedError": SANDBOX_FAILED,
-    "GKEPodNotFoundError": SANDBOX_FAILED,
-    "RuntimeRequestError": SANDBOX_FAILED,
-    "SandboxLikelyOutOfMemoryError": MEMORY_LIMIT_EXCEEDED,
-    "MemoryLimitExceededError": MEMORY_LIMIT_EXCEEDED,
-    "AgentSetupTimeoutError": AGENT_SETUP_TIMEOUT,
-    "AgentTimeoutError": AGENT_TIMEOUT,
-    "AddTestsDirError": VERIFIER_FAILED,
-    "DownloadVerifierDirError": VERIFIER_FAILED,
-    "VerifierTimeoutError": VERIFIER_TIMEOUT,
-    "RewardFileNotFoundError": REWARD_FILE_MISSING,
-    "RewardFileEmptyError": REWARD_FILE_EMPTY,
-    "VerifierOutputParseError": REWARD_FILE_INVALID,
-    "ContextWindowExceededError": CONTEXT_LENGTH_EXCEEDED,
-    "ContextLengthExceededError": CONTEXT_LENGTH_EXCEEDED,
-    "OutputTokenExceededError": OUTPUT_LENGTH_EXCEEDED,
-    "OutputLengthExceededError": OUTPUT_LENGTH_EXCEEDED,
-    "NonZeroAgentExitCodeError": AGENT_NONZERO_EXIT,
-    "AgentSafetyRefusalError": AGENT_REFUSED_TASK,
-    "ContentPolicyViolationError": AGENT_REFUSED_TASK,
-    "CancelledError": CANCELLED,
-    **dict.fromkeys(
-        (
-            "ServiceOperationsUnsupportedError",
-            "VercelScopeError",
-            "DspyImportError",
-            "MissingExtraError",
-            "RegradeError",
-        ),
-        HARBOR_INTERNAL_ERROR,
-    ),
-    **dict.fromkeys(
-        (
-            "ApiError",
-            "ApiRateLimitError",
-            "ApiInternalServerError",
-            "ApiOverloadedError",
-            "ApiConnectionClosedError",
-            "ApiResponseStalledError",
-            "UnknownApiError",
-            "NetworkConnectionError",
-            "ApiConnectionError",
-            "ApiUsageLimitError",
-            "RateLimitError",
-            "InternalServerError",
-            "ServiceUnavailableError",
-            "APIConnectionError",
-            "APIError",
-            "Timeout",
-            "UnsupportedModelParametersError",
-            "BadRequestError",
-            "UnprocessableEntityError",
-            "UnsupportedParamsError",
-            "APIResponseValidationError",
-            "BudgetExceededError",
-            "AgentAuthenticationError",
-            "ModelNotFoundError",
-            "ApiProviderResourceNotFoundError",
-            "AuthenticationError",
-            "PermissionDeniedError",
-            "NotFoundError",
-        ),
-        MODEL_PROVIDER_FAILED,
-    ),
-}
-
-# Harbor 0.25's TrialResult.failure_cause values, for exception types not in the table above.
-_CAUSE_BY_HARBOR_025: dict[str, str] = {
-    "sandbox_failed": SANDBOX_FAILED,
-    "model_provider_failed": MODEL_PROVIDER_FAILED,
-    "harbor_failed": HARBOR_INTERNAL_ERROR,
-    "unclassified": UNCLASSIFIED,
-    "agent_exhausted_budget": AGENT_TIMEOUT,
-    "agent_refused_task": AGENT_REFUSED_TASK,
-    "verifier_failed": VERIFIER_FAILED,
-    "cancelled": CANCELLED,
-}
+MESSAGE_LIMIT = 2000
+VERIFIER_EXIT_FILE = "rl360-verifier-exit.json"  # written by rl360_ext.harbor.verifier, read here
 
 
 @dataclass
@@ -178,15 +74,6 @@ def bounded(message: str | None, limit: int = MESSAGE_LIMIT) -> str | None:
     if message is None:
         return None
     return message if len(message) <= limit else message[: limit - 15] + " ...[truncated]"
-
-
-def cause_for_exception_type(exception_type: str, harbor_025_cause: str | None = None) -> str:
-    """rl360's failure_cause for a Harbor-recorded exception type name."""
-    if exception_type in _CAUSE_BY_EXCEPTION:
-        return _CAUSE_BY_EXCEPTION[exception_type]
-    if harbor_025_cause is not None:
-        return _CAUSE_BY_HARBOR_025.get(str(harbor_025_cause), UNCLASSIFIED)
-    return UNCLASSIFIED
 
 
 def failure(cause: str, exc: BaseException | None = None, message: str | None = None) -> Outcome:

@@ -28,12 +28,14 @@ from typing import Any
 
 import numpy as np
 
+from rl360_ext.rollout.harbor_exceptions import AGENT_TIMEOUT_ERROR, HARBOR_EXCEPTIONS, POLICY_CAUSES
 from rl360_ext.rollout.provenance import ATTEMPT_CLASS, INFRA_PREFIX, UNCLASSIFIED, VALID
 
 AGENT_TIMEOUT_POLICIES = ("score", "mask")
 
 # Canonical infrastructure causes ("infra:<cause>"). The rl360 Harbor /run server reports these
-# names verbatim in `failure_cause`; Harbor's own exception types and legacy causes map onto them.
+# names verbatim in `failure_cause`; Harbor's own exception types (through their failure cause in
+# rl360_ext.rollout.harbor_exceptions) and legacy causes map onto them.
 INFRA_CAUSES: dict[str, str] = {
     "aborted": "the attempt was cancelled or aborted before its verifier wrote a reward",
     "no_sandbox": "no sandbox could be started (build/launch failure, no capacity)",
@@ -59,101 +61,11 @@ INFRA_CAUSES: dict[str, str] = {
 }
 
 # Outcomes of the policy itself: the verifier still grades the final state, so its reward counts.
+POLICY_OUTCOME_CAUSES = POLICY_CAUSES | {"agent_exhausted_budget"}
 POLICY_OUTCOME_EXCEPTIONS = frozenset(
-    {
-        "NonZeroAgentExitCodeError",
-        "ContextWindowExceededError",
-        "OutputTokenExceededError",
-        "ContextLengthExceededError",
-        "OutputLengthExceededError",
-        "AgentSafetyRefusalError",
-        "ContentPolicyViolationError",
-    }
+    name for name, known in HARBOR_EXCEPTIONS.items() if known.failure_cause in POLICY_CAUSES
 )
-POLICY_OUTCOME_CAUSES = frozenset(
-    {
-        "agent_exhausted_budget",
-        "agent_refused_task",
-        "agent_nonzero_exit",
-        "context_length_exceeded",
-        "output_length_exceeded",
-    }
-)
-AGENT_TIMEOUT_EXCEPTION = "AgentTimeoutError"
-
-# Harbor exception type names (harbor/models/trial/error_policy.py, 0.25-0.26) -> cause.
-_EXCEPTION_CAUSES: dict[str, str] = {
-    "EnvironmentStartTimeoutError": "environment_start_timeout",
-    "SandboxBuildFailedError": "no_sandbox",
-    "AgentSetupTimeoutError": "agent_setup_timeout",
-    "VerifierTimeoutError": "verifier_timeout",
-    "RewardFileNotFoundError": "reward_file_missing",
-    "RewardFileEmptyError": "reward_file_empty",
-    "VerifierOutputParseError": "reward_file_invalid",
-    "AddTestsDirError": "verifier_crash",
-    "DownloadVerifierDirError": "verifier_crash",
-    "CancelledError": "aborted",
-    **dict.fromkeys(
-        (
-            "HealthcheckError",
-            "SandboxLikelyOutOfMemoryError",
-            "MemoryLimitExceededError",
-            "SSHAccessError",
-            "GKEExecStreamClosedError",
-            "GKEPodNotFoundError",
-            "RuntimeRequestError",
-        ),
-        "sandbox_lost",
-    ),
-    **dict.fromkeys(
-        (
-            "ApiError",
-            "ApiRateLimitError",
-            "ApiInternalServerError",
-            "ApiOverloadedError",
-            "ApiConnectionClosedError",
-            "ApiResponseStalledError",
-            "UnknownApiError",
-            "NetworkConnectionError",
-            "ApiConnectionError",
-            "ApiUsageLimitError",
-            "RateLimitError",
-            "InternalServerError",
-            "ServiceUnavailableError",
-            "APIConnectionError",
-            "APIError",
-            "Timeout",
-        ),
-        "no_engine_available",
-    ),
-    **dict.fromkeys(
-        (
-            "UnsupportedModelParametersError",
-            "BadRequestError",
-            "UnprocessableEntityError",
-            "UnsupportedParamsError",
-            "APIResponseValidationError",
-            "BudgetExceededError",
-        ),
-        "model_request_rejected",
-    ),
-    **dict.fromkeys(
-        (
-            "AgentAuthenticationError",
-            "ModelNotFoundError",
-            "ApiProviderResourceNotFoundError",
-            "AuthenticationError",
-            "PermissionDeniedError",
-            "NotFoundError",
-            "ServiceOperationsUnsupportedError",
-            "VercelScopeError",
-            "DspyImportError",
-            "MissingExtraError",
-            "RegradeError",
-        ),
-        "agent_config_error",
-    ),
-}
+AGENT_TIMEOUT_EXCEPTION = AGENT_TIMEOUT_ERROR
 
 # Harbor <= 0.25 `TrialResult.failure_cause` values that are infrastructure.
 _LEGACY_FAILURE_CAUSES: dict[str, str] = {
@@ -215,11 +127,12 @@ def _exception_verdict(exception_type: Any) -> str | None:
         return None
     if not isinstance(exception_type, str):
         return infra_class("harbor_internal_error")
-    if exception_type in POLICY_OUTCOME_EXCEPTIONS:
-        return _POLICY
-    if exception_type == AGENT_TIMEOUT_EXCEPTION:
-        return _TIMEOUT
-    return infra_class(_EXCEPTION_CAUSES.get(exception_type, "harbor_internal_error"))
+    known = HARBOR_EXCEPTIONS.get(exception_type)
+    if known is None:
+        return infra_class("harbor_internal_error")
+    if known.infra_cause is not None:
+        return infra_class(known.infra_cause)
+    return _cause_verdict(known.failure_cause)
 
 
 def _client_side_class(

@@ -4,7 +4,8 @@
 Miles' rollout loop calls them (filter every group, log the kept ones), appends weight-push
 records built with the real `WeightPush`, and keeps a brute-force account of what should appear
 on each chart, computed from the samples and the filter's decisions, not from the JSONL.
-`parse_page` reads the marks, no-data notes and tables back out of the HTML.
+`parse_page` reads the marks, no-data notes and tables back out of the HTML; `CHARTS` lists the
+chart sections every page must hold.
 """
 
 from __future__ import annotations
@@ -27,6 +28,17 @@ from ..rollout.duck_samples import DuckSample, infra, valid
 FILTER = "rl360_ext.rollout.filters.check_valid_reward_nonzero_std"
 CAUSES = ("no_sandbox", "verifier_crash", "no_engine_available", "client_deadline")
 ENGINES = ("http://127.0.0.1:30001", "http://127.0.0.1:30002")
+# Every chart section the step report must hold, named independently of rl360_ext.diagnostics.report.
+CHARTS = (
+    "chart-outcomes",
+    "chart-rewards",
+    "chart-phases",
+    "chart-infra",
+    "chart-cache",
+    "chart-routing",
+    "chart-pushes",
+    "chart-push-calls",
+)
 
 
 @dataclass

@@ -30,18 +30,7 @@ from rl360_ext.rollout.metrics import (
 from rl360_ext.weights.push import FANOUT_PATH, WeightPush
 
 from ..rollout.duck_samples import infra, valid
-from .report_fixtures import ENGINES, Expected, Page, parse_page, write_run
-
-CHARTS = (
-    "chart-outcomes",
-    "chart-rewards",
-    "chart-phases",
-    "chart-infra",
-    "chart-cache",
-    "chart-routing",
-    "chart-pushes",
-    "chart-push-calls",
-)
+from .report_fixtures import CHARTS, ENGINES, Expected, Page, parse_page, write_run
 
 
 @pytest.fixture(autouse=True)

@@ -20,18 +20,8 @@ from rl360_ext.diagnostics.report import render_report
 from rl360_ext.diagnostics.report_data import PHASES, load_run
 from rl360_ext.rollout.metrics import append_records
 
-from .report_fixtures import parse_page
+from .report_fixtures import CHARTS, parse_page
 
-CHARTS = (
-    "chart-outcomes",
-    "chart-rewards",
-    "chart-phases",
-    "chart-infra",
-    "chart-cache",
-    "chart-routing",
-    "chart-pushes",
-    "chart-push-calls",
-)
 MISSING = object()
 
 small_int = st.integers(min_value=0, max_value=4)

@@ -112,27 +112,18 @@ def test_update_weights_from_disk_bumps_version_and_flushes(
     config = fresh_engine.model_config
     path = save_weights(tmp_path / "step1", config, perturb_weights(init_weights(config, 0), 0.05, 1))
     ids = fresh_engine.encode("a prompt that will be cached")
-    before = client.post(
-        "/generate",
-        json={
-            "input_ids": ids,
-            "return_logprob": True,
-            "sampling_params": {"max_new_tokens": 3, "temperature": 0},
-        },
-    ).json()
+    greedy = {
+        "input_ids": ids,
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 3, "temperature": 0},
+    }
+    before = client.post("/generate", json=greedy).json()
     response = client.post(
         "/update_weights_from_disk", json={"model_path": str(path.parent), "weight_version": "step-1"}
     )
     assert response.status_code == 200 and response.json()["success"] is True
     assert client.get("/model_info").json()["weight_version"] == "step-1"
-    after = client.post(
-        "/generate",
-        json={
-            "input_ids": ids,
-            "return_logprob": True,
-            "sampling_params": {"max_new_tokens": 3, "temperature": 0},
-        },
-    ).json()
+    after = client.post("/generate", json=greedy).json()
     assert after["meta_info"]["cached_tokens"] == 0  # flushed
     assert after["meta_info"]["weight_version"] == "step-1"
     assert after["meta_info"]["output_token_logprobs"] != before["meta_info"]["output_token_logprobs"]

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rl360_ext.harbor import outcome
+from rl360_ext.rollout import harbor_exceptions
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -161,9 +162,9 @@ def test_harbor_025_failure_cause_is_used_for_unknown_exception_types(tmp_path: 
 
 def test_every_exception_harbor_classifies_has_a_cause() -> None:
     for name, policy in ERROR_POLICIES.items():
-        cause = outcome.cause_for_exception_type(name)
-        assert cause != outcome.UNCLASSIFIED, name
-        if cause in outcome.POLICY_CAUSES:
+        cause = harbor_exceptions.cause_for_exception_type(name)
+        assert cause != harbor_exceptions.UNCLASSIFIED, name
+        if cause in harbor_exceptions.POLICY_CAUSES:
             assert policy.has_valid_reward, name
 
 
@@ -203,7 +204,7 @@ def test_reward_json_round_trips(tmp_path_factory: pytest.TempPathFactory, rewar
 @settings(max_examples=40, deadline=None)
 @given(
     st.text(min_size=1, max_size=30).filter(
-        lambda name: outcome.cause_for_exception_type(name) not in outcome.POLICY_CAUSES
+        lambda name: harbor_exceptions.cause_for_exception_type(name) not in harbor_exceptions.POLICY_CAUSES
     )
 )
 def test_no_exception_outside_the_policy_causes_keeps_a_reward(

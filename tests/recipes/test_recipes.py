@@ -1,12 +1,13 @@
 """The launch recipes in recipes/ only name hooks that import and flags their parsers accept.
 
-Always: every `rl360_ext.` dotted path in a recipe imports (a hook module that does not exist yet
-fails here, loudly), and the recipe's Harbor server flags parse with `rl360 harbor serve`'s own
-command. With MILES_SRC and MEGATRON_SRC set (integration_tests/miles/run.sh sets both, in the
-scratch venv): the recipe's train argv, printed by the recipe itself with DRY_RUN=1 (Miles' own
-model_args_utils.py expands the model flags), parses with the parser Miles builds for training,
-built for real: Megatron-LM's `add_megatron_arguments` plus Miles' `get_miles_extra_args_provider`,
-with sys.argv naming the rl360 generate hook so that Miles itself adds the hook's flags.
+Always: every `rl360_ext.` dotted path in a recipe (or in the recipes/lib file it sources)
+imports (a hook module that does not exist yet fails here, loudly), and the recipe's Harbor
+server flags parse with `rl360 harbor serve`'s own command. With MILES_SRC and MEGATRON_SRC set
+(integration_tests/miles/run.sh sets both, in the scratch venv): the recipe's train argv,
+printed by the recipe itself with DRY_RUN=1 (Miles' own model_args_utils.py expands the model
+flags), parses with the parser Miles builds for training, built for real: Megatron-LM's
+`add_megatron_arguments` plus Miles' `get_miles_extra_args_provider`, with sys.argv naming the
+rl360 generate hook so that Miles itself adds the hook's flags.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPES = sorted((ROOT / "recipes").glob("*.sh"))
+RECIPES = sorted((ROOT / "recipes").glob("*.sh"))  # recipes/lib/ holds what they share, not recipes
+LIB = ROOT / "recipes" / "lib"
 HOOK_PATH = re.compile(r"\brl360_ext(?:\.[A-Za-z_]\w*)+")
 
 
@@ -31,7 +33,10 @@ def _recipe_id(path: Path) -> str:
 
 
 def hook_paths(recipe: Path) -> list[str]:
-    return sorted(set(HOOK_PATH.findall(recipe.read_text())))
+    """The rl360 dotted paths named in the recipe and in the shared recipes/lib files it sources."""
+    text = recipe.read_text()
+    sourced = [lib.read_text() for lib in sorted(LIB.glob("*.sh")) if f"lib/{lib.name}" in text]
+    return sorted(set(HOOK_PATH.findall("\n".join([text, *sourced]))))
 
 
 def dry_run(recipe: Path, miles_dir: Path | None) -> dict[str, list[str]]:

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rl360_ext.rollout.harbor_exceptions import HARBOR_EXCEPTIONS
 from rl360_ext.rollout.infra import (
     AGENT_TIMEOUT_EXCEPTION,
     INFRA_CAUSES,
@@ -112,6 +113,13 @@ def test_every_harbor_exception_without_a_valid_reward_is_infra() -> None:
             assert cls == "valid", name
     assert error_policy.UNKNOWN_ERROR_POLICY.has_valid_reward  # Harbor keeps unknowns; we do not
     assert classify_attempt(run(exc="BrandNewHarborError")) == "infra:harbor_internal_error"
+
+
+def test_every_harbor_exception_row_is_known_to_the_classifier() -> None:
+    """The /run server's failure causes and the classifier's finer causes come from one table."""
+    for name, known in HARBOR_EXCEPTIONS.items():
+        assert classify_attempt(run(cause=known.failure_cause)) != "infra:unclassified", name
+        assert known.infra_cause is None or known.infra_cause in INFRA_CAUSES, name
 
 
 KNOWN_OUTCOME_CAUSES = {None, "", "agent_timeout", *POLICY_OUTCOME_CAUSES}
