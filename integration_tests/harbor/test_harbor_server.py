@@ -21,6 +21,7 @@ FAULTS = {
     "fault-env-start-fails": "sandbox_failed",
     "fault-env-start-hangs": "environment_start_timeout",
     "fault-verifier-crashes": "verifier_crash",
+    "fault-judge-fails": "judge_failure",
     "fault-verifier-no-reward": "reward_file_missing",
     "fault-verifier-hangs": "verifier_timeout",
     "fault-agent-over-budget": "agent_timeout",
@@ -78,7 +79,10 @@ async def test_each_fault_task_fails_with_its_cause_and_no_reward(server: Servic
             None,
             None,
         ), result
-        assert result["exception_type"] and result["exception_message"]
+        assert result["exception_message"], result
+        # Every fault but the judge's surfaces as a Harbor exception; a failed judge is reported by
+        # the test script's exit code (75) while Harbor itself saw a normal grading.
+        assert (result["exception_type"] is None) == (body["task"] == "fault-judge-fails"), result
 
 
 async def test_a_task_over_its_memory_reservation_fails_alone(server: Service) -> None:

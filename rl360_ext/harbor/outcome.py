@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from rl360_ext.rollout.harbor_exceptions import (
+    JUDGE_FAILURE,
+    JUDGE_FAILURE_EXIT_CODE,
     POLICY_CAUSES,
     REWARD_FILE_MISSING,
     REWARD_KEY_MISSING,
@@ -191,6 +193,14 @@ def classify(result: Any, trial_dir: Path) -> Outcome:
     )
     rewards = verified_rewards(result, trial_dir)
     exception_info = getattr(result, "exception_info", None)
+    if recorded_test_exit_code(trial_dir) == JUDGE_FAILURE_EXIT_CODE:
+        outcome.failure_cause = JUDGE_FAILURE
+        outcome.exception_type = getattr(exception_info, "exception_type", None)
+        outcome.exception_message = (
+            f"the verifier's judge failed (tests/test.sh exited {JUDGE_FAILURE_EXIT_CODE}); "
+            "any reward it wrote is a fallback and does not count"
+        )
+        return outcome
     if exception_info is not None:
         outcome.exception_type = exception_info.exception_type
         outcome.exception_message = bounded(exception_info.exception_message)

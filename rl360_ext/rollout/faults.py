@@ -73,6 +73,8 @@ CASES: tuple[FaultCase, ...] = (
               ("infra:environment_start_timeout",)),
     FaultCase("verifier_crashes", "tests/test.sh dies before writing a reward", "fault-verifier-crashes",
               ("infra:verifier_crash",)),
+    FaultCase("judge_fails", "the verifier's judge fails: test.sh writes a fallback 0 and exits 75",
+              "fault-judge-fails", ("infra:judge_failure",)),
     FaultCase("verifier_hangs", "tests/test.sh never finishes", "fault-verifier-hangs",
               ("infra:verifier_timeout",)),
     FaultCase("verifier_no_reward", "tests/test.sh exits 0 without a reward file", "fault-verifier-no-reward",

@@ -35,6 +35,7 @@ REWARD_FILE_MISSING = "reward_file_missing"
 REWARD_FILE_EMPTY = "reward_file_empty"
 REWARD_FILE_INVALID = "reward_file_invalid"
 REWARD_KEY_MISSING = "reward_key_missing"
+JUDGE_FAILURE = "judge_failure"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 OUTPUT_LENGTH_EXCEEDED = "output_length_exceeded"
 AGENT_NONZERO_EXIT = "agent_nonzero_exit"
@@ -46,6 +47,11 @@ POLICY_CAUSES = frozenset(
 )
 
 AGENT_TIMEOUT_ERROR = "AgentTimeoutError"
+
+# A verifier whose judge (an LLM grader or another grading service) failed says so by exiting
+# with 75 (sysexits EX_TEMPFAIL). Whatever reward file it left does not count: the grade was not
+# the judge's, it was a fallback.
+JUDGE_FAILURE_EXIT_CODE = 75
 
 
 @dataclass(frozen=True)

@@ -215,3 +215,15 @@ def test_no_exception_outside_the_policy_causes_keeps_a_reward(
         make_result(trial_dir, graded={"reward": 1.0}, written="1", exception=name), trial_dir
     )
     assert result.reward is None and result.reward_source is None and result.failure_cause is not None
+
+
+@pytest.mark.parametrize("exception", [None, "RewardFileNotFoundError"])
+def test_a_judge_failure_keeps_no_reward_even_with_a_fallback_reward_file(
+    tmp_path: Path, exception: str | None
+) -> None:
+    (tmp_path / outcome.VERIFIER_EXIT_FILE).write_text(json.dumps({"test_exit_code": 75}))
+    harbor_result = make_result(tmp_path, graded={"reward": 0.0}, written="0", exception=exception)
+    result = outcome.classify(harbor_result, tmp_path)
+    assert (result.reward, result.rewards, result.reward_source) == (None, None, None)
+    assert result.failure_cause == "judge_failure"
+    assert "judge failed" in (result.exception_message or "")

@@ -253,3 +253,10 @@ def test_a_coarse_harbor_cause_yields_to_a_specific_exception() -> None:
     assert classify_attempt(unknown) == "infra:sandbox_lost"
     assert classify_attempt({"failure_cause": "insufficient_budget"}) == "infra:no_sandbox"
     assert classify_attempt({"failure_cause": "deadline_exceeded"}) == "infra:client_deadline"
+
+
+def test_a_judge_failure_is_infra_even_with_a_fallback_reward() -> None:
+    from rl360_ext.rollout.infra import classify_attempt
+
+    fallback = {"reward": 0.0, "reward_source": "verifier", "failure_cause": "judge_failure"}
+    assert classify_attempt(fallback) == "infra:judge_failure"
