@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from rl360_ext.diagnostics.progress import showing_progress
 from rl360_ext.engine.cli import app as engine_app
 from rl360_ext.harbor.cli import app as harbor_app
 from rl360_ext.session.cli import app as session_app
@@ -68,7 +69,8 @@ def bench_engine(json: bool = typer.Option(False, "--json", help="Print JSON ins
     """Prefill and decode tokens/s of the tiny engine at its default size."""
     from rl360_ext.engine.bench import main
 
-    main(as_json=json)
+    with showing_progress("rl360 bench engine"):
+        main(as_json=json)
 
 
 @app.command()
@@ -98,7 +100,8 @@ def bench_r3(json: bool = typer.Option(False, "--json", help="Print JSON instead
     """R3 routing data: wire vs json/orjson, delta vs full routing bytes, pool collection."""
     from rl360_ext.session.bench import main
 
-    main(as_json=json)
+    with showing_progress("rl360 bench r3"):
+        main(as_json=json)
 
 
 @bench_app.command("template")
@@ -106,7 +109,8 @@ def bench_template(json: bool = typer.Option(False, "--json", help="Print JSON i
     """Append-only checker cost at server start vs rendering each request once."""
     from rl360_ext.templates.bench import main
 
-    main(as_json=json)
+    with showing_progress("rl360 bench template"):
+        main(as_json=json)
 
 
 @bench_app.command("launch")
@@ -114,7 +118,8 @@ def bench_launch(json: bool = typer.Option(False, "--json", help="Print JSON ins
     """Simulated 8,192 sandbox starts: all at once vs waves, image-group pinning vs random placement."""
     from rl360_ext.harbor.bench import main
 
-    main(as_json=json)
+    with showing_progress("rl360 bench launch"):
+        main(as_json=json)
 
 
 @bench_app.command("faults")
@@ -122,4 +127,5 @@ def bench_faults(json: bool = typer.Option(False, "--json", help="Print JSON ins
     """Fault matrix: every injected infra failure, its class, and proof its reward enters no mean."""
     from rl360_ext.rollout.bench import main
 
-    main(as_json=json)
+    with showing_progress("rl360 bench faults"):
+        main(as_json=json)

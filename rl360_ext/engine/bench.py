@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from rl360_ext.diagnostics.progress import stage
 from rl360_ext.engine.engine import EngineConfig, TinyEngine
 from rl360_ext.engine.model import KVState
 from rl360_ext.engine.protocol import GenerateRequest, SamplingParams
@@ -84,8 +85,11 @@ def measure_throughput(engine: TinyEngine) -> tuple[float, float]:
 def collect() -> dict[str, object]:
     config = EngineConfig()
     cached_engine = TinyEngine(config)
+    stage("prefill and decode throughput")
     prefill_tps, decode_tps = measure_throughput(cached_engine)
+    stage(f"{TURNS}-turn conversation with the prefix cache")
     cached = run_conversation(cached_engine)
+    stage(f"{TURNS}-turn conversation without a cache (baseline, the slow part)")
     baseline = run_conversation(TinyEngine(EngineConfig(kv_capacity=0)))
     return {
         "model": {

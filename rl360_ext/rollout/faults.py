@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from rl360_ext.diagnostics.progress import stage
 from rl360_ext.procs import LOOPBACK
 from rl360_ext.rollout import agent as agent_module
 from rl360_ext.rollout.filters import check_valid_reward_nonzero_std
@@ -317,7 +318,11 @@ class FaultStack:
 
     async def run_all(self, cases: Sequence[FaultCase] = CASES) -> list[CaseResult]:
         """Every case in order (valid cases first: their samples anchor the exclusion check)."""
-        return [await self.run(case, index) for index, case in enumerate(cases)]
+        results = []
+        for index, case in enumerate(cases):
+            stage(f"case {index + 1}/{len(cases)}: {case.name}")
+            results.append(await self.run(case, index))
+        return results
 
 
 # ---- the exclusion check --------------------------------------------------------------------------------

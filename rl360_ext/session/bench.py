@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from rl360_ext.diagnostics.progress import stage
 from rl360_ext.engine.client import decode_routed_experts
 from rl360_ext.session import wire
 from rl360_ext.session.merge import MergedSample, TurnRecord, merge
@@ -343,8 +344,11 @@ def _projection(rows: list[dict[str, Any]], routing: dict[str, Any]) -> dict[str
 
 def run() -> dict[str, Any]:
     started = time.perf_counter()
+    stage("1/3 one 58K-token merged sample: json vs orjson vs wire")
     serialization = bench_serialization()
+    stage("2/3 routing bytes per trajectory: full routing every turn vs delta R3")
     routing = bench_routing_bytes()
+    stage("3/3 pool.collect from 1 and 2 session-server actors (starts Ray)")
     collection = bench_collection(routing)
     return {
         "serialization": serialization,
