@@ -1,7 +1,8 @@
 """The session server's HTTP adapter (FastAPI): routes, JSON decoding, status codes. Nothing else.
 
 Owns the URL layout (`POST /sessions`, `/sessions/{id}/v1/chat/completions`,
-`/sessions/{id}/v1/models`, `/sessions/{id}/merged`, `DELETE /sessions/{id}`, `/health`,
+`/sessions/{id}/v1/models`, `/sessions/{id}/merged`, `POST /sessions/{id}/samples` (Miles' samples
+wire, encoded by `miles_wire.py`), `DELETE /sessions/{id}`, `/health`,
 `/metrics`), mapping `RequestError` to its status with an OpenAI-style error body, the
 single-chunk SSE stream, and the idle-TTL sweeper task. Logic lives in `core.py`.
 """
@@ -17,6 +18,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from rl360_ext.session import miles_wire
 from rl360_ext.session.chat_api import RequestError
 from rl360_ext.session.core import SessionCore
 from rl360_ext.session.metrics import CONTENT_TYPE
@@ -120,12 +122,25 @@ def create_app(core: SessionCore, public_url: str | None = None) -> FastAPI:
             orjson.dumps(sample.to_json(), option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json"
         )
 
+    @app.post("/sessions/{session_id}/samples")
+    async def samples(session_id: str, request: Request) -> Response:
+        max_seq_len, metadata = miles_wire.parse_samples_request(await _json_body(request, required=False))
+        sample = await core.merged(session_id)
+        payload = miles_wire.encode(sample, _decoder(core), max_seq_len, metadata)
+        return Response(payload, media_type=miles_wire.MEDIA_TYPE)
+
     @app.delete("/sessions/{session_id}")
     async def delete(session_id: str) -> Response:
         core.delete(session_id)
         return json_response({"session_id": session_id, "deleted": True})
 
     return app
+
+
+def _decoder(core: SessionCore) -> miles_wire.Decode:
+    """The tokenizer's decode with special tokens kept, as Miles' session server decodes `response`."""
+    tokenizer = core.tito.tokenizer
+    return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False)
 
 
 async def _sweep(core: SessionCore) -> None:
