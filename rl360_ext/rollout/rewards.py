@@ -1,11 +1,17 @@
-"""Valid-only group baselines: the `--custom-reward-post-process-path` hook.
+"""Rewards under rl360's rules: the `--custom-rm-path` and `--custom-reward-post-process-path` hooks.
 
-Owns `valid_group_advantages(args, samples) -> (raw_rewards, rewards)`, which replaces Miles'
-GRPO reward normalization, and the small helpers every rollout hook uses to read a sample's
-reward (`reward_value`) and to walk a Miles group (`flatten_group`). It does not decide
-validity (that is `rl360_ext.rollout.provenance`) and does not filter groups.
+Owns `verifier_reward(args, sample)`, the reward model for Miles' stock
+`agentic_tool_call.generate` (it hands back the verifier's reward only for a valid attempt and
+masks every other sample), `valid_group_advantages(args, samples) -> (raw_rewards, rewards)`,
+which replaces Miles' GRPO reward normalization, and the small helpers every rollout hook uses to
+read a sample's reward (`reward_value`) and to walk a Miles group (`flatten_group`). It does not
+decide validity (the class comes from `rl360_ext.rollout.infra.classify_attempt` and is read back
+through `rl360_ext.rollout.provenance`) and does not filter groups.
 
 Rules:
+- `verifier_reward` returns a reward only when the agent function's metadata classifies as valid
+  (`reward_source == "verifier"`, a finite reward, no infra cause, no 5xx turn on the session);
+  otherwise it marks the sample with `mark_infra_sample` and returns None, never 0.
 - Groups come from `Sample.group_index` (or explicit `prompt_group_sizes`). A sample without a
   group and no explicit sizes is an error: no whole-batch fallback, because a whole-batch
   baseline shifts every advantage (the field's +0.31).
@@ -25,7 +31,17 @@ from typing import Any
 
 import numpy as np
 
-from rl360_ext.rollout.provenance import attempt_class, is_valid
+from rl360_ext.rollout.agent import current_settings
+from rl360_ext.rollout.infra import INFRA_CAUSES, classify_attempt, infra_class, mark_infra_sample
+from rl360_ext.rollout.provenance import (
+    ATTEMPT_CLASS,
+    INFRA_PREFIX,
+    REWARD_SOURCE,
+    UNCLASSIFIED,
+    VALID,
+    attempt_class,
+    is_valid,
+)
 
 GROUP_BASELINE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
 STD_NORMALIZED_ESTIMATORS = ("grpo", "gspo")
@@ -170,3 +186,91 @@ def valid_group_advantages(
             for position in unit:
                 advantages[position] = advantage
     return raw_rewards, advantages
+
+
+# ---- the reward model for Miles' stock agentic_tool_call.generate -------------------------------------
+
+NO_AGENT_RESULT = (
+    "the sample carries no agent-function result: the agent function raised "
+    "(Miles logged the exception and merged nothing)"
+)
+
+
+def worst_engine_failure(metadata: Mapping[str, Any]) -> int | None:
+    """The highest 5xx status among the session's failed turns (`metadata["session"]["turn_errors"]`,
+    as rl360's session server reports them to Miles), or None when no turn failed that way."""
+    session = metadata.get("session")
+    errors = session.get("turn_errors") if isinstance(session, Mapping) else None
+    statuses = [
+        int(error["status"])
+        for error in errors or []
+        if isinstance(error, Mapping) and isinstance(error.get("status"), int) and error["status"] >= 500
+    ]
+    return max(statuses, default=None)
+
+
+def classify_agent_metadata(metadata: Any, agent_timeout_policy: str = "score") -> tuple[str, str | None]:
+    """(attempt class, detail) for the metadata Miles merged from rl360's agent function.
+
+    No agent result at all -> "infra:aborted". An infra class the agent function recorded stands;
+    anything else is classified again from the recorded fields, so a reward counts only if
+    `classify_attempt` calls it valid here too.
+    """
+    if not isinstance(metadata, Mapping) or (REWARD_SOURCE not in metadata and ATTEMPT_CLASS not in metadata):
+        return infra_class("aborted"), NO_AGENT_RESULT
+    recorded = metadata.get(ATTEMPT_CLASS)
+    if isinstance(recorded, str) and recorded.startswith(INFRA_PREFIX):
+        known = recorded.removeprefix(INFRA_PREFIX) in INFRA_CAUSES
+        return (recorded, None) if known else (UNCLASSIFIED, f"unknown recorded class {recorded!r}")
+    cls = classify_attempt(
+        metadata,
+        transport_error=metadata.get("transport_error"),
+        client_deadline=bool(metadata.get("client_deadline")),
+        gateway_status=worst_engine_failure(metadata),
+        agent_timeout_policy=agent_timeout_policy,
+    )
+    return cls, None
+
+
+def _valid_reward(metadata: Mapping[str, Any], reward_key: str | None) -> tuple[Any, str | None]:
+    """(reward, None) for a valid attempt, or (None, detail) when the wanted value is not there."""
+    if reward_key:
+        rewards = metadata.get("rewards")
+        if not isinstance(rewards, Mapping) or reward_key not in rewards:
+            keys = sorted(rewards) if isinstance(rewards, Mapping) else rewards
+            return None, f"--reward-key {reward_key!r} is not among the verifier's rewards {keys!r}"
+        return dict(rewards), None
+    reward = metadata["reward"]
+    if isinstance(reward, Mapping):
+        raise ValueError(
+            f"the verifier's reward is a dict {sorted(reward)}; set --reward-key to pick one value"
+        )
+    return float(reward), None
+
+
+def _verified_reward(args: Any, sample: Any) -> Any:
+    policy = current_settings().agent_timeout_policy
+    metadata = getattr(sample, "metadata", None)
+    cls, detail = classify_agent_metadata(metadata, policy)
+    if cls == VALID:
+        reward, detail = _valid_reward(metadata, getattr(args, "reward_key", None))
+        if detail is None:
+            sample.metadata[ATTEMPT_CLASS] = VALID
+            return reward
+        cls = infra_class("reward_file_invalid")
+    mark_infra_sample(sample, cls, detail=detail, fallback_token_id=0)
+    return None
+
+
+async def verifier_reward(args: Any, sample: Any, **kwargs: Any) -> Any:
+    """Miles' `--custom-rm-path` hook for the stock `agentic_tool_call.generate` with rl360's agent.
+
+    Miles calls it as `await f(args, sample)` (or `await f(args, samples)` for a list, from
+    `batched_async_rm`). Returns the verifier's reward (a float, or the rewards dict when
+    `args.reward_key` is set) for a valid attempt, writing `metadata["attempt_class"] = "valid"`.
+    Every other attempt is marked with `mark_infra_sample` (loss mask zeros, `remove_sample`,
+    cause in metadata) and gets None, which Miles stores as `Sample.reward`: never 0.0.
+    """
+    if isinstance(sample, list):
+        return [_verified_reward(args, one) for one in sample]
+    return _verified_reward(args, sample)
