@@ -45,6 +45,18 @@ def _harbor_python() -> str:
     return python
 
 
+def start_terminus_harbor(python: str, logs: Path, *extra: str) -> Service:
+    """rl360's Harbor /run server from a Python that has Harbor, running terminus-2 for 2 turns."""
+    port = free_port()
+    argv = [
+        python, "-c", "from rl360_ext.cli import app; app()", "harbor", "serve",
+        "--host", "127.0.0.1", "--port", str(port), "--trials-dir", str(logs / "trials"),
+        "--agent", "terminus-2", "--max-turns", "2", "--env-setup-s", "20", "--agent-setup-s", "20",
+        "--margin-s", "5", "--min-agent-s", "5", *extra,
+    ]  # fmt: skip
+    return start_service("harbor", argv, port, logs, ready_timeout_s=90, stop_grace_s=30)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Service]]:
     skip_if_missing(bwrap_problem)
@@ -54,16 +66,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Servic
     services = [engine]
     try:
         services.append(gateway := start_smg([engine.url], logs, policy="manual"))
-        port = free_port()
-        harbor_argv = [
-            python, "-c", "from rl360_ext.cli import app; app()", "harbor", "serve",
-            "--host", "127.0.0.1", "--port", str(port), "--trials-dir", str(logs / "trials"),
-            "--agent", "terminus-2", "--max-turns", "2", "--env-setup-s", "20", "--agent-setup-s", "20",
-            "--margin-s", "5", "--min-agent-s", "5",
-        ]  # fmt: skip
-        services.append(
-            harbor := start_service("harbor", harbor_argv, port, logs, ready_timeout_s=90, stop_grace_s=30)
-        )
+        services.append(harbor := start_terminus_harbor(python, logs))
         yield {"engine": engine, "gateway": gateway, "harbor": harbor}
     finally:
         from rl360_ext.rollout.generate import shutdown_session_pool

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from integration_tests.components import bwrap_problem, skip_if_missing
-from integration_tests.miles.test_rollout_e2e import ROOT, _harbor_python
+from integration_tests.miles.test_rollout_e2e import ROOT, _harbor_python, start_terminus_harbor
 from rl360_ext.procs import Service, free_port, rl360_argv, start_engine, start_service
 
 STOCK_GENERATE = "miles.rollout.generate_hub.agentic_tool_call.generate"
@@ -63,17 +63,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Servic
             "--host", "127.0.0.1", "--port", str(port),
         )  # fmt: skip
         services.append(session := start_service("session", session_argv, port, logs))
-        port = free_port()
-        harbor_argv = [
-            python, "-c", "from rl360_ext.cli import app; app()", "harbor", "serve",
-            "--host", "127.0.0.1", "--port", str(port), "--trials-dir", str(logs / "trials"),
-            "--tasks-root", str(tasks_root),
-            "--agent", "terminus-2", "--max-turns", "2", "--env-setup-s", "20", "--agent-setup-s", "20",
-            "--margin-s", "5", "--min-agent-s", "5",
-        ]  # fmt: skip
-        services.append(
-            harbor := start_service("harbor", harbor_argv, port, logs, ready_timeout_s=90, stop_grace_s=30)
-        )
+        services.append(harbor := start_terminus_harbor(python, logs, "--tasks-root", str(tasks_root)))
         yield {"engine": engine, "session": session, "harbor": harbor}
     finally:
         for service in reversed(services):
