@@ -38,8 +38,15 @@ import numpy as np
 
 from rl360_ext.rollout import agent as agent_module
 from rl360_ext.rollout import metrics as metrics_module
-from rl360_ext.rollout.infra import AGENT_TIMEOUT_POLICIES, classify_attempt, mark_infra_sample
+from rl360_ext.rollout.infra import (
+    AGENT_TIMEOUT_POLICIES,
+    classify_attempt,
+    infra_class,
+    mark_infra_sample,
+    worst_engine_failure,
+)
 from rl360_ext.rollout.provenance import ATTEMPT_CLASS, FAILURE_CAUSE, PHASE_TIMINGS, REWARD_SOURCE, VALID
+from rl360_ext.rollout.rewards import verifier_reward_value
 from rl360_ext.rollout.sample import GenerateFnInput, GenerateFnOutput, Sample
 from rl360_ext.session.merge import ABORTED, COMPLETED, FAILED, TRUNCATED, MergedSample
 from rl360_ext.train import reducers as reducers_module
@@ -449,25 +456,9 @@ def classify(
         transport_error=(result or {}).get("transport_error"),
         client_deadline=bool((result or {}).get("client_deadline")),
         session_error=session_error,
-        gateway_status=worst_engine_failure(merged),
+        gateway_status=worst_engine_failure(None if merged is None else merged.metadata),
         agent_timeout_policy=agent_timeout_policy,
     )
-
-
-def worst_engine_failure(merged: MergedSample | None) -> int | None:
-    """The highest 5xx status among the session's failed turns, or None when none failed."""
-    if merged is None:
-        return None
-    errors = merged.metadata.get("session", {}).get("turn_errors", [])
-    statuses = [int(e["status"]) for e in errors if int(e.get("status", 0)) >= 500]
-    return max(statuses, default=None)
-
-
-def reward_for(result: Mapping[str, Any], reward_key: str | None) -> Any:
-    """Sample.reward of a valid attempt: the rewards dict with --reward-key, else the scalar."""
-    if reward_key:
-        return dict(result.get("rewards") or {})
-    return float(result["reward"])
 
 
 def non_generation_time(
@@ -504,11 +495,16 @@ def finish_sample(
     )
     if attempt_class == VALID and unusable is not None:
         attempt_class, detail = f"infra:{ABORTED_CAUSE}", unusable
-    sample.metadata = {**(sample.metadata or {}), **run_metadata(result), **session_metadata(merged)}
+    reward = None
     if attempt_class == VALID:
         assert result is not None
+        reward, missing = verifier_reward_value(result, reward_key)
+        if missing is not None:
+            attempt_class, detail = infra_class("reward_file_invalid"), missing
+    sample.metadata = {**(sample.metadata or {}), **run_metadata(result), **session_metadata(merged)}
+    if attempt_class == VALID:
         sample.metadata[ATTEMPT_CLASS] = VALID
-        sample.reward = reward_for(result, reward_key)
+        sample.reward = reward
         sample.remove_sample = False
         return sample
     if not filled:

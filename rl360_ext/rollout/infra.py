@@ -154,6 +154,19 @@ def _client_side_class(
     return None
 
 
+def worst_engine_failure(metadata: Mapping[str, Any] | None) -> int | None:
+    """The highest 5xx status among the session's failed turns (`metadata["session"]["turn_errors"]`,
+    as rl360's session server reports them to Miles), or None when no turn failed that way."""
+    session = metadata.get("session") if isinstance(metadata, Mapping) else None
+    errors = session.get("turn_errors") if isinstance(session, Mapping) else None
+    statuses = [
+        int(error["status"])
+        for error in errors or []
+        if isinstance(error, Mapping) and isinstance(error.get("status"), int) and error["status"] >= 500
+    ]
+    return max(statuses, default=None)
+
+
 def classify_attempt(
     run_result: Mapping[str, Any] | None,
     *,

@@ -32,7 +32,13 @@ from typing import Any
 import numpy as np
 
 from rl360_ext.rollout.agent import current_settings
-from rl360_ext.rollout.infra import INFRA_CAUSES, classify_attempt, infra_class, mark_infra_sample
+from rl360_ext.rollout.infra import (
+    INFRA_CAUSES,
+    classify_attempt,
+    infra_class,
+    mark_infra_sample,
+    worst_engine_failure,
+)
 from rl360_ext.rollout.provenance import (
     ATTEMPT_CLASS,
     INFRA_PREFIX,
@@ -196,19 +202,6 @@ NO_AGENT_RESULT = (
 )
 
 
-def worst_engine_failure(metadata: Mapping[str, Any]) -> int | None:
-    """The highest 5xx status among the session's failed turns (`metadata["session"]["turn_errors"]`,
-    as rl360's session server reports them to Miles), or None when no turn failed that way."""
-    session = metadata.get("session")
-    errors = session.get("turn_errors") if isinstance(session, Mapping) else None
-    statuses = [
-        int(error["status"])
-        for error in errors or []
-        if isinstance(error, Mapping) and isinstance(error.get("status"), int) and error["status"] >= 500
-    ]
-    return max(statuses, default=None)
-
-
 def classify_agent_metadata(metadata: Any, agent_timeout_policy: str = "score") -> tuple[str, str | None]:
     """(attempt class, detail) for the metadata Miles merged from rl360's agent function.
 
@@ -232,15 +225,16 @@ def classify_agent_metadata(metadata: Any, agent_timeout_policy: str = "score") 
     return cls, None
 
 
-def _valid_reward(metadata: Mapping[str, Any], reward_key: str | None) -> tuple[Any, str | None]:
-    """(reward, None) for a valid attempt, or (None, detail) when the wanted value is not there."""
+def verifier_reward_value(result: Mapping[str, Any], reward_key: str | None) -> tuple[Any, str | None]:
+    """Sample.reward of a valid attempt from the /run answer (or the metadata it became): (reward,
+    None), the rewards dict with --reward-key, or (None, detail) when the wanted value is not there."""
     if reward_key:
-        rewards = metadata.get("rewards")
+        rewards = result.get("rewards")
         if not isinstance(rewards, Mapping) or reward_key not in rewards:
             keys = sorted(rewards) if isinstance(rewards, Mapping) else rewards
             return None, f"--reward-key {reward_key!r} is not among the verifier's rewards {keys!r}"
         return dict(rewards), None
-    reward = metadata["reward"]
+    reward = result["reward"]
     if isinstance(reward, Mapping):
         raise ValueError(
             f"the verifier's reward is a dict {sorted(reward)}; set --reward-key to pick one value"
@@ -253,7 +247,7 @@ def _verified_reward(args: Any, sample: Any) -> Any:
     metadata = getattr(sample, "metadata", None)
     cls, detail = classify_agent_metadata(metadata, policy)
     if cls == VALID:
-        reward, detail = _valid_reward(metadata, getattr(args, "reward_key", None))
+        reward, detail = verifier_reward_value(metadata, getattr(args, "reward_key", None))
         if detail is None:
             sample.metadata[ATTEMPT_CLASS] = VALID
             return reward
