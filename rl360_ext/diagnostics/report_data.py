@@ -1,7 +1,7 @@
 """The numbers behind `rl360 report`: a run's metrics JSONL, checked and reduced to per-chart series.
 
 Owns finding the metrics file of a run folder, reading it (through
-`rl360_ext.rollout.metrics.read_metrics` / `read_records`, never a second parser), checking the
+`rl360_ext.rollout.metrics.records_by_kind`, never a second parser, in one pass), checking the
 fields the report uses (missing or null means "no data"; a value of the wrong type raises
 `ValueError` naming the record and field), and the pure reductions each chart draws: attempt
 outcomes, reward means, phase durations, infrastructure causes, prefix-cache hit rate, routing
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl360_ext.rollout.metrics import read_metrics, read_records
+from rl360_ext.rollout.metrics import records_by_kind
 from rl360_ext.rollout.provenance import INFRA_PREFIX, VALID
 
 METRICS_FILE = "metrics.jsonl"
@@ -243,7 +243,8 @@ class Run:
 def load_run(run_dir: Path) -> Run:
     """Read a run folder (or one metrics JSONL) into checked records, with notes on what was skipped."""
     source, ignored = find_metrics_file(run_dir)
-    step_records, attempt_records = read_metrics(source)
+    records = records_by_kind(source)
+    step_records, attempt_records = records.get("step", []), records.get("attempt", [])
     run = Run(source=source, ignored_files=ignored)
     repeated: Counter[int] = Counter()
     unplaced = 0
@@ -261,7 +262,7 @@ def load_run(run_dir: Path) -> Run:
             unplaced += 1
             continue
         run.attempts.append(attempt)
-    for number, record in enumerate(read_records(source, WEIGHT_PUSH_KIND), start=1):
+    for number, record in enumerate(records.get(WEIGHT_PUSH_KIND, []), start=1):
         run.pushes.append(_push(record, _where(WEIGHT_PUSH_KIND, number, record)))
     if unplaced:
         run.notes.append(

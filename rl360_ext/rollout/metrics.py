@@ -363,21 +363,23 @@ def append_records(path: Path, records: Sequence[Mapping[str, Any]]) -> None:
         handle.write(payload)
 
 
+def records_by_kind(path: Path) -> dict[str, list[dict[str, Any]]]:
+    """Every record of an rl360 metrics JSONL grouped by its `kind`, each list in file order (one pass)."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for record in iter_records(path):
+        grouped.setdefault(str(record.get("kind")), []).append(record)
+    return grouped
+
+
 def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(step records, attempt records) of an rl360 metrics JSONL, in file order."""
-    steps: list[dict[str, Any]] = []
-    attempts: list[dict[str, Any]] = []
-    for record in iter_records(path):
-        if record.get("kind") == "step":
-            steps.append(record)
-        elif record.get("kind") == "attempt":
-            attempts.append(record)
-    return steps, attempts
+    grouped = records_by_kind(path)
+    return grouped.get("step", []), grouped.get("attempt", [])
 
 
 def read_records(path: Path, kind: str) -> list[dict[str, Any]]:
     """Records of one other `kind` in file order, e.g. the "weight_push" lines a driver appends."""
-    return [record for record in iter_records(path) if record.get("kind") == kind]
+    return records_by_kind(path).get(kind, [])
 
 
 def iter_records(path: Path) -> Iterator[dict[str, Any]]:
