@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
-from rl360_ext.diagnostics.doctor import find_executable
+from rl360_ext.util.procs import find_executable
 
 
 @functools.cache

@@ -5,4 +5,5 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/bootstrap.sh"
 cd "$ROOT"
 .venv/bin/ruff check rl360_ext tests integration_tests
+.venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

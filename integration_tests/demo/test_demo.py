@@ -31,10 +31,11 @@ from typing import Any
 import pytest
 
 from integration_tests.components import bwrap_problem, skip_if_missing
-from rl360_ext.diagnostics.demo_plan import DemoConfig, expected_weight_version, plan_step
-from rl360_ext.diagnostics.demo_stack import DemoUnavailable, preflight, quiz_task_names
-from rl360_ext.procs import LOOPBACK, rl360_argv
+from rl360_ext.local.demo_plan import DemoConfig, expected_weight_version, plan_step
+from rl360_ext.local.fixtures import quiz_task_names
+from rl360_ext.local.stack import DemoUnavailable, preflight
 from rl360_ext.rollout.metrics import read_metrics, read_records
+from rl360_ext.util.procs import LOOPBACK, rl360_argv
 from tests.diagnostics.report_fixtures import CHARTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from integration_tests.components import bwrap_problem, skip_if_missing
-from rl360_ext.procs import Service, free_port, rl360_argv, start_service
+from rl360_ext.util.procs import Service, free_port, rl360_argv, start_service
 
 
 @pytest.fixture(autouse=True)

@@ -16,11 +16,12 @@ from harbor.models.agent.context import AgentContext
 from harbor.models.task.config import EnvironmentConfig, NetworkMode
 from harbor.models.trial.paths import TrialPaths
 
-from rl360_ext.engine.tokenizer import default_tokenizer_dir
-from rl360_ext.harbor import demo_agent
-from rl360_ext.harbor.catalog import example_tasks_root
 from rl360_ext.harbor.envs.bwrap import BwrapEnvironment
-from rl360_ext.procs import Service, free_port, rl360_argv, start_engine, start_service
+from rl360_ext.local import agents as demo_agent
+from rl360_ext.local.fixtures import tasks_root as example_tasks_root
+from rl360_ext.local.services import start_engine
+from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
+from rl360_ext.util.procs import Service, free_port, rl360_argv, start_service
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SAMPLING = {"temperature": 1.0, "max_new_tokens": 48}

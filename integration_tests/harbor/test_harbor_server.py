@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rl360_ext.procs import Service
+from rl360_ext.util.procs import Service
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

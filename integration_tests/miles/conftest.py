@@ -128,8 +128,8 @@ def make_sample() -> SampleFactory:
     """
     from miles.utils.types import Sample
 
-    from rl360_ext.rollout.infra import mark_infra_sample
-    from rl360_ext.rollout.provenance import ATTEMPT_CLASS, DOMAIN, REWARD_SOURCE, VALID
+    from rl360_ext.outcomes.infra import mark_infra_sample
+    from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, DOMAIN, REWARD_SOURCE, VALID
 
     def make(
         group_index: int,

@@ -27,7 +27,7 @@ def _step(make_sample) -> list:
 def test_rl360_reads_the_dump_miles_writes(make_args, make_sample, tmp_path: Path, monkeypatch) -> None:
     from miles.ray.rollout.debug_data import load_debug_rollout_data, save_debug_rollout_data
 
-    from rl360_ext.diagnostics import audit
+    from rl360_ext.rollout import audit
 
     def no_torch(path, error):
         raise AssertionError(f"the torch-free reader refused Miles' dump: {error}")

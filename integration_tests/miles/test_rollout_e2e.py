@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 from integration_tests.components import bwrap_problem, skip_if_missing
-from rl360_ext.procs import Service, free_port, start_engine, start_service, start_smg
+from rl360_ext.local.services import start_engine, start_smg
+from rl360_ext.util.procs import Service, free_port, start_service
 
 ROOT = Path(__file__).resolve().parents[2]
 HARBOR_PYTHON_ENV = "RL360_HARBOR_PYTHON"
@@ -81,7 +82,7 @@ def miles_args(stack: dict[str, Service]) -> argparse.Namespace:
     """Miles' own parser (it adds the generate hook's flags), then the fields Miles sets at runtime."""
     from miles.utils.arguments import get_miles_extra_args_provider
 
-    from rl360_ext.engine.tokenizer import default_tokenizer_dir
+    from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
 
     argv = [
         "--rollout-batch-size", "1", "--n-samples-per-prompt", "2",
@@ -135,7 +136,7 @@ async def test_miles_rollout_with_rl360_generate_yields_trainable_attempts(
     from miles.utils.misc import call_agent_abort_hook, load_function
     from miles.utils.types import Sample
 
-    from rl360_ext.rollout.provenance import REWARD_SOURCE, attempt_class
+    from rl360_ext.outcomes.provenance import REWARD_SOURCE, attempt_class
 
     valid = await _generate(miles_args, _group("fix-mean", 0))
     failed = await _generate(miles_args, _group("fault-env-start-fails", 1))

@@ -22,10 +22,11 @@ import numpy as np
 import openai
 import pytest
 
-from rl360_ext.engine.tokenizer import default_tokenizer_dir
-from rl360_ext.procs import Service, free_port, rl360_argv, start_engine, start_service
+from rl360_ext.local.services import start_engine
 from rl360_ext.session import miles_wire, wire
 from rl360_ext.session.merge import MergedSample, TurnRecord, merge
+from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
+from rl360_ext.util.procs import Service, free_port, rl360_argv, start_service
 
 LAYERS, TOP_K = 2, 3
 MERGED_BY_SESSION: dict[str, MergedSample] = {}  # filled by the agent below

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,8 +24,9 @@ from typing import Any
 import pytest
 
 from integration_tests.components import bwrap_problem, skip_if_missing
-from integration_tests.miles.test_rollout_e2e import ROOT, _harbor_python, start_terminus_harbor
-from rl360_ext.procs import Service, free_port, rl360_argv, start_engine, start_service
+from integration_tests.miles.test_rollout_e2e import _harbor_python, start_terminus_harbor
+from rl360_ext.local.services import start_engine
+from rl360_ext.util.procs import Service, free_port, rl360_argv, start_service
 
 STOCK_GENERATE = "miles.rollout.generate_hub.agentic_tool_call.generate"
 TASKS = ("matrix-any-answer", "fix-mean", "fault-verifier-crashes")
@@ -35,20 +35,15 @@ pytestmark = pytest.mark.slow
 
 
 def _tasks_root(directory: Path) -> Path:
-    """rl360's example tasks plus the any-answer fixture (as rl360_ext.rollout.faults.matrix_tasks_root
-    builds them; copied by path because the Miles venv has no harbor to import the catalog)."""
-    import rl360_ext.rollout
-    from rl360_ext.rollout.faults import PASS_TASK
+    """rl360's task fixtures, as rl360_ext.local.fault_matrix.matrix_tasks_root copies them."""
+    from rl360_ext.local.fault_matrix import matrix_tasks_root
 
-    root = directory / "tasks"
-    shutil.copytree(ROOT / "rl360_ext" / "harbor" / "tasks", root)
-    shutil.copytree(Path(rl360_ext.rollout.__file__).parent / "fault_tasks" / PASS_TASK, root / PASS_TASK)
-    return root
+    return matrix_tasks_root(directory)
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Service]]:
-    from rl360_ext.engine.tokenizer import default_tokenizer_dir
+    from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
 
     skip_if_missing(bwrap_problem)
     python = _harbor_python()
@@ -75,7 +70,7 @@ def miles_args(stack: dict[str, Service]) -> argparse.Namespace:
     """Miles' own parser (stock generate adds --custom-agent-function-path), then runtime fields."""
     from miles.utils.arguments import get_miles_extra_args_provider
 
-    from rl360_ext.engine.tokenizer import default_tokenizer_dir
+    from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
 
     argv = [
         "--rollout-batch-size", "1", "--n-samples-per-prompt", str(len(TASKS)),
@@ -137,8 +132,8 @@ async def test_stock_agentic_generate_counts_only_verifier_rewards(
     from miles.utils.misc import load_function
     from miles.utils.types import Sample
 
+    from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, REWARD_SOURCE, attempt_class
     from rl360_ext.rollout import agent
-    from rl360_ext.rollout.provenance import ATTEMPT_CLASS, REWARD_SOURCE, attempt_class
 
     monkeypatch.setattr(http_utils, "_http_client", None)
     monkeypatch.setattr(agent, "_settings", None)

@@ -14,8 +14,16 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rl360_ext.local.fault_matrix import (
+    CASES,
+    CaseResult,
+    FaultStack,
+    MatrixRow,
+    matrix_rows,
+    quiet,
+    summarize,
+)
 from rl360_ext.rollout import agent as agent_module
-from rl360_ext.rollout.faults import CASES, CaseResult, FaultStack, MatrixRow, matrix_rows, quiet, summarize
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
 

@@ -15,9 +15,10 @@ import httpx
 import openai
 import pytest
 
-from rl360_ext.engine.tokenizer import default_tokenizer_dir, write_tokenizer_dir
-from rl360_ext.procs import Service, free_port, rl360_argv, start_engine, start_service
+from rl360_ext.local.services import start_engine
 from rl360_ext.session import wire
+from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir, write_tokenizer_dir
+from rl360_ext.util.procs import Service, free_port, rl360_argv, start_service
 
 SYSTEM = {"role": "system", "content": "You are a helpful coding agent."}
 USER = {"role": "user", "content": "Run the tests and fix the bug."}

@@ -8,7 +8,7 @@ import numpy as np
 import openai
 import pytest
 
-from rl360_ext.engine.tokenizer import load_hf_tokenizer
+from rl360_ext.tiny_engine.tokenizer import load_tiny_tokenizer
 
 from .conftest import END_OF_TURN_BIAS, LS_CALL, SYSTEM, TOOLS, USER, merged, new_session, session_client
 
@@ -63,7 +63,7 @@ def test_openai_client_with_tools(session_server) -> None:
     ]
     _chat(client, messages, seed=2, tools=TOOLS, tool_choice="auto")
     sample = merged(session_server, session_id)
-    text = load_hf_tokenizer().decode(sample.tokens.tolist())
+    text = load_tiny_tokenizer().decode(sample.tokens.tolist())
     assert '"name": "bash"' in text and "<tool_response>app.py  test_app.py</tool_response>" in text
     assert sample.metadata["session"]["forks"] == []
     first_cut = sample.turns[0]["finish_reason"] == "length"
@@ -80,7 +80,7 @@ def test_openai_client_streaming(session_server) -> None:
     _chat(client, [USER, reply, {"role": "user", "content": "again"}], seed=4)  # streaming kept the history
     sample = merged(session_server, session_id)
     assert sample.metadata["session"]["forks"] == []
-    assert load_hf_tokenizer().decode(sample.tokens[sample.loss_mask == 1].tolist()).startswith(content)
+    assert load_tiny_tokenizer().decode(sample.tokens[sample.loss_mask == 1].tolist()).startswith(content)
 
 
 def test_litellm_client(session_server) -> None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rl360_ext.engine.model import ModelConfig, TinyMoEModel
-from rl360_ext.engine.tokenizer import build_tokenizer
-from rl360_ext.procs import running, start_engine
+from rl360_ext.local.services import start_engine
+from rl360_ext.tiny_engine.model import ModelConfig, TinyMoEModel
+from rl360_ext.tiny_engine.tokenizer import build_tokenizer
+from rl360_ext.util.procs import running
 
 from .conftest import (
     END_OF_TURN_BIAS,

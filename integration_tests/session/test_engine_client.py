@@ -7,10 +7,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from rl360_ext.engine.client import EngineClient, EngineError
-from rl360_ext.engine.model import ModelConfig, init_weights, perturb_weights, save_weights
-from rl360_ext.engine.tokenizer import build_tokenizer
-from rl360_ext.procs import free_port, running, start_engine
+from rl360_ext.local.services import start_engine
+from rl360_ext.sglang.client import EngineClient, EngineError
+from rl360_ext.tiny_engine.model import ModelConfig, init_weights, perturb_weights, save_weights
+from rl360_ext.tiny_engine.tokenizer import build_tokenizer
+from rl360_ext.util.procs import free_port, running
 
 pytestmark = pytest.mark.integration
 

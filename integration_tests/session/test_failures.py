@@ -9,7 +9,8 @@ import httpx
 import openai
 import pytest
 
-from rl360_ext.procs import rl360_argv, running, start_engine
+from rl360_ext.local.services import start_engine
+from rl360_ext.util.procs import rl360_argv, running
 
 from .conftest import USER, merged, new_session, newline_after_end_token, session_client, start_session_server
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rl360_ext.procs import running, start_engine, start_smg
+from rl360_ext.local.services import start_engine, start_smg
+from rl360_ext.util.procs import running
 
 from .conftest import END_OF_TURN_BIAS, merged, new_session, session_client, start_session_server
 

@@ -7,7 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rl360_ext.cli import app
-from rl360_ext.procs import running, start_engine, start_smg
+from rl360_ext.local.services import start_engine, start_smg
+from rl360_ext.util.procs import running
 from rl360_ext.weights.push import FANOUT_PATH, WeightPushError, push_weights_from_disk
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

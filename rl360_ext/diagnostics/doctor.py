@@ -11,7 +11,8 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
+
+from rl360_ext.util.procs import find_executable
 
 
 @dataclass(frozen=True)
@@ -19,14 +20,6 @@ class Check:
     name: str
     ok: bool
     detail: str
-
-
-def find_executable(name: str) -> str | None:
-    """An executable on PATH or next to this interpreter (a venv's bin/ that is not activated)."""
-    beside = Path(sys.executable).parent / name
-    if beside.exists():
-        return str(beside)
-    return shutil.which(name)
 
 
 def _python() -> Check:

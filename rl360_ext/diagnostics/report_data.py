@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rl360_ext.outcomes.provenance import INFRA_PREFIX, VALID
 from rl360_ext.rollout.metrics import records_by_kind
-from rl360_ext.rollout.provenance import INFRA_PREFIX, VALID
 
 METRICS_FILE = "metrics.jsonl"
 WEIGHT_PUSH_KIND = "weight_push"

@@ -21,7 +21,7 @@ from harbor.utils.import_path import import_class
 
 UTILITY_AGENTS = frozenset({AgentName.ORACLE.value, AgentName.NOP.value})
 TERMINUS_2 = AgentName.TERMINUS_2.value
-DEMO_AGENT = "rl360_ext.harbor.demo_agent:BashToolAgent"
+DEMO_AGENT = "rl360_ext.local.agents:BashToolAgent"
 PLACEHOLDER_API_KEY = "rl360-session"  # session servers do not check keys; LiteLLM insists on one
 
 

@@ -4,7 +4,7 @@ Owns the rule that a task is a directory below the tasks root (a relative name; 
 `..` and symlinks leading out of the root are rejected), and what rl360 reads from a Harbor task
 before admission: its image group (for pinning), its resource reservation and the time limits
 the deadline budget must respect. Harbor's own `Task` class parses and validates task.toml.
-It does not own running the task. Example tasks ship as package data (`example_tasks_root()`).
+It does not own running the task.
 """
 
 from __future__ import annotations
@@ -40,11 +40,6 @@ class TaskInfo:
     environment_setup_s: float
     verifier_s: float
     agent_s: float | None
-
-
-def example_tasks_root() -> Path:
-    """The example tasks shipped with rl360 (coding tasks and fault tasks)."""
-    return Path(__file__).resolve().parent / "tasks"
 
 
 def image_group(task: Task) -> str:

@@ -6,7 +6,7 @@ directory) to one `Outcome`: reward, rewards, reward_source, failure_cause, exce
 message, phase timings and agent metrics. It does not run trials, and nothing else in rl360
 reads `TrialResult.exception_info`, `ErrorPolicy` or the removed 0.25 `failure_cause`. The
 failure causes and the table from Harbor exception types to them live in the Harbor-free
-`rl360_ext.rollout.harbor_exceptions`, which the infra classifier reads too.
+`rl360_ext.outcomes.harbor_exceptions`, which the infra classifier reads too.
 
 The reward rule is stricter than Harbor's policy, never looser:
 - reward_source is "verifier" only when THIS run's verifier wrote reward.txt/reward.json: the
@@ -31,7 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from rl360_ext.rollout.harbor_exceptions import (
+from rl360_ext.outcomes.harbor_exceptions import (
     JUDGE_FAILURE,
     JUDGE_FAILURE_EXIT_CODE,
     POLICY_CAUSES,

@@ -47,7 +47,7 @@ from rl360_ext.harbor.catalog import TaskCatalog, TaskInfo, TaskInvalid, TaskNot
 from rl360_ext.harbor.envs.bwrap import IMPORT_PATH as BWRAP_IMPORT_PATH
 from rl360_ext.harbor.metrics import RunMetrics
 from rl360_ext.harbor.verifier import IMPORT_PATH as VERIFIER_IMPORT_PATH
-from rl360_ext.rollout import harbor_exceptions as causes
+from rl360_ext.outcomes import harbor_exceptions as causes
 
 FLUSH_WAIT_S = 60.0
 # An agent that ran out of its budget is cut off by us, not judged: skip grading, keep no reward.

@@ -5,7 +5,7 @@ Owns Miles' agent-function contract (`async def run(base_url, prompt, request_kw
 and rl360's generate hook call them): building the `/run` body, the client-side deadline, the
 bearer token, and mapping the answer (or its absence) to the metadata dict every rl360 hook
 reads. It does not run trials (the rl360 Harbor server does), decide validity rules (that is
-`rl360_ext.rollout.infra.classify_attempt`, called here), or touch sessions and samples (the
+`rl360_ext.outcomes.infra.classify_attempt`, called here), or touch sessions and samples (the
 generate hook does).
 
 Configuration comes from `configure(...)` (the generate hook calls it from its flags) or, when
@@ -33,8 +33,8 @@ from typing import Any
 
 import httpx
 
-from rl360_ext.rollout.infra import AGENT_TIMEOUT_POLICIES, classify_attempt
-from rl360_ext.rollout.provenance import ATTEMPT_CLASS, FAILURE_CAUSE, PHASE_TIMINGS, REWARD_SOURCE
+from rl360_ext.outcomes.infra import AGENT_TIMEOUT_POLICIES, classify_attempt
+from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, FAILURE_CAUSE, PHASE_TIMINGS, REWARD_SOURCE
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ is importable (Miles wraps any other return type as `keep=<object>`, which is al
 an equivalent dataclass with the same fields. Every judged group is also recorded for the rollout
 metrics hook (`rl360_ext.rollout.metrics.record_filter_decision`), which is how
 reward/unfiltered_mean sees the groups this filter drops. Validity comes only from
-`rl360_ext.rollout.provenance`.
+`rl360_ext.outcomes.provenance`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from rl360_ext.outcomes.provenance import is_valid
 from rl360_ext.rollout.metrics import record_filter_decision
-from rl360_ext.rollout.provenance import is_valid
 from rl360_ext.rollout.rewards import flatten_group, reward_value
 
 INSUFFICIENT_VALID_REWARDS = "insufficient_valid_rewards"

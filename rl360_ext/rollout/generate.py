@@ -6,7 +6,7 @@ collect the merged sample, delete the session, and fill Miles' `Sample`: tokens,
 response_length, loss_mask, rollout_log_probs, rollout_routed_experts, weight_versions, status,
 reward (only when valid), routing_key, non_generation_time and the provenance metadata every rl360
 hook reads. Infrastructure failures are turned into samples Miles trains on nothing
-(`rl360_ext.rollout.infra.mark_infra_sample`) with status ABORTED, which is also what keeps
+(`rl360_ext.outcomes.infra.mark_infra_sample`) with status ABORTED, which is also what keeps
 Miles from running a reward model on them. It owns the rl360 rollout flags (`add_arguments`)
 and the per-process pool (`session_pool`, `shutdown_session_pool`).
 
@@ -36,16 +36,16 @@ from typing import Any
 
 import numpy as np
 
-from rl360_ext.rollout import agent as agent_module
-from rl360_ext.rollout import metrics as metrics_module
-from rl360_ext.rollout.infra import (
+from rl360_ext.outcomes.infra import (
     AGENT_TIMEOUT_POLICIES,
     classify_attempt,
     infra_class,
     mark_infra_sample,
     worst_engine_failure,
 )
-from rl360_ext.rollout.provenance import ATTEMPT_CLASS, FAILURE_CAUSE, PHASE_TIMINGS, REWARD_SOURCE, VALID
+from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, FAILURE_CAUSE, PHASE_TIMINGS, REWARD_SOURCE, VALID
+from rl360_ext.rollout import agent as agent_module
+from rl360_ext.rollout import metrics as metrics_module
 from rl360_ext.rollout.rewards import verifier_reward_value
 from rl360_ext.rollout.sample import GenerateFnInput, GenerateFnOutput, Sample
 from rl360_ext.session.merge import ABORTED, COMPLETED, FAILED, TRUNCATED, MergedSample
@@ -332,7 +332,7 @@ def shutdown_session_pool() -> None:
 
 @lru_cache(maxsize=8)
 def _tokenizer(directory: str) -> Any:
-    from rl360_ext.engine.tokenizer import load_hf_tokenizer
+    from rl360_ext.templates.tokenizer import load_hf_tokenizer
 
     return load_hf_tokenizer(directory)
 

@@ -20,7 +20,7 @@ them against rollout/step): reward/unfiltered_mean, reward/kept_mean, reward/val
 infra/failure_rate, infra/<cause>_rate, infra/masked_fraction, domain/<d>/{unfiltered_mean,
 kept_mean,attempts,valid_fraction}, count/{attempts,valid,infra,trained,masked,kept_groups,
 dropped_groups,unused_groups}, count/infra/<cause>, count/dropped_groups/<reason>, and
-audit/* (what upstream defaults would have done to this step; see rl360_ext.diagnostics.audit).
+audit/* (what upstream defaults would have done to this step; see rl360_ext.rollout.audit).
 """
 
 from __future__ import annotations
@@ -38,8 +38,7 @@ from typing import Any
 
 import orjson
 
-from rl360_ext.diagnostics.audit import AuditAttempt, audit_step
-from rl360_ext.rollout.provenance import (
+from rl360_ext.outcomes.provenance import (
     DOMAIN,
     FAILURE_CAUSE,
     INFRA_PREFIX,
@@ -48,6 +47,7 @@ from rl360_ext.rollout.provenance import (
     VALID,
     attempt_class,
 )
+from rl360_ext.rollout.audit import AuditAttempt, audit_step
 from rl360_ext.rollout.rewards import flatten_group, reward_value
 
 logger = logging.getLogger(__name__)

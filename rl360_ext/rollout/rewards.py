@@ -5,8 +5,8 @@ Owns `verifier_reward(args, sample)`, the reward model for Miles' stock
 masks every other sample), `valid_group_advantages(args, samples) -> (raw_rewards, rewards)`,
 which replaces Miles' GRPO reward normalization, and the small helpers every rollout hook uses to
 read a sample's reward (`reward_value`) and to walk a Miles group (`flatten_group`). It does not
-decide validity (the class comes from `rl360_ext.rollout.infra.classify_attempt` and is read back
-through `rl360_ext.rollout.provenance`) and does not filter groups.
+decide validity (the class comes from `rl360_ext.outcomes.infra.classify_attempt` and is read back
+through `rl360_ext.outcomes.provenance`) and does not filter groups.
 
 Rules:
 - `verifier_reward` returns a reward only when the agent function's metadata classifies as valid
@@ -31,15 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from rl360_ext.rollout.agent import current_settings
-from rl360_ext.rollout.infra import (
+from rl360_ext.outcomes.infra import (
     INFRA_CAUSES,
     classify_attempt,
     infra_class,
     mark_infra_sample,
     worst_engine_failure,
 )
-from rl360_ext.rollout.provenance import (
+from rl360_ext.outcomes.provenance import (
     ATTEMPT_CLASS,
     INFRA_PREFIX,
     REWARD_SOURCE,
@@ -48,6 +47,7 @@ from rl360_ext.rollout.provenance import (
     attempt_class,
     is_valid,
 )
+from rl360_ext.rollout.agent import current_settings
 
 GROUP_BASELINE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
 STD_NORMALIZED_ESTIMATORS = ("grpo", "gspo")

@@ -21,7 +21,6 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from rl360_ext.engine.client import EngineError, GenerateResult
 from rl360_ext.session import wire
 from rl360_ext.session.chat_api import ChatRequest, Reply, RequestError, parse_chat_request
 from rl360_ext.session.history import Mismatch, find_mismatch
@@ -29,6 +28,7 @@ from rl360_ext.session.merge import MERGE_KEY, MergedSample, TurnRecord, merge
 from rl360_ext.session.metrics import SessionMetrics
 from rl360_ext.session.routing import RoutingShape, compact_rows, row_sources
 from rl360_ext.session.tito import TitoRenderer
+from rl360_ext.sglang.client import EngineError, GenerateResult
 from rl360_ext.templates.parse import ParsedAssistant
 from rl360_ext.templates.render import TemplateNotAppendOnlyError
 
@@ -40,7 +40,7 @@ Message = dict[str, Any]
 
 
 class Backend(Protocol):
-    """What the session calls to generate: `rl360_ext.engine.client.EngineClient` satisfies it."""
+    """What the session calls to generate: `rl360_ext.sglang.client.EngineClient` satisfies it."""
 
     async def generate(
         self,

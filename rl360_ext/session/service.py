@@ -139,10 +139,10 @@ def check_template_or_refuse(renderer: Any, options: ServiceOptions) -> dict[str
 
 def build_core(options: ServiceOptions) -> SessionCore:
     """Load the tokenizer, check the template, resolve R3 and connect the backend client."""
-    from rl360_ext.engine.client import EngineClient
-    from rl360_ext.engine.tokenizer import load_hf_tokenizer
     from rl360_ext.session.tito import TitoRenderer
+    from rl360_ext.sglang.client import EngineClient
     from rl360_ext.templates.render import ChatRenderer
+    from rl360_ext.templates.tokenizer import load_hf_tokenizer
 
     tokenizer = load_hf_tokenizer(options.tokenizer_dir)
     renderer = ChatRenderer(tokenizer, resolve_chat_template(tokenizer, options.chat_template))

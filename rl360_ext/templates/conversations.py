@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl360_ext.engine.tokenizer import SPECIAL_TOKENS
+from rl360_ext.templates.markup import SPECIAL_TOKENS
 
 Message = dict[str, Any]
 

@@ -21,7 +21,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl360_ext.engine.tokenizer import THINK_END, THINK_START, TOOL_CALL_END, TOOL_CALL_START
+from rl360_ext.templates.markup import THINK_END, THINK_START, TOOL_CALL_END, TOOL_CALL_START
 
 _TOOL_CALL = re.compile(re.escape(TOOL_CALL_START) + r"(.*?)" + re.escape(TOOL_CALL_END), re.DOTALL)
 _NAME_THEN_ARGS = re.compile(r'^\{"name": "((?:[^"\\]|\\.)*)", "arguments": (.*)\}$', re.DOTALL)

@@ -7,7 +7,7 @@ that picks one for a tokenizer from its special tokens and original template tex
   `<tool_call>` JSON, grouped `<tool_response>`s) with the turn separator moved before
   `<|im_start|>`, reasoning kept for every turn and tool-call arguments rendered verbatim. For
   tokenizers with ChatML turn tokens and Hermes tool-call tokens (Qwen2.5 / Qwen3 / QwQ families).
-- "reference": the tiny engine's template (`engine/data/chat_template.jinja`), where nothing at
+- "reference": the reference template (`templates/data/reference.jinja`), where nothing at
   all is emitted between `<|im_end|>` and the next `<|im_start|>`. It is the design reference and
   the template the tiny engine ships; it is one file, not a copy.
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from rl360_ext.engine.tokenizer import (
+from rl360_ext.templates.markup import (
     THINK_END,
     THINK_START,
     TOOL_CALL_END,
@@ -29,7 +29,6 @@ from rl360_ext.engine.tokenizer import (
     TURN_END,
     TURN_START,
 )
-from rl360_ext.engine.tokenizer import chat_template as engine_chat_template
 
 _CHATML = (TURN_START, TURN_END)
 _HERMES = (TOOL_CALL_START, TOOL_CALL_END)
@@ -46,7 +45,7 @@ def fixed_template(name: str) -> str:
     if name == "qwen3":
         return resources.files("rl360_ext.templates").joinpath("data/qwen3_append_only.jinja").read_text()
     if name == "reference":
-        return engine_chat_template()
+        return resources.files("rl360_ext.templates").joinpath("data/reference.jinja").read_text()
     raise ValueError(f"unknown fixed template {name!r}; choose one of {', '.join(fixed_template_names())}")
 
 

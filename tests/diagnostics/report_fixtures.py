@@ -18,9 +18,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from rl360_ext.outcomes.provenance import PHASE_TIMINGS
 from rl360_ext.rollout.filters import check_valid_reward_nonzero_std
 from rl360_ext.rollout.metrics import REGISTRY, append_records, log_rollout_metrics
-from rl360_ext.rollout.provenance import PHASE_TIMINGS
 from rl360_ext.weights.push import FANOUT_PATH, WeightPush
 
 from ..rollout.duck_samples import DuckSample, infra, valid

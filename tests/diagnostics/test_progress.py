@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from rl360_ext.diagnostics.progress import _active, showing_progress, stage
+from rl360_ext.util.progress import _active, showing_progress, stage
 
 
 def test_stage_is_a_no_op_without_progress() -> None:

@@ -8,7 +8,7 @@ import textwrap
 import httpx
 import pytest
 
-from rl360_ext.procs import ServiceStartError, free_port, running, start_service
+from rl360_ext.util.procs import ServiceStartError, free_port, running, start_service
 
 SERVER = textwrap.dedent(
     """

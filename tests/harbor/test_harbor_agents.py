@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rl360_ext.harbor import agents
-from rl360_ext.harbor.demo_agent import request_params
+from rl360_ext.local.agents import request_params
 
 SETTINGS = agents.ModelSettings(
     base_url="http://127.0.0.1:9/sessions/abc/v1",

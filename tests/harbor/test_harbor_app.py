@@ -12,8 +12,8 @@ import pytest
 from rl360_ext.harbor.admission import Reservation
 from rl360_ext.harbor.app import create_app
 from rl360_ext.harbor.budget import BudgetPolicy
-from rl360_ext.harbor.catalog import example_tasks_root
 from rl360_ext.harbor.runner import EnvironmentSpec, RunRequest, ServerSettings, TrialRunner
+from rl360_ext.local.fixtures import tasks_root as example_tasks_root
 
 POLICY = BudgetPolicy(environment_setup_s=5, agent_setup_s=1, max_verifier_s=5, margin_s=1, min_agent_s=1)
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from rl360_ext.harbor import bench
+from rl360_ext.local.bench import launch as bench
 
 SMALL = replace(
     bench.LaunchModel(), sandboxes=1024, nodes=32, pools=8, image_groups=16, registry_slots=16, wave_size=32

@@ -13,8 +13,8 @@ from rl360_ext.harbor.catalog import (
     TaskInvalid,
     TaskNotFound,
     TaskPathRejected,
-    example_tasks_root,
 )
+from rl360_ext.local.fixtures import tasks_root as example_tasks_root
 
 DEFAULT = Reservation(cpus=2, memory_mb=4096)
 

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rl360_ext.harbor import outcome
-from rl360_ext.rollout import harbor_exceptions
+from rl360_ext.outcomes import harbor_exceptions
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -107,7 +107,7 @@ def test_client_deadline_exceeds_the_agent_budget(recipe: Path) -> None:
 def test_harbor_flags_parse_with_rl360_harbor_serve(recipe: Path) -> None:
     import typer.main
 
-    from rl360_ext.harbor.cli import app
+    from rl360_ext.cli.harbor import app
 
     serve = typer.main.get_command(app).commands["serve"]  # type: ignore[attr-defined]
     harbor = dry_run(recipe, None)["harbor"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl360_ext.rollout.provenance import ATTEMPT_CLASS, DOMAIN, PHASE_TIMINGS, REWARD_SOURCE
+from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, DOMAIN, PHASE_TIMINGS, REWARD_SOURCE
 
 
 @dataclass

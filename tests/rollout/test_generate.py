@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rl360_ext.outcomes.provenance import is_valid
 from rl360_ext.rollout import agent as agent_module
 from rl360_ext.rollout.generate import (
     add_arguments,
@@ -22,7 +23,6 @@ from rl360_ext.rollout.generate import (
     request_kwargs_from_sampling_params,
     session_metadata,
 )
-from rl360_ext.rollout.provenance import is_valid
 from rl360_ext.rollout.sample import GenerateFnInput, GenerateFnOutput, Sample
 from rl360_ext.session.merge import MergedSample, TurnRecord, merge
 

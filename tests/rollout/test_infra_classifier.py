@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rl360_ext.rollout.harbor_exceptions import HARBOR_EXCEPTIONS
-from rl360_ext.rollout.infra import (
+from rl360_ext.outcomes.harbor_exceptions import HARBOR_EXCEPTIONS
+from rl360_ext.outcomes.infra import (
     AGENT_TIMEOUT_EXCEPTION,
     INFRA_CAUSES,
     POLICY_OUTCOME_CAUSES,
@@ -18,7 +18,7 @@ from rl360_ext.rollout.infra import (
     classify_attempt,
     mark_infra_sample,
 )
-from rl360_ext.rollout.provenance import attempt_class, is_valid
+from rl360_ext.outcomes.provenance import attempt_class, is_valid
 
 from .duck_samples import DuckSample
 
@@ -245,7 +245,7 @@ def test_mark_rejects_valid_and_unknown_causes() -> None:
 
 
 def test_a_coarse_harbor_cause_yields_to_a_specific_exception() -> None:
-    from rl360_ext.rollout.infra import classify_attempt
+    from rl360_ext.outcomes.infra import classify_attempt
 
     never_started = {"failure_cause": "sandbox_failed", "exception_type": "SandboxBuildFailedError"}
     assert classify_attempt(never_started) == "infra:no_sandbox"
@@ -256,7 +256,7 @@ def test_a_coarse_harbor_cause_yields_to_a_specific_exception() -> None:
 
 
 def test_a_judge_failure_is_infra_even_with_a_fallback_reward() -> None:
-    from rl360_ext.rollout.infra import classify_attempt
+    from rl360_ext.outcomes.infra import classify_attempt
 
     fallback = {"reward": 0.0, "reward_source": "verifier", "failure_cause": "judge_failure"}
     assert classify_attempt(fallback) == "infra:judge_failure"

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, REWARD_SOURCE
 from rl360_ext.rollout.agent import failure_metadata, result_metadata
-from rl360_ext.rollout.provenance import ATTEMPT_CLASS, REWARD_SOURCE
 from rl360_ext.rollout.rewards import verifier_reward
 from tests.rollout.duck_samples import DuckSample
 

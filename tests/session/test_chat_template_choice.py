@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rl360_ext.engine.tokenizer import chat_template, load_hf_tokenizer
 from rl360_ext.session.service import ServiceStartupError, resolve_chat_template
+from rl360_ext.tiny_engine.tokenizer import chat_template, load_tiny_tokenizer
 
 BROKEN = (
     "{%- for m in messages -%}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor -%}"
@@ -14,22 +14,22 @@ BROKEN = (
 
 
 def test_default_is_the_tokenizers_own() -> None:
-    assert resolve_chat_template(load_hf_tokenizer(None), None) is None
+    assert resolve_chat_template(load_tiny_tokenizer(), None) is None
 
 
 def test_a_file_is_read(tmp_path) -> None:
     path = tmp_path / "t.jinja"
     path.write_text(BROKEN)
-    assert resolve_chat_template(load_hf_tokenizer(None), str(path)) == BROKEN
+    assert resolve_chat_template(load_tiny_tokenizer(), str(path)) == BROKEN
 
 
 def test_missing_file_is_named(tmp_path) -> None:
     with pytest.raises(ServiceStartupError, match=r"nope\.jinja is not a file"):
-        resolve_chat_template(load_hf_tokenizer(None), str(tmp_path / "nope.jinja"))
+        resolve_chat_template(load_tiny_tokenizer(), str(tmp_path / "nope.jinja"))
 
 
 def test_fixed_refuses_when_the_template_is_already_ours() -> None:
-    tokenizer = load_hf_tokenizer(None)
+    tokenizer = load_tiny_tokenizer()
     assert tokenizer.chat_template == chat_template()
     with pytest.raises(ServiceStartupError, match="no fixed template"):
         resolve_chat_template(tokenizer, "fixed")

@@ -7,7 +7,7 @@ import base64
 import numpy as np
 import pytest
 
-from rl360_ext.engine.client import EngineResponseError, FinishReason, GenerateResult, decode_routed_experts
+from rl360_ext.sglang.client import EngineResponseError, FinishReason, GenerateResult, decode_routed_experts
 
 
 def _body(**meta):

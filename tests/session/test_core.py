@@ -7,11 +7,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from rl360_ext.engine.client import EngineError
 from rl360_ext.session.chat_api import RequestError
 from rl360_ext.session.core import ServerConfig, SessionCore
 from rl360_ext.session.routing import SOURCE_DECODE, SOURCE_LATER_PREFILL, SOURCE_PROMPT
 from rl360_ext.session.tito import TitoRenderer
+from rl360_ext.sglang.client import EngineError
 from rl360_ext.templates.render import ChatRenderer
 
 from .conftest import SHAPE, ScriptedBackend, Step, expert_ids

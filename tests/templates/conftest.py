@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from rl360_ext.engine.tokenizer import load_hf_tokenizer
+from rl360_ext.tiny_engine.tokenizer import load_tiny_tokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    return load_hf_tokenizer(None)
+    return load_tiny_tokenizer()
 
 
 @pytest.fixture(scope="session")

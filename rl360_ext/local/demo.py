@@ -1,0 +1,595 @@
+"""`rl360 demo`: the whole rollout loop on one CPU machine, in Miles' order, ending in a step report.
+
+Owns the demo driver: it calls the same hooks Miles would, in the order Miles calls them, against
+real processes (tiny engines behind SMG, a session pool on local Ray, the Harbor `/run` server
+with bubblewrap sandboxes; see `demo_stack`), shows progress, prints a summary table, and writes
+`metrics.jsonl` and `report.html` in the output folder. It does not reimplement training, and it
+does not own any hook: generate, filter, reward post-process and metrics are rl360's own
+(`rl360_ext.rollout.*`), loaded by the dotted paths a Miles launch would pass.
+
+Order (read off radixark/miles 31f1ca96):
+- `train_async.py` (one-step-off), as `demo_plan.one_step_off_schedule`: push weights once
+  before anything; start rollout 0; then for each step k: wait for rollout k, start rollout k+1,
+  train on step k, wait for rollout k+1 (Miles never pushes weights mid-generation), push
+  weights. So step k's update overlaps step k+1's generation and step k+2 generates on step k's
+  weights (`demo_plan.expected_weight_version`); every turn's version is checked.
+- one rollout (`RolloutManager.generate` -> `inference_rollout_train.generate_rollout_async`):
+  submit every group's attempts at once through the generate hook (a fresh routing key per sample,
+  as `generate_and_rm_group` does under policy manual), run the dynamic filter on each group as it
+  completes, then the rollout log function over the kept samples, then reward post-processing
+  (Miles logs before `convert_samples_to_train_data` applies the custom reward post-process).
+
+Deviations, on purpose: no over-sampling (Miles draws more prompts until `rollout_batch_size`
+groups pass the filter; the demo submits `--tasks` groups per step and keeps what passes, so steps
+stay comparable); no training (the "update" adds Gaussian noise to the weights, a stand-in that
+gives each push new weights; advantages are computed and reported, not used).
+
+The model is the tiny engine with random weights: its text is gibberish, and the quiz agent takes
+the first a-d character of its reply as the answer. See docs/demo.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import json
+import logging
+import os
+import shutil
+import signal
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rl360_ext.local.demo_plan import (
+    CLIENT_DEADLINE,
+    INITIAL_WEIGHT_VERSION,
+    START,
+    TRAIN,
+    WAIT,
+    AttemptPlan,
+    DemoConfig,
+    StepSummary,
+    attach_push,
+    expected_weight_version,
+    one_step_off_schedule,
+    plan_step,
+    pushed_version,
+    summarize_step,
+)
+from rl360_ext.local.fixtures import quiz_task_names
+from rl360_ext.local.fixtures import tasks_root as demo_tasks_root
+from rl360_ext.local.stack import (
+    DemoStack,
+    demo_stack,
+    engine_fault_counts,
+)
+from rl360_ext.outcomes.provenance import DOMAIN, is_valid
+from rl360_ext.util.procs import LOOPBACK
+
+GENERATE_PATH = "rl360_ext.rollout.generate.generate"
+FILTER_PATH = "rl360_ext.rollout.filters.check_valid_reward_nonzero_std"
+REWARD_POST_PROCESS_PATH = "rl360_ext.rollout.rewards.valid_group_advantages"
+ROLLOUT_LOG_PATH = "rl360_ext.rollout.metrics.log_rollout_metrics"
+METRICS_FILE = "metrics.jsonl"
+REPORT_FILE = "report.html"
+SUMMARY_FILE = "summary.json"
+# A client-deadline fault starts the attempt with its deadline already spent (as when an attempt
+# waited in the rollout queue past its budget): the client gives up before Harbor can answer.
+SPENT_DEADLINE_S = 0.001
+TRANSFORMERS_ADVISORY_ENV = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
+
+
+def load_function(path: str) -> Callable[..., Any]:
+    """A dotted `module.attr` path, the way Miles' `load_function` reads its hook flags."""
+    module, _, attr = path.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
+
+
+def build_args(
+    config: DemoConfig,
+    stack: DemoStack,
+    *,
+    deadline_s: float | None = None,
+    client_margin_s: float | None = None,
+) -> argparse.Namespace:
+    """Miles-style args: the generate hook's own flags parsed by its `add_arguments`, plus the Miles
+    settings the hooks read (hook paths, group size, advantage estimator)."""
+    from rl360_ext.rollout import generate
+
+    parser = argparse.ArgumentParser(prog="rl360-demo", add_help=False)
+    generate.add_arguments(parser)
+    flags = [
+        "--rl360-harbor-url", stack.harbor_url,
+        "--rl360-session-backend", stack.gateway_url,
+        "--rl360-session-host", LOOPBACK,
+        "--rl360-session-servers", str(config.session_servers),
+        "--rl360-tokenizer", str(stack.tokenizer_dir),
+        "--rl360-r3",
+        "--rl360-deadline-s", str(config.deadline_s if deadline_s is None else deadline_s),
+        "--rl360-task-key", "task",
+        "--rl360-metrics-path", str(config.out / METRICS_FILE),
+    ]  # fmt: skip
+    if client_margin_s is not None:
+        flags += ["--rl360-client-margin-s", str(client_margin_s)]
+    args = parser.parse_args(flags)
+    args.custom_generate_function_path = GENERATE_PATH
+    args.dynamic_sampling_filter_path = FILTER_PATH
+    args.custom_reward_post_process_path = REWARD_POST_PROCESS_PATH
+    args.custom_rollout_log_function_path = ROLLOUT_LOG_PATH
+    args.n_samples_per_prompt = config.attempts
+    args.rollout_batch_size = config.tasks
+    args.sglang_router_policy = "manual"
+    args.advantage_estimator = "grpo"
+    args.rewards_normalization = True
+    args.grpo_std_normalization = True
+    args.reward_key = None
+    return args
+
+
+@dataclass(frozen=True)
+class DemoState:
+    """Stands in for Miles' GenerateState: the generate hook reads only `state.args`."""
+
+    args: argparse.Namespace
+
+
+class DemoWeights:
+    """The "trainer" side of the demo: the current weights, perturbed once per step, saved as .npz."""
+
+    def __init__(self, directory: Path, seed: int, eps: float) -> None:
+        from rl360_ext.tiny_engine.model import ModelConfig, init_weights
+        from rl360_ext.tiny_engine.tokenizer import build_tokenizer
+
+        self.directory = directory
+        self.seed = seed
+        self.eps = eps
+        self.model_config = ModelConfig(vocab_size=build_tokenizer().get_vocab_size())
+        self.current = init_weights(self.model_config, seed)  # what the engines start from (--seed)
+
+    def save(self, version: str) -> Path:
+        from rl360_ext.tiny_engine.model import save_weights
+
+        return save_weights(self.directory / f"v{version}.npz", self.model_config, self.current)
+
+    def update(self, step: int) -> Path:
+        """Stand-in training step for `step`: add N(0, eps^2) noise to every tensor, save the result."""
+        from rl360_ext.tiny_engine.model import perturb_weights
+
+        self.current = perturb_weights(self.current, self.eps, seed=self.seed * 100_003 + step)
+        return self.save(pushed_version(step))
+
+
+@dataclass
+class StepData:
+    """What one rollout hands to training: the kept samples and their advantages."""
+
+    step: int
+    samples: list[Any]
+    raw_rewards: list[float]
+    advantages: list[float]
+    summary: StepSummary
+
+
+class DemoDriver:
+    """Runs the steps: rollouts, stand-in training, weight pushes, in Miles' one-step-off order."""
+
+    def __init__(self, config: DemoConfig, stack: DemoStack, progress: Progress) -> None:
+        from rl360_ext.rollout.sample import GenerateFnInput, Sample
+
+        self.config = config
+        self.stack = stack
+        self.progress = progress
+        self.console = progress.console
+        self.args = build_args(config, stack)
+        self.state = DemoState(self.args)
+        self.deadline_state = DemoState(
+            build_args(config, stack, deadline_s=SPENT_DEADLINE_S, client_margin_s=0.0)
+        )
+        self.generate = load_function(self.args.custom_generate_function_path)
+        self.dynamic_filter = load_function(self.args.dynamic_sampling_filter_path)
+        self.reward_post_process = load_function(self.args.custom_reward_post_process_path)
+        self.log_rollout = load_function(self.args.custom_rollout_log_function_path)
+        self._sample_type = Sample
+        self.run_id = uuid.uuid4().hex
+        self._input_type = GenerateFnInput
+        self.sampling_params = {"temperature": config.temperature, "max_new_tokens": config.max_new_tokens}
+        root = demo_tasks_root()
+        self.quiz_tasks = quiz_task_names(root)
+        self.instructions = {name: (root / name / "instruction.md").read_text() for name in self.quiz_tasks}
+        self.metrics_path = config.out / METRICS_FILE
+        self.weights = DemoWeights(config.out / "weights", config.seed, config.perturb_eps)
+        self.summaries: dict[int, StepSummary] = {}
+        self.pushes: list[dict[str, Any]] = []
+        self.problems: list[str] = []
+
+    # ---- the one-step-off loop (train_async.py) ---------------------------------------------------
+
+    async def run(self) -> list[StepSummary]:
+        """Carry out `one_step_off_schedule`: rollouts as tasks, training and pushes in between."""
+        await self._start_session_pool()
+        rollouts: dict[int, asyncio.Task[StepData]] = {}
+        finished: dict[int, StepData] = {}
+        trained: dict[int, Path] = {}
+        try:
+            for event in one_step_off_schedule(self.config.steps):
+                if event.action == START:
+                    rollouts[event.step] = asyncio.create_task(self.rollout(event.step))
+                elif event.action == WAIT:
+                    finished[event.step] = await rollouts.pop(event.step)
+                elif event.action == TRAIN:
+                    trained[event.step] = await self.train(finished.pop(event.step))
+                elif event.step is None:
+                    await self.push(None, await asyncio.to_thread(self.weights.save, INITIAL_WEIGHT_VERSION))
+                else:
+                    await self.push(event.step, trained.pop(event.step))
+        finally:
+            for task in rollouts.values():
+                task.cancel()
+            for task in rollouts.values():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        return [self.summaries[step] for step in range(self.config.steps)]
+
+    async def _start_session_pool(self) -> None:
+        from rl360_ext.rollout.generate import options_from_args, session_pool
+
+        handle = await session_pool(options_from_args(self.args).pool)
+        self.stack.session_servers = list(handle.pool.urls)
+        self.stack.write_manifest()
+
+    async def train(self, data: StepData) -> Path:
+        """The stand-in for `actor_model.train`: new weights on disk for the next push."""
+        path = await asyncio.to_thread(self.weights.update, data.step)
+        moved = sum(1 for a in data.advantages if a != 0.0)
+        self.console.print(
+            f"train step {data.step}: {len(data.samples)} kept samples, {moved} with a nonzero advantage "
+            f"-> weights v{pushed_version(data.step)} (stand-in update: + N(0, {self.config.perturb_eps}²))"
+        )
+        return path
+
+    async def push(self, step: int | None, weights_path: Path) -> dict[str, Any]:
+        """Push `weights_path` to every engine through SMG's RL fan-out and record it in the JSONL."""
+        from rl360_ext.rollout.metrics import append_records
+        from rl360_ext.weights.push import push_weights_from_disk
+
+        version = pushed_version(step)
+        push = await asyncio.to_thread(
+            push_weights_from_disk, self.stack.gateway_url, str(weights_path), version
+        )
+        record = {"kind": "weight_push", "rollout_id": step, **push.to_dict()}
+        append_records(self.metrics_path, [record])
+        self.pushes.append(record)
+        if step is not None:
+            attach_push(self.summaries[step], record)
+        calls = ", ".join(f"{n}" for n in push.update_calls_per_engine.values())
+        after = "" if step is None else f" (after step {step})"
+        self.console.print(
+            f"weight push v{version}{after}: {push.duration_s:.2f} s, "
+            f"{push.engines_reached}/{push.engines_targeted} engines, update calls per engine [{calls}], "
+            f"path {push.path}"
+        )
+        if not push.complete:
+            self._problem(
+                f"weight push v{version} incomplete: engine versions {push.engine_versions}, "
+                f"failures {push.failures}"
+            )
+        return record
+
+    # ---- one rollout (RolloutManager.generate) -----------------------------------------------------
+
+    async def rollout(self, step: int) -> StepData:
+        started = time.monotonic()
+        plan = plan_step(step, self.config, self.quiz_tasks)
+        total = sum(len(group) for group in plan)
+        task_id = self.progress.add_task(f"step {step}", total=total, phase="generating")
+        counts: Counter[str] = Counter()
+        pending = [asyncio.create_task(self._generate_group(group, task_id, counts)) for group in plan]
+        finished: dict[int, list[Any]] = {}
+        kept: dict[int, bool] = {}
+        data: list[list[Any]] = []
+        drops: Counter[str] = Counter()
+        try:
+            for next_group in asyncio.as_completed(pending):
+                group = await next_group
+                decision = self.dynamic_filter(self.args, group)
+                keep = bool(getattr(decision, "keep", decision))
+                finished[group[0].group_index] = group
+                kept[group[0].group_index] = keep
+                if keep:
+                    data.append(group)
+                else:
+                    drops[getattr(decision, "reason", None) or "unspecified"] += 1
+        finally:
+            for task in pending:
+                task.cancel()
+        self.progress.update(task_id, phase="log, reward post-process")
+        data.sort(key=lambda group: group[0].index)
+        samples = [sample for group in data for sample in group]
+        extra = {f"rollout/dynamic_filter/drop_{reason}": count for reason, count in drops.items()}
+        rollout_time = time.monotonic() - started
+        self.log_rollout(step, self.args, samples, extra, rollout_time)
+        raw_rewards, advantages = self.reward_post_process(self.args, samples)
+        order = sorted(finished)
+        summary = summarize_step(
+            step,
+            [finished[g] for g in order],
+            [kept[g] for g in order],
+            expected_weight_version(step),
+            rollout_time,
+        )
+        self.summaries[step] = summary
+        for problem in summary.version_problems:
+            self._problem(f"step {step}: {problem}")
+        versions = ",".join(summary.versions_seen) or "-"
+        self.progress.update(
+            task_id, phase=f"done: {summary.kept_groups}/{summary.groups} groups kept, weights v{versions}"
+        )
+        return StepData(step, samples, list(raw_rewards), list(advantages), summary)
+
+    async def _generate_group(
+        self, plans: Sequence[AttemptPlan], task_id: TaskID, counts: Counter[str]
+    ) -> list[Any]:
+        """All attempts of one group at once (Miles' generate_and_rm_group)."""
+
+        async def attempt(plan: AttemptPlan) -> Any:
+            state = self.deadline_state if plan.fault == CLIENT_DEADLINE else self.state
+            output = await self.generate(
+                self._input_type(
+                    state=state,
+                    sample=self._sample(plan),
+                    sampling_params=dict(self.sampling_params),
+                    evaluation=False,
+                )
+            )
+            sample = output.samples
+            counts["valid" if is_valid(sample) else "infra"] += 1
+            self.progress.update(
+                task_id, advance=1, phase=f"generating: {counts['valid']} valid, {counts['infra']} infra"
+            )
+            return sample
+
+        return list(await asyncio.gather(*(attempt(plan) for plan in plans)))
+
+    def _sample(self, plan: AttemptPlan) -> Any:
+        return self._sample_type(
+            group_index=plan.group_index,
+            index=plan.index,
+            prompt=self.instructions[plan.task],
+            metadata={"task": plan.run_task, "quiz": plan.task, DOMAIN: "quiz", "demo_fault": plan.fault},
+            # One key per group, as Miles' generate_and_rm_group sets under a manual router policy:
+            # a group's attempts share one engine and its prefix cache.
+            routing_key=f"{self.run_id}-group-{plan.group_index}",
+        )
+
+    def _problem(self, message: str) -> None:
+        self.problems.append(message)
+        self.console.print(f"[bold red]MISMATCH[/] {message}")
+
+
+# ---- run_demo ----------------------------------------------------------------------------------
+
+
+@dataclass
+class DemoResult:
+    out: Path
+    summaries: list[StepSummary]
+    pushes: list[dict[str, Any]]
+    wall_s: float
+    metrics_path: Path
+    report_path: Path
+    engine_503s: dict[str, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
+def write_summary(config: DemoConfig, result: DemoResult) -> Path:
+    """The summary table as JSON (`summary.json`), plus the run's settings and wall time."""
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}
+    body = {
+        "config": settings,
+        "wall_s": result.wall_s,
+        "steps": [{**asdict(s), "infra": s.infra} for s in result.summaries],
+        "pushes": result.pushes,
+        "engine_503s": result.engine_503s,
+        "problems": result.problems,
+    }
+    path = config.out / SUMMARY_FILE
+    path.write_text(json.dumps(body, indent=2) + "\n")
+    return path
+
+
+def _import_transformers_quietly() -> None:
+    """Import transformers now, without its "PyTorch was not found" advisory (rl360 never needs
+    torch), instead of letting the first tokenizer load print it over the progress bars."""
+    saved = os.environ.get(TRANSFORMERS_ADVISORY_ENV)
+    os.environ[TRANSFORMERS_ADVISORY_ENV] = "1"
+    try:
+        importlib.import_module("transformers")
+    finally:
+        if saved is None:
+            del os.environ[TRANSFORMERS_ADVISORY_ENV]
+        else:
+            os.environ[TRANSFORMERS_ADVISORY_ENV] = saved
+
+
+def _fresh_output(out: Path) -> None:
+    """A re-run into the same folder starts clean: the JSONL is append-only."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in (METRICS_FILE, REPORT_FILE, SUMMARY_FILE):
+        (out / name).unlink(missing_ok=True)
+    for name in ("weights", "trials"):
+        shutil.rmtree(out / name, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _log_to_file(path: Path) -> Iterator[None]:
+    """rl360's own log lines (per-attempt warnings) go to logs/driver.log, not over the progress bars."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    package = logging.getLogger("rl360_ext")
+    saved = (package.level, package.propagate)
+    package.addHandler(handler)
+    package.setLevel(logging.INFO)
+    package.propagate = False
+    try:
+        yield
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(saved[0])
+        package.propagate = saved[1]
+        handler.close()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops the demo the way Ctrl-C does (through every `finally`)."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+PROGRESS_COLUMNS = (
+    TextColumn("[bold]{task.description}"),
+    BarColumn(),
+    MofNCompleteColumn(),
+    TextColumn("{task.fields[phase]}"),
+    TimeElapsedColumn(),
+)
+
+
+def summary_table(summaries: Sequence[StepSummary]) -> Table:
+    def mean(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    table = Table(title="rl360 demo: per step")
+    for column in (
+        "step", "attempts", "valid", "infra", "kept groups",
+        "mean (all)", "mean (kept)", "weights", "push after",
+    ):  # fmt: skip
+        table.add_column(column, justify="left" if column.startswith(("weights", "push")) else "right")
+    for s in summaries:
+        version = ",".join(s.versions_seen) or "-"
+        version_cell = (
+            version if not s.version_problems else f"[bold red]{version} (expected {s.expected_version})[/]"
+        )
+        push = "-" if s.push_duration_s is None else f"v{s.push_version} in {s.push_duration_s:.2f} s"
+        if s.push_complete is False:
+            push = f"[bold red]{push} INCOMPLETE[/]"
+        table.add_row(
+            str(s.step),
+            str(s.attempts),
+            str(s.valid),
+            str(s.infra),
+            f"{s.kept_groups}/{s.groups}",
+            mean(s.unfiltered_mean),
+            mean(s.kept_mean),
+            version_cell,
+            push,
+        )
+    return table
+
+
+def infra_table(summaries: Sequence[StepSummary]) -> Table | None:
+    """Infrastructure failures by cause (rows) and step (columns); None when there were none."""
+    causes = sorted({cause for s in summaries for cause in s.infra_by_cause})
+    if not causes:
+        return None
+    table = Table(title="infrastructure failures by cause (masked, out of every mean)")
+    table.add_column("cause")
+    for s in summaries:
+        table.add_column(f"step {s.step}", justify="right")
+    for cause in causes:
+        table.add_row(f"infra:{cause}", *(str(s.infra_by_cause.get(cause, 0)) for s in summaries))
+    return table
+
+
+def run_demo(
+    steps: int = 3,
+    tasks: int = 8,
+    attempts: int = 4,
+    faults: float = 0.0,
+    engines: int = 2,
+    out: Path = Path("runs/demo"),
+    *,
+    seed: int = 0,
+    console: Console | None = None,
+) -> DemoResult:
+    """Start the stack, run `steps` rollout steps in Miles' order, stop everything, write the report."""
+    from rl360_ext.diagnostics.report import main as write_report
+
+    config = DemoConfig(
+        steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=Path(out), seed=seed
+    )
+    console = console or Console()
+    _fresh_output(config.out)
+    _import_transformers_quietly()
+    started = time.monotonic()
+    engine_503s: dict[str, int] = {}
+    console.print(
+        f"rl360 demo: {config.steps} steps x {config.tasks} tasks x {config.attempts} attempts, "
+        f"{config.engines} engines, faults {config.faults:g}, output {config.out}"
+    )
+    with _sigterm_as_interrupt(), _log_to_file(config.out / "logs" / "driver.log"):
+        console.print("starting tiny engines, the SMG gateway, the Harbor /run server and local Ray ...")
+        with demo_stack(config) as stack:
+            try:
+                console.print(
+                    f"ready in {time.monotonic() - started:.1f} s: gateway {stack.gateway_url}, "
+                    f"engines {', '.join(e.url for e in stack.engines)}, Harbor {stack.harbor_url}; "
+                    f"logs in {stack.logs}"
+                )
+                with Progress(*PROGRESS_COLUMNS, console=console) as progress:
+                    driver = DemoDriver(config, stack, progress)
+                    summaries = asyncio.run(driver.run())
+                if config.faults > 0:
+                    engine_503s = engine_fault_counts(stack.engines)
+            finally:
+                console.print("stopping every process the demo started ...")
+                stopping = time.monotonic()
+    wall_s = time.monotonic() - started
+    console.print(f"stopped in {time.monotonic() - stopping:.1f} s")
+    console.print(summary_table(summaries))
+    if (by_cause := infra_table(summaries)) is not None:
+        console.print(by_cause)
+    if engine_503s:
+        console.print("engine 503s injected: " + ", ".join(f"{name} {n}" for name, n in engine_503s.items()))
+    for problem in driver.problems:
+        console.print(f"[bold red]MISMATCH[/] {problem}")
+    report_path = config.out / REPORT_FILE
+    write_report(config.out, report_path)
+    result = DemoResult(
+        out=config.out,
+        summaries=summaries,
+        pushes=driver.pushes,
+        wall_s=wall_s,
+        metrics_path=config.out / METRICS_FILE,
+        report_path=report_path,
+        engine_503s=engine_503s,
+        problems=list(driver.problems),
+    )
+    write_summary(config, result)
+    console.print(
+        f"done in {wall_s:.1f} s: {config.out / METRICS_FILE}, {report_path}, {config.out / SUMMARY_FILE}"
+    )
+    return result

@@ -1,0 +1,299 @@
+"""The pure parts of `rl360 demo`: its settings, the task and fault plan, the one-step-off weight
+schedule, and the per-step summary.
+
+Owns deciding, before anything runs, which quiz task each group of a step asks and which attempts
+get an injected infrastructure fault (seeded, so a run can be repeated); which weight version each
+step's turns must carry under Miles' one-step-off schedule (`train_async.py`); checking the
+versions the samples actually carry; and reducing one step's samples, filter decisions and weight
+push to the row of the summary table. It runs no process and no I/O (the driver is
+`rl360_ext.local.demo`). Validity comes only from `rl360_ext.outcomes.provenance`.
+
+Faults (`--faults RATE`): each attempt independently gets a fault with probability
+RATE * 3/4, one of three kinds chosen uniformly: a sandbox that fails to start, a verifier that
+crashes before writing a reward, or a client whose deadline has already run out. The fourth kind,
+engine 503s, cannot be aimed at one attempt: every engine answers each `/generate` with a 503 at
+rate RATE / 4 (the engine's `POST /rl360/faults`). So about RATE of all attempts fail for
+infrastructure reasons.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rl360_ext.outcomes.provenance import VALID, attempt_class, infra_cause
+from rl360_ext.rollout.rewards import reward_value
+
+SANDBOX_START = "sandbox_start"
+VERIFIER_CRASH = "verifier_crash"
+CLIENT_DEADLINE = "client_deadline"
+ENGINE_503 = "engine_503"
+FAULT_KINDS = (SANDBOX_START, VERIFIER_CRASH, CLIENT_DEADLINE, ENGINE_503)
+ATTEMPT_FAULT_KINDS = (SANDBOX_START, VERIFIER_CRASH, CLIENT_DEADLINE)  # aimed at single attempts
+FAULT_TASKS = {SANDBOX_START: "fault-sandbox-start", VERIFIER_CRASH: "fault-verifier-crash"}
+
+INITIAL_WEIGHT_VERSION = "0"  # pushed before step 0, as Miles' train_async updates weights first
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """What `rl360 demo` runs; the constructor rejects values it cannot run, naming the option."""
+
+    steps: int = 3
+    tasks: int = 8
+    attempts: int = 4
+    faults: float = 0.0
+    engines: int = 2
+    out: Path = Path("runs/demo")
+    seed: int = 0
+    perturb_eps: float = 0.02  # scale of the Gaussian noise standing in for one training step
+    temperature: float = 1.0
+    max_new_tokens: int = 8
+    deadline_s: float = 120.0
+    session_servers: int = 1
+
+    def __post_init__(self) -> None:
+        minimums = {
+            "steps": 1,
+            "tasks": 1,
+            "attempts": 2,
+            "engines": 1,
+            "session_servers": 1,
+            "max_new_tokens": 1,
+        }
+        for name, least in minimums.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"--{name.replace('_', '-')} must be an integer >= {least}, got {value!r}")
+        if not (isinstance(self.faults, int | float) and 0.0 <= self.faults <= 1.0):
+            raise ValueError(f"--faults must be a rate in [0, 1], got {self.faults!r}")
+        for name in ("perturb_eps", "temperature", "deadline_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.deadline_s <= 0:
+            raise ValueError(f"deadline_s must be > 0, got {self.deadline_s!r}")
+
+    @property
+    def attempt_fault_rate(self) -> float:
+        """Probability that one attempt gets a fault aimed at it (sandbox, verifier or deadline)."""
+        return self.faults * len(ATTEMPT_FAULT_KINDS) / len(FAULT_KINDS)
+
+    @property
+    def engine_error_rate(self) -> float:
+        """Probability that an engine answers one `/generate` with a 503."""
+        return self.faults / len(FAULT_KINDS)
+
+
+@dataclass(frozen=True)
+class AttemptPlan:
+    """One attempt: its place in Miles' numbering, the quiz it belongs to, and its fault."""
+
+    step: int
+    group_index: int
+    index: int
+    task: str  # the group's quiz task
+    fault: str | None = None
+
+    @property
+    def run_task(self) -> str:
+        """The Harbor task the attempt runs: the quiz, or the fault task standing in for it."""
+        return FAULT_TASKS.get(self.fault or "", self.task)
+
+
+def plan_step(step: int, config: DemoConfig, task_names: Sequence[str]) -> list[list[AttemptPlan]]:
+    """The step's groups: `config.tasks` quiz tasks (distinct while the pool lasts), each with
+    `config.attempts` attempts, some with a fault. Deterministic in (config.seed, step)."""
+    if not task_names:
+        raise ValueError("the demo needs at least one quiz task")
+    rng = random.Random(f"rl360-demo:{config.seed}:{step}")
+    pool = sorted(task_names)
+    if config.tasks <= len(pool):
+        chosen = rng.sample(pool, config.tasks)
+    else:
+        chosen = [*rng.sample(pool, len(pool)), *rng.choices(pool, k=config.tasks - len(pool))]
+    groups = []
+    for position, task in enumerate(chosen):
+        group_index = step * config.tasks + position
+        group = []
+        for attempt in range(config.attempts):
+            fault = rng.choice(ATTEMPT_FAULT_KINDS) if rng.random() < config.attempt_fault_rate else None
+            group.append(AttemptPlan(step, group_index, group_index * config.attempts + attempt, task, fault))
+        groups.append(group)
+    return groups
+
+
+# ---- one-step-off weight schedule ---------------------------------------------------------------
+
+START, WAIT, TRAIN, PUSH = "start_rollout", "wait_rollout", "train", "push_weights"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One action of the driver: `step` is the rollout step (None for the initial push)."""
+
+    action: str
+    step: int | None
+
+
+def one_step_off_schedule(steps: int) -> list[Event]:
+    """The driver's actions in order, as Miles' train_async.py orders them (update interval 1).
+
+    Push the initial weights; start rollout 0; for each step k: wait for rollout k (unless the
+    previous iteration already did), start rollout k+1, train on step k, wait for rollout k+1
+    ("sync generate before update weights"), push the weights step k's training produced.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    events = [Event(PUSH, None), Event(START, 0)]
+    waited: set[int] = set()
+    for step in range(steps):
+        if step not in waited:
+            events.append(Event(WAIT, step))
+            waited.add(step)
+        if step + 1 < steps:
+            events.append(Event(START, step + 1))
+        events.append(Event(TRAIN, step))
+        if step + 1 < steps:
+            events.append(Event(WAIT, step + 1))
+            waited.add(step + 1)
+        events.append(Event(PUSH, step))
+    return events
+
+
+def pushed_version(after_step: int | None) -> str:
+    """The weight version pushed after step `after_step`'s update (None: the initial push)."""
+    return INITIAL_WEIGHT_VERSION if after_step is None else str(after_step + 1)
+
+
+def weights_per_rollout(schedule: list[Event]) -> dict[int, str]:
+    """The version each rollout generates on: the last push before it started. Raises ValueError
+    if the schedule pushes while a rollout is in flight (Miles never does)."""
+    current: str | None = None
+    in_flight: set[int] = set()
+    versions: dict[int, str] = {}
+    for event in schedule:
+        if event.action == START:
+            if current is None:
+                raise ValueError(f"rollout {event.step} starts before any weights were pushed")
+            versions[event.step] = current  # type: ignore[index]
+            in_flight.add(event.step)  # type: ignore[arg-type]
+        elif event.action == WAIT:
+            in_flight.discard(event.step)  # type: ignore[arg-type]
+        elif event.action == PUSH:
+            if in_flight:
+                raise ValueError(f"weights pushed while rollout(s) {sorted(in_flight)} generate")
+            current = pushed_version(event.step)
+    return versions
+
+
+def expected_weight_version(step: int) -> str:
+    """The version every turn of `step` must carry under Miles' one-step-off schedule.
+
+    Step k+1 starts generating as soon as step k's rollout is done, so it overlaps step k's
+    update; the push after step k's update waits for step k+1's rollout. Step k+2 therefore
+    generates on step k's weights: steps 0 and 1 carry the initial version, step k >= 2 carries
+    `pushed_version(k - 2)` (what `weights_per_rollout(one_step_off_schedule(n))` computes).
+    """
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return INITIAL_WEIGHT_VERSION if step < 2 else pushed_version(step - 2)
+
+
+def version_mismatches(samples: Sequence[Any], expected: str) -> list[str]:
+    """One message per sample with a turn on another weight version than `expected`."""
+    problems = []
+    for sample in samples:
+        versions = [str(v) for v in getattr(sample, "weight_versions", None) or []]
+        wrong = sorted({v for v in versions if v != expected})
+        if wrong:
+            problems.append(
+                f"group {sample.group_index} attempt {sample.index}: turns on weight version(s) "
+                f"{', '.join(wrong)}, expected {expected}"
+            )
+    return problems
+
+
+# ---- the summary table ---------------------------------------------------------------------------
+
+
+@dataclass
+class StepSummary:
+    """One row of the end-of-run table."""
+
+    step: int
+    attempts: int
+    valid: int
+    infra_by_cause: dict[str, int]
+    groups: int
+    kept_groups: int
+    unfiltered_mean: float | None
+    kept_mean: float | None
+    expected_version: str
+    versions_seen: list[str]
+    version_problems: list[str] = field(default_factory=list)
+    rollout_time_s: float | None = None
+    push_version: str | None = None
+    push_duration_s: float | None = None
+    push_complete: bool | None = None
+
+    @property
+    def infra(self) -> int:
+        return sum(self.infra_by_cause.values())
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def summarize_step(
+    step: int,
+    groups: Sequence[Sequence[Any]],
+    kept: Sequence[bool],
+    expected_version: str,
+    rollout_time_s: float | None = None,
+) -> StepSummary:
+    """The step's row from its samples (per group) and the filter's keep decision per group.
+
+    unfiltered mean: valid rewards of every group; kept mean: valid rewards of kept groups. Infra
+    attempts count in neither, whatever reward field they carry.
+    """
+    if len(groups) != len(kept):
+        raise ValueError(f"{len(groups)} groups but {len(kept)} filter decisions")
+    samples = [s for group in groups for s in group]
+    causes = Counter(c for s in samples if (c := infra_cause(s)) is not None)
+    valid_rewards = [reward_value(s) for s in samples if attempt_class(s) == VALID]
+    kept_rewards = [
+        reward_value(s)
+        for group, keep in zip(groups, kept, strict=True)
+        if keep
+        for s in group
+        if attempt_class(s) == VALID
+    ]
+    versions = sorted({str(v) for s in samples for v in (getattr(s, "weight_versions", None) or [])})
+    return StepSummary(
+        step=step,
+        attempts=len(samples),
+        valid=len(valid_rewards),
+        infra_by_cause=dict(sorted(causes.items())),
+        groups=len(groups),
+        kept_groups=sum(1 for keep in kept if keep),
+        unfiltered_mean=_mean(valid_rewards),
+        kept_mean=_mean(kept_rewards),
+        expected_version=expected_version,
+        versions_seen=versions,
+        version_problems=version_mismatches(samples, expected_version),
+        rollout_time_s=rollout_time_s,
+    )
+
+
+def attach_push(summary: StepSummary, push: Mapping[str, Any]) -> None:
+    """Record the weight push that followed the step's update (a WeightPush.to_dict())."""
+    summary.push_version = push.get("weight_version")
+    summary.push_duration_s = push.get("duration_s")
+    summary.push_complete = push.get("complete")

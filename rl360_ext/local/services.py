@@ -1,0 +1,86 @@
+"""Starting the local stack's processes: tiny engines and the real SMG gateway, on loopback.
+
+Owns the argv of each local service and the wait until SMG has registered its workers. Process
+lifecycle itself (ports, readiness, stop) is `rl360_ext.util.procs`; which services a run needs is
+`rl360_ext.local.stack`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+from rl360_ext.util.procs import (
+    LOOPBACK,
+    Service,
+    ServiceStartError,
+    find_executable,
+    free_port,
+    rl360_argv,
+    start_service,
+)
+
+
+def start_engine(log_dir: Path, *args: str, port: int | None = None, name: str = "engine") -> Service:
+    port = port or free_port()
+    argv = rl360_argv("engine", "serve", "--host", LOOPBACK, "--port", str(port), *args)
+    return start_service(name, argv, port, log_dir)
+
+
+def start_smg(
+    worker_urls: Sequence[str],
+    log_dir: Path,
+    policy: str = "manual",
+    extra: Sequence[str] = (),
+    port: int | None = None,
+    name: str = "smg",
+) -> Service:
+    """The real SMG gateway (`smg launch`) on loopback, Prometheus on loopback too."""
+    binary = find_executable("smg")
+    if binary is None:
+        raise ServiceStartError("the smg binary is not installed (pip install smg)")
+    port = port or free_port()
+    argv = [
+        binary,
+        "launch",
+        "--host",
+        LOOPBACK,
+        "--port",
+        str(port),
+        "--prometheus-host",
+        LOOPBACK,
+        "--prometheus-port",
+        str(free_port()),
+        "--policy",
+        policy,
+        "--worker-urls",
+        *worker_urls,
+        *extra,
+    ]
+    service = start_service(name, argv, port, log_dir, ready_path="/health", stop_grace_s=15.0)
+    try:
+        _wait_workers_registered(service, len(worker_urls))
+    except BaseException:
+        service.stop()
+        raise
+    return service
+
+
+def _wait_workers_registered(service: Service, expected: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            body = httpx.get(service.url + "/workers", timeout=2.0).json()
+            workers = body.get("workers", body) if isinstance(body, dict) else body
+            healthy = [w for w in workers if w.get("is_healthy", True)]
+            if len(healthy) >= expected:
+                return
+        time.sleep(0.1)
+    service.stop()
+    raise ServiceStartError(
+        f"smg registered fewer than {expected} workers in {timeout_s}s; log:\n{service.log_tail()}"
+    )

@@ -1,0 +1,497 @@
+"""The tiny engine's request logic (HTTP-agnostic): prefill with the prefix cache, decode, respond.
+
+Owns running one validated `/generate` request to an SGLang-shaped response (text, output_ids,
+meta_info with finish_reason, cached_tokens, weight_version(s), logprobs, routed_experts), the
+scheduling between concurrent requests (one model step at a time under a lock, so requests
+interleave token by token), pause/continue (abort | retract | in_place), abort by rid, weight
+updates and versions, cache flushes and fault injection. Blocking: the server calls it from
+worker threads. It does not parse HTTP (`server.py`) or define the model (`model.py`).
+
+Logprobs are the log-softmax of the raw logits (before temperature, penalties, top-k/top-p), so
+they equal `TinyMoEModel.sequence_logprobs` over the final sequence.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from rl360_ext.templates.markup import TURN_END
+from rl360_ext.tiny_engine.cache import RadixKVCache
+from rl360_ext.tiny_engine.faults import FaultConfig, FaultInjector, ServiceUnavailable
+from rl360_ext.tiny_engine.model import KVState, ModelConfig, TinyMoEModel, load_weights, log_softmax
+from rl360_ext.tiny_engine.protocol import GenerateRequest, RequestError, encode_routed_experts
+from rl360_ext.tiny_engine.sampling import StopChecker, adjusted_logits, sample_token
+from rl360_ext.tiny_engine.threads import limit_blas_threads
+from rl360_ext.tiny_engine.tokenizer import build_tokenizer
+
+ENGINE_VERSION = "0.5.23-rl360tiny"
+PAUSE_MODES = ("abort", "retract", "in_place")
+DEFAULT_WEIGHT_VERSION = "default"
+
+
+@dataclass
+class EngineConfig:
+    seed: int = 0
+    layers: int = 4
+    experts: int = 8
+    top_k: int = 2
+    kv_capacity: int = 65536
+    context_length: int = 32768
+    model_name: str = "rl360-tiny-moe"
+    tokenizer_dir: str | None = None
+    weights_path: str | None = None
+    faults: FaultConfig = field(default_factory=FaultConfig)
+
+
+class _Aborted(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass
+class _Run:
+    """One in-flight request's mutable state."""
+
+    rid: str
+    request: GenerateRequest
+    tokens: list[int]
+    kv: KVState | None = None
+    routing: list[np.ndarray] = field(default_factory=list)
+    next_logits: np.ndarray | None = None
+    next_logits_version: str = DEFAULT_WEIGHT_VERSION
+    cache_epoch: int = -1
+    cached_tokens: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    output_top: list[list[list[Any]]] = field(default_factory=list)
+    output_versions: list[str] = field(default_factory=list)
+    input_logprobs: list[list[Any]] | None = None
+    input_top: list[Any] | None = None
+    abort_message: str | None = None
+    waiting: bool = False
+
+
+class TinyEngine:
+    """A tiny SGLang-compatible engine. Thread-safe; `generate` blocks (run it off the event loop)."""
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        limit_blas_threads(1)
+        self.tokenizer = self._load_tokenizer(self.config.tokenizer_dir)
+        vocab = self.tokenizer.get_vocab_size()
+        self.model_config = ModelConfig(
+            vocab_size=vocab, layers=self.config.layers, experts=self.config.experts, top_k=self.config.top_k
+        )
+        self.model = TinyMoEModel.from_seed(self.model_config, self.config.seed)
+        if self.config.weights_path:
+            self.model.weights = load_weights(self.config.weights_path, self.model_config)
+        self.model_path = self.config.weights_path or f"{self.config.model_name}-seed{self.config.seed}"
+        eos = self.tokenizer.token_to_id(TURN_END)
+        if eos is None:
+            raise ValueError(f"the tokenizer has no {TURN_END} token (the engine's eos)")
+        self.eos_token_id: int = eos
+        self.cache = RadixKVCache(self.config.kv_capacity)
+        self.faults = FaultInjector(self.config.faults)
+        self.weight_version = DEFAULT_WEIGHT_VERSION
+        self._model_lock = threading.Lock()
+        self._state = threading.Condition()
+        self._paused_mode: str | None = None
+        self._inflight: dict[str, _Run] = {}
+        self._cache_epoch = 0
+        self._sampling_rng = np.random.default_rng(self.config.seed + 7919)
+        self.counters = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0}
+
+    @staticmethod
+    def _load_tokenizer(directory: str | None) -> Tokenizer:
+        if directory is None:
+            return build_tokenizer()
+        path = Path(directory) / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"no tokenizer.json in {directory} (write one with `rl360 engine tokenizer DIR`)"
+            )
+        return Tokenizer.from_file(str(path))
+
+    # ---- text helpers -------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    # ---- generate -----------------------------------------------------------------------------
+
+    def check_limits(self, request: GenerateRequest) -> None:
+        """Engine-specific validation (context length); raises RequestError."""
+        if len(request.input_ids) >= self.config.context_length:
+            raise RequestError(
+                "input_ids",
+                f"prompt has {len(request.input_ids)} tokens; context length is {self.config.context_length}",
+            )
+
+    def generate(self, request: GenerateRequest) -> dict[str, Any]:
+        """Run one request to completion (or abort) and return SGLang's `/generate` response body."""
+        started = time.perf_counter()
+        self.check_limits(request)
+        fault = self.faults.draw(request.sampling.max_new_tokens)
+        if fault.latency_s:
+            time.sleep(fault.latency_s)
+        if fault.unavailable:
+            raise ServiceUnavailable("injected fault: engine unavailable")
+        run = _Run(rid=request.rid or uuid.uuid4().hex, request=request, tokens=list(request.input_ids))
+        with self._state:
+            if run.rid in self._inflight:
+                raise RequestError("rid", f"a request with rid {run.rid!r} is already in flight")
+            self._inflight[run.rid] = run
+        try:
+            finish = self._run(run, fault.abort_after)
+        finally:
+            with self._state:
+                self._inflight.pop(run.rid, None)
+                self._state.notify_all()
+        return self._response(run, finish, time.perf_counter() - started)
+
+    def _run(self, run: _Run, abort_after: int | None) -> dict[str, Any]:
+        params = run.request.sampling
+        checker = StopChecker(params, self.eos_token_id, self.decode)
+        rng = np.random.default_rng(params.sampling_seed) if params.sampling_seed is not None else None
+        max_new = min(params.max_new_tokens, self.config.context_length - len(run.request.input_ids))
+        finish: dict[str, Any]
+        try:
+            self._wait_while_paused(run)
+            self._prefill(run)
+            while len(run.output_ids) < max_new:
+                if abort_after is not None and len(run.output_ids) >= abort_after:
+                    raise _Aborted("injected fault: request aborted")
+                self._checkpoint(run)
+                stop = self._decode_step(run, checker, rng, last=len(run.output_ids) + 1 >= max_new)
+                if stop is not None:
+                    finish = {"type": "stop", "matched": stop}
+                    break
+            else:
+                finish = {"type": "length", "length": len(run.output_ids)}
+        except _Aborted as aborted:
+            finish = {"type": "abort", "message": aborted.message}
+        self._cache_partial(run)
+        return finish
+
+    def _checkpoint(self, run: _Run) -> None:
+        """Between steps: honour aborts and pauses (in_place waits with its KV; retract drops it)."""
+        with self._state:
+            if run.abort_message is not None:
+                raise _Aborted(run.abort_message)
+            mode = self._paused_mode
+        if mode is None:
+            return
+        if mode == "retract":
+            self._cache_partial(run)
+            run.kv, run.routing, run.next_logits = None, [], None
+        self._wait_while_paused(run)
+        if run.kv is None:
+            self._prefill(run)
+
+    def _wait_while_paused(self, run: _Run) -> None:
+        with self._state:
+            while self._paused_mode is not None and run.abort_message is None:
+                run.waiting = True
+                self._state.wait()
+            run.waiting = False
+            if run.abort_message is not None:
+                raise _Aborted(run.abort_message)
+
+    def _prefill(self, run: _Run) -> None:
+        """Forward every position not in the cache; the last position's logits give the next token."""
+        request = run.request
+        want_input_logprobs = (
+            request.return_logprob and request.logprob_start_len >= 0 and run.input_logprobs is None
+        )
+        limit = len(run.tokens) - 1
+        if want_input_logprobs:
+            limit = min(limit, max(request.logprob_start_len - 1, 0))
+        tokens = np.asarray(run.tokens, np.int64)
+        with self._model_lock:
+            match = self.cache.match(tokens, limit)
+            spare = len(run.tokens) - match.length + min(request.sampling.max_new_tokens, 2048) + 1
+            kv = match.kv_state(spare) or KVState.empty(self.model_config, spare)
+            out = self.model.forward(
+                tokens[match.length :], kv, logits_for="all" if want_input_logprobs else "last"
+            )
+            run.kv, run.cache_epoch = kv, self._cache_epoch
+            run.routing = [match.routing, out.routing] if match.routing is not None else [out.routing]
+            run.cached_tokens += match.length
+            run.next_logits, run.next_logits_version = out.logits[-1], self.weight_version
+        if want_input_logprobs:
+            self._record_input_logprobs(run, match.length, out.logits)
+
+    def _record_input_logprobs(self, run: _Run, first_computed: int, logits: np.ndarray) -> None:
+        """input_token_logprobs for prompt positions >= logprob_start_len (position 0 has none)."""
+        request = run.request
+        logprobs = log_softmax(logits)  # row i predicts token first_computed + i + 1
+        with_text = request.return_text_in_logprobs
+        entries, tops = [], []
+        for pos in range(request.logprob_start_len, len(request.input_ids)):
+            token = request.input_ids[pos]
+            if pos == 0:
+                entries.append([None, token, self._logprob_text(token, with_text)])
+                tops.append(None)
+                continue
+            row = logprobs[pos - 1 - first_computed]
+            entries.append([float(row[token]), token, self._logprob_text(token, with_text)])
+            tops.append(self._top_entries(row, request.top_logprobs_num, with_text))
+        run.input_logprobs, run.input_top = entries, tops
+
+    def _decode_step(
+        self, run: _Run, checker: StopChecker, rng: np.random.Generator | None, last: bool
+    ) -> Any:
+        """Sample one token from the pending logits; unless it ends the request, forward it."""
+        params = run.request.sampling
+        logits = run.next_logits
+        assert logits is not None and run.kv is not None
+        logprobs = log_softmax(logits)
+        scores = adjusted_logits(logits, params, run.output_ids)
+        banned = checker.banned_tokens(len(run.output_ids))
+        if rng is None:
+            with self._model_lock:
+                token = sample_token(scores, params, self._sampling_rng, banned)
+        else:
+            token = sample_token(scores, params, rng, banned)
+        run.output_ids.append(token)
+        run.tokens.append(token)
+        run.output_logprobs.append(float(logprobs[token]))
+        run.output_versions.append(run.next_logits_version)
+        if run.request.top_logprobs_num:
+            run.output_top.append(
+                self._top_entries(logprobs, run.request.top_logprobs_num, run.request.return_text_in_logprobs)
+            )
+        stop = checker.check(run.output_ids)
+        if stop is not None:
+            return stop.matched
+        if last:
+            return None
+        with self._model_lock:
+            out = self.model.forward(np.asarray([token]), run.kv)
+            run.routing.append(out.routing)
+            run.next_logits, run.next_logits_version = out.logits[-1], self.weight_version
+        return None
+
+    def _cache_partial(self, run: _Run) -> None:
+        """Insert this request's KV (with the routing written alongside it) unless the cache was flushed."""
+        if run.kv is None:
+            return
+        with self._model_lock:
+            if run.cache_epoch == self._cache_epoch:
+                routing = np.concatenate(run.routing, axis=0)
+                self.cache.insert(np.asarray(run.tokens[: run.kv.length], np.int64), run.kv, routing)
+
+    # ---- response -----------------------------------------------------------------------------
+
+    def _top_entries(self, logprobs: np.ndarray, count: int, with_text: bool) -> list[list[Any]]:
+        """The `count` most likely tokens as [[logprob, token_id, text|None], ...], best first."""
+        best = np.argsort(-logprobs, kind="stable")[:count]
+        return [[float(logprobs[t]), int(t), self._logprob_text(int(t), with_text)] for t in best]
+
+    def _response(self, run: _Run, finish: dict[str, Any], elapsed: float) -> dict[str, Any]:
+        request = run.request
+        params = request.sampling
+        text_ids = run.output_ids
+        matched = finish.get("matched")
+        if finish["type"] == "stop" and isinstance(matched, int) and not params.no_stop_trim:
+            text_ids = run.output_ids[:-1]
+        text = self.decode(text_ids, skip_special_tokens=params.skip_special_tokens)
+        if finish["type"] == "stop" and isinstance(matched, str) and not params.no_stop_trim:
+            cut = text.rfind(matched)
+            if cut >= 0:
+                text = text[:cut]
+        prompt_tokens, completion_tokens = len(request.input_ids), len(run.output_ids)
+        meta: dict[str, Any] = {
+            "id": run.rid,
+            "finish_reason": finish,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "cached_tokens": run.cached_tokens,
+            "weight_version": self.weight_version,
+            "weight_versions": _version_spans(run.output_versions, self.weight_version),
+            "e2e_latency": elapsed,
+        }
+        if request.return_logprob:
+            meta["output_token_logprobs"] = [
+                [lp, token, self._logprob_text(token, request.return_text_in_logprobs)]
+                for lp, token in zip(run.output_logprobs, run.output_ids, strict=True)
+            ]
+            if run.input_logprobs is not None:
+                meta["input_token_logprobs"] = run.input_logprobs
+            if request.top_logprobs_num:
+                meta["output_top_logprobs"] = run.output_top
+                if run.input_top is not None:
+                    meta["input_top_logprobs"] = run.input_top
+        if request.return_routed_experts:
+            rows = prompt_tokens + completion_tokens - 1
+            routing = np.concatenate(run.routing, axis=0)[:rows] if run.routing else np.zeros((0,), np.int32)
+            meta["routed_experts"] = encode_routed_experts(routing[request.routed_experts_start_len :])
+        with self._state:
+            self.counters["requests"] += 1
+            self.counters["prompt_tokens"] += prompt_tokens
+            self.counters["cached_tokens"] += run.cached_tokens
+            self.counters["completion_tokens"] += completion_tokens
+        body: dict[str, Any] = {"text": text, "output_ids": list(run.output_ids), "meta_info": meta}
+        if request.return_prompt_token_ids:
+            body["prompt_token_ids"] = list(request.input_ids)
+        return body
+
+    def _logprob_text(self, token: int, with_text: bool) -> str | None:
+        return self.decode([token]) if with_text else None
+
+    # ---- control ------------------------------------------------------------------------------
+
+    def abort(
+        self, rid: str | None = None, abort_all: bool = False, message: str = "aborted by abort_request"
+    ) -> int:
+        """Abort in-flight (and waiting) requests by rid, or all of them. Returns how many."""
+        with self._state:
+            targets = (
+                list(self._inflight.values())
+                if abort_all
+                else [r for r in self._inflight.values() if r.rid == rid]
+            )
+            for run in targets:
+                run.abort_message = message
+            self._state.notify_all()
+            return len(targets)
+
+    def pause(self, mode: str) -> int:
+        """Stop generating: `abort` aborts in-flight requests; `retract`/`in_place` hold them."""
+        if mode not in PAUSE_MODES:
+            raise RequestError("mode", f"must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
+        with self._state:
+            self._paused_mode = mode
+            running = len(self._inflight)
+        if mode == "abort":
+            self.abort(abort_all=True, message="aborted by pause_generation(mode=abort)")
+        return running
+
+    def resume(self) -> None:
+        with self._state:
+            self._paused_mode = None
+            self._state.notify_all()
+
+    @property
+    def paused_mode(self) -> str | None:
+        return self._paused_mode
+
+    def flush_cache(self) -> None:
+        with self._model_lock:
+            self.cache.flush()
+            self._cache_epoch += 1
+
+    def update_weights_from_disk(
+        self, model_path: str, weight_version: str | None, flush_cache: bool = True
+    ) -> None:
+        """Load weights saved by `rl360 engine save-weights` between two model steps."""
+        try:
+            weights = load_weights(model_path, self.model_config)
+        except FileNotFoundError as err:
+            raise RequestError("model_path", str(err)) from err
+        except (ValueError, OSError, KeyError) as err:
+            raise RequestError("model_path", f"cannot load weights: {err}") from err
+        with self._model_lock:
+            self.model.weights = weights
+            self.model_path = str(model_path)
+            if weight_version is not None:
+                self.weight_version = weight_version
+            if flush_cache:
+                self.cache.flush()
+                self._cache_epoch += 1
+
+    def update_weight_version(self, weight_version: str) -> None:
+        with self._model_lock:
+            self.weight_version = weight_version
+
+    def set_faults(self, config: FaultConfig) -> None:
+        self.faults.configure(config)
+
+    # ---- info ---------------------------------------------------------------------------------
+
+    def inflight(self) -> list[dict[str, Any]]:
+        """In-flight requests: rid, output tokens so far, and whether each is waiting on a pause."""
+        with self._state:
+            return [
+                {"rid": run.rid, "output_tokens": len(run.output_ids), "waiting": run.waiting}
+                for run in self._inflight.values()
+            ]
+
+    def model_info(self) -> dict[str, Any]:
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.config.tokenizer_dir,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": self.weight_version,
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": "rl360_tiny_moe",
+            "architectures": ["TinyMoEForCausalLM"],
+            "num_layers": self.model_config.layers,
+            "num_experts": self.model_config.experts,
+            "num_experts_per_tok": self.model_config.top_k,
+            "vocab_size": self.model_config.vocab_size,
+            "eos_token_id": self.eos_token_id,
+        }
+
+    def server_info(self) -> dict[str, Any]:
+        stats = self.cache.stats
+        with self._state:
+            counters = dict(self.counters)
+        inflight = self.inflight()
+        return {
+            "model_path": self.model_path,
+            "served_model_name": self.config.model_name,
+            "tokenizer_path": self.config.tokenizer_dir,
+            "context_length": self.config.context_length,
+            "random_seed": self.config.seed,
+            "enable_return_routed_experts": True,
+            "disable_radix_cache": self.config.kv_capacity == 0,
+            "kv_capacity_tokens": self.config.kv_capacity,
+            "version": ENGINE_VERSION,
+            "weight_version": self.weight_version,
+            "paused": self._paused_mode,
+            "faults": self.faults.config.to_dict(),
+            "internal_states": [
+                {
+                    "num_running_reqs": sum(not r["waiting"] for r in inflight),
+                    "num_waiting_reqs": sum(r["waiting"] for r in inflight),
+                    "cache_tokens": self.cache.size_tokens,
+                    "cache_hit_tokens": stats.hit_tokens,
+                    "cache_lookup_tokens": stats.lookup_tokens,
+                    "cache_evicted_tokens": stats.evicted_tokens,
+                    "cache_flushes": stats.flushes,
+                    **counters,
+                }
+            ],
+        }
+
+
+def _version_spans(versions: list[str], current: str) -> list[dict[str, Any]]:
+    """Runs of equal weight versions over output token indices: [{version, start, end}] (end exclusive)."""
+    if not versions:
+        return [{"version": current, "start": 0, "end": 0}]
+    spans: list[dict[str, Any]] = []
+    for index, version in enumerate(versions):
+        if spans and spans[-1]["version"] == version:
+            spans[-1]["end"] = index + 1
+        else:
+            spans.append({"version": version, "start": index, "end": index + 1})
+    return spans

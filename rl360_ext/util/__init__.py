@@ -1,0 +1,1 @@
+"""Ground floor: process lifecycle and progress display, shared by every layer above."""
