@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,12 @@ class RollingStart:
     def in_window(self) -> int:
         self._expire(self._clock())
         return len(self._recent)
+
+
+class Gate(Protocol):
+    """What the runner waits on right before a sandbox starts (this server's or a pool's gate)."""
+
+    async def wait_turn(self) -> None: ...
 
 
 class StartGate:

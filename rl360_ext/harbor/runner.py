@@ -37,6 +37,7 @@ from rl360_ext.harbor import agents, budget, outcome
 from rl360_ext.harbor.admission import (
     Admission,
     AdmissionRefused,
+    Gate,
     ImagePinning,
     Placement,
     Reservation,
@@ -138,7 +139,10 @@ class RunRequest:
 
 
 class TrialRunner:
-    def __init__(self, settings: ServerSettings) -> None:
+    """Runs /run attempts. `start_gate` replaces the server's own rolling-start gate (a Harbor pool
+    passes one that takes slots from the pool-wide limiter)."""
+
+    def __init__(self, settings: ServerSettings, start_gate: Gate | None = None) -> None:
         self.settings = settings
         self.catalog = TaskCatalog(settings.tasks_root, settings.default_reservation)
         self.metrics = RunMetrics()
@@ -147,7 +151,7 @@ class TrialRunner:
             pacing = RollingStart(settings.rolling_start_size, settings.rolling_start_interval_s)
             gate = RollingStart(settings.rolling_start_size, settings.rolling_start_interval_s)
             gate.on_wave_closed = self.metrics.starts_per_wave.observe
-        self.start_gate = StartGate(gate) if gate is not None else None
+        self.start_gate: Gate | None = start_gate or (StartGate(gate) if gate is not None else None)
         self.admission = Admission(settings.max_concurrent, pacing, settings.capacity)
         self.admission.on_change = self._on_admission_change
         self.pinning = ImagePinning(settings.node_labels)

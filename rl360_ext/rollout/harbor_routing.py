@@ -1,0 +1,90 @@
+"""Which Harbor /run replica an attempt goes to: its image group's replica, else the least loaded.
+
+Owns the client-side routing over a pool of Harbor /run servers (`rl360_ext.harbor.pool`):
+- pinning: an image group maps to one replica by rendezvous hashing over the replica URLs, so
+  the same image's sandboxes start where its layers are cached, and adding or losing a replica
+  moves only the groups that hashed to it;
+- spill-over: when the pinned replica has `spill_over` more attempts in flight (from this client)
+  than the least-loaded live one, the attempt goes to the least-loaded one instead;
+- a replica whose connection failed is skipped for `down_s` seconds (its attempt is already an
+  infrastructure failure; the next ones go elsewhere while the pool replaces it).
+It does not send requests or classify failures (`rl360_ext.rollout.agent`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+DEFAULT_SPILL_OVER = 4
+DEFAULT_DOWN_S = 30.0
+
+
+def _score(url: str, image_group: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{url}\0{image_group}".encode(), digest_size=8).digest(), "big")
+
+
+class HarborRouter:
+    """Routes attempts over replica URLs; counts this client's in-flight attempts per replica."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        spill_over: int = DEFAULT_SPILL_OVER,
+        down_s: float = DEFAULT_DOWN_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if spill_over < 0:
+            raise ValueError(f"spill_over must be >= 0, got {spill_over}")
+        self.spill_over = spill_over
+        self.down_s = down_s
+        self._clock = clock
+        self.in_flight: dict[str, int] = {}
+        self._down_until: dict[str, float] = {}
+        self.update(urls)
+
+    def update(self, urls: Sequence[str]) -> None:
+        """Replace the replica list (a pool replaced a replica); counts of kept URLs stay."""
+        cleaned = [url.rstrip("/") for url in urls if url.strip()]
+        if not cleaned:
+            raise ValueError("a Harbor router needs at least one replica URL")
+        if len(set(cleaned)) != len(cleaned):
+            raise ValueError(f"replica URLs must be distinct, got {cleaned}")
+        self.urls = cleaned
+        self.in_flight = {url: self.in_flight.get(url, 0) for url in cleaned}
+        self._down_until = {url: t for url, t in self._down_until.items() if url in self.in_flight}
+
+    def _live(self) -> list[str]:
+        now = self._clock()
+        live = [url for url in self.urls if self._down_until.get(url, 0.0) <= now]
+        return live or list(self.urls)
+
+    def pinned(self, image_group: str) -> str:
+        """The replica `image_group` hashes to among all replicas (live or not)."""
+        return max(self.urls, key=lambda url: _score(url, image_group))
+
+    def choose(self, image_group: str) -> str:
+        live = self._live()
+        pinned = max(live, key=lambda url: _score(url, image_group))
+        least = min(live, key=lambda url: (self.in_flight[url], url != pinned))
+        if self.in_flight[pinned] - self.in_flight[least] > self.spill_over:
+            return least
+        return pinned
+
+    def mark_down(self, url: str) -> None:
+        """The replica at `url` failed to answer: route around it for `down_s` seconds."""
+        if url in self.in_flight:
+            self._down_until[url] = self._clock() + self.down_s
+
+    @contextlib.contextmanager
+    def attempt(self, image_group: str) -> Iterator[str]:
+        """Choose a replica and count the attempt in flight there until the block exits."""
+        url = self.choose(image_group)
+        self.in_flight[url] += 1
+        try:
+            yield url
+        finally:
+            if url in self.in_flight:
+                self.in_flight[url] -= 1
