@@ -4,6 +4,7 @@ pool, and a replica killed mid-step whose attempts fail in transport while the r
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,7 @@ def test_the_start_rate_limit_holds_across_the_pool(pool: Any) -> None:
     assert [r["reward"] for r in results] == [1.0] * 4, results
     assert pool.starts_taken() - before == 4
     starts = sorted(r["timeline"]["sandbox_started_at"] for r in results)
-    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
     # One limit for the pool: consecutive sandbox starts are an interval apart, wherever they ran.
     assert min(gaps) >= START_INTERVAL_S - 0.25, gaps
 

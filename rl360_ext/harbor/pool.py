@@ -18,6 +18,7 @@ It does not route attempts (the client does: `rl360_ext.rollout.harbor_routing`)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections import deque
@@ -275,10 +276,8 @@ class HarborPool:
         import ray
 
         for replica in self.replicas:
-            try:
+            with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
                 ray.get(replica.actor.stop.remote(), timeout=60)
-            except (ray.exceptions.RayError, TimeoutError):
-                pass
             ray.kill(replica.actor)
         self.replicas = []
         if self.slots_actor is not None:
