@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -70,7 +71,7 @@ def test_intervals_tile_the_attempt(started: float, one: dict[str, float]) -> No
     total = sum(attempt_phases(one).values())
     if intervals:
         assert intervals[0].start == started
-        assert all(a.end == b.start for a, b in zip(intervals, intervals[1:], strict=False))
+        assert all(a.end == b.start for a, b in itertools.pairwise(intervals))
         assert intervals[-1].end == pytest.approx(started + total)
 
 
