@@ -13,10 +13,12 @@ and the per-process pool (`session_pool`, `shutdown_session_pool`).
 It does not decide validity rules (`infra.classify_attempt`), run trials (the Harbor server),
 hold sessions (the session servers) or merge turns (`rl360_ext.session.merge`).
 
-Alignment with Miles: `Sample.tokens` is prompt + response; `response_length`, `loss_mask` and
-`rollout_log_probs` cover the response part only (`MergedSample.loss_mask[prompt_length:]`),
-as Miles' own session server builds them; `rollout_routed_experts` covers every token but the
-last (int32 `[len(tokens) - 1, layers, top_k]`).
+Alignment with Miles: the Sample's token fields come from `rl360_ext.session.miles_sample.
+to_miles_sample`, the converter the `/samples` wire uses too, so a trajectory trains the same
+under this hook and under Miles' stock `agentic_tool_call.generate`: `Sample.tokens` is prompt +
+response; `response_length`, `loss_mask` and `rollout_log_probs` cover the response part only;
+`rollout_routed_experts` covers every token but the last (int32 `[len(tokens) - 1, layers,
+top_k]`); `--max-seq-len` cuts at turn boundaries as Miles' session server does.
 """
 
 from __future__ import annotations
@@ -34,8 +36,6 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Any
 
-import numpy as np
-
 from rl360_ext.outcomes.infra import (
     AGENT_TIMEOUT_POLICIES,
     classify_attempt,
@@ -48,7 +48,8 @@ from rl360_ext.rollout import agent as agent_module
 from rl360_ext.rollout import metrics as metrics_module
 from rl360_ext.rollout.rewards import verifier_reward_value
 from rl360_ext.rollout.sample import GenerateFnInput, GenerateFnOutput, Sample
-from rl360_ext.session.merge import ABORTED, COMPLETED, FAILED, TRUNCATED, MergedSample
+from rl360_ext.session.merge import ABORTED, FAILED, MERGE_KEY, MergedSample
+from rl360_ext.session.miles_sample import MilesSample, to_miles_sample
 from rl360_ext.train import reducers as reducers_module
 
 logger = logging.getLogger(__name__)
@@ -377,38 +378,38 @@ def load_agent_function(path: str | None) -> Callable[..., Awaitable[dict[str, A
 
 def fill_from_merged(
     sample: Any, merged: MergedSample, decode: Callable[[list[int]], str], max_seq_len: int | None = None
-) -> tuple[bool, str | None]:
-    """Put the merged sample's tokens into `sample`: (filled, why it cannot be trained on or None).
+) -> tuple[MilesSample | None, str | None]:
+    """Put the merged sample into `sample`: (what was filled or None, why it cannot be trained on).
 
-    Sets tokens, response, response_length, loss_mask and rollout_log_probs (response part),
-    rollout_routed_experts (int32, every token but the last), weight_versions and status. A
-    trajectory longer than `max_seq_len` is cut there (status TRUNCATED), as Miles' session
-    server does.
+    The fields are exactly `rl360_ext.session.miles_sample.to_miles_sample`'s, the converter the
+    `/samples` wire uses too (Miles' truncation rule: whole turns while they fit, the overflowing
+    turn's output cut, a turn left without output dropped), copied into Miles' types: tokens,
+    response, response_length, loss_mask and rollout_log_probs (response part, as lists),
+    rollout_routed_experts (int32, every token but the last), weight_versions, status,
+    prefix_cache_info. Nothing is filled (None) when no turn survives or no response token does.
     """
     if merged.status == FAILED or len(merged.tokens) == 0:
-        return False, "the agent made no model calls (the session recorded no turns)"
-    prompt_length = merged.prompt_length
-    truncated = max_seq_len is not None and len(merged.tokens) > max_seq_len
-    keep = max_seq_len if truncated and max_seq_len is not None else len(merged.tokens)
-    if keep <= prompt_length and truncated:
-        return False, f"the first prompt ({prompt_length} tokens) does not fit --max-seq-len {max_seq_len}"
-    if keep <= prompt_length:
-        return False, "the model produced no response tokens"
-    sample.tokens = merged.tokens[:keep].tolist()
-    sample.response_length = keep - prompt_length
-    sample.response = decode(sample.tokens[prompt_length:])
-    sample.loss_mask = merged.loss_mask[prompt_length:keep].astype(int).tolist()
-    sample.rollout_log_probs = merged.rollout_log_probs[prompt_length:keep].astype(float).tolist()
-    routed = merged.routed_experts
-    sample.rollout_routed_experts = None if routed is None else routed[: keep - 1].astype(np.int32)
-    sample.weight_versions = [str(v) for v in merged.weight_versions if v is not None]
-    status = TRUNCATED if truncated else merged.status
-    sample.status = (
-        Sample.Status[status] if status in (COMPLETED, TRUNCATED, ABORTED) else Sample.Status.FAILED
-    )
+        return None, "the agent made no model calls (the session recorded no turns)"
+    miles = to_miles_sample(merged, decode, max_seq_len)
+    if miles is None:
+        return None, (
+            f"the first turn's output does not fit --max-seq-len {max_seq_len} "
+            f"(the first prompt has {merged.prompt_length} tokens)"
+        )
+    if miles.response_length <= 0:
+        return None, "the model produced no response tokens"
+    sample.tokens = miles.tokens.tolist()
+    sample.response = miles.response
+    sample.response_length = miles.response_length
+    sample.loss_mask = miles.loss_mask.astype(int).tolist()
+    sample.rollout_log_probs = miles.rollout_log_probs.tolist()
+    sample.rollout_routed_experts = miles.rollout_routed_experts
+    sample.weight_versions = list(miles.weight_versions)
+    sample.status = Sample.Status(miles.status)
+    sample.prefix_cache_info = Sample.PrefixCacheInfo.from_dict(miles.prefix_cache_info)
     if merged.status == ABORTED:
-        return True, "the engine aborted a turn, so the sample is a prefix of what the verifier graded"
-    return True, None
+        return miles, "the engine aborted a turn, so the sample is a prefix of what the verifier graded"
+    return miles, None
 
 
 def session_metadata(merged: MergedSample | None) -> dict[str, Any]:
@@ -489,7 +490,7 @@ def finish_sample(
     """Fill `sample` from what the attempt produced. A valid class whose tokens cannot be trained on
     becomes "infra:aborted"; every infra attempt goes through `mark_infra_sample` (status ABORTED)."""
     filled, unusable = (
-        (False, "no merged sample was collected")
+        (None, "no merged sample was collected")
         if merged is None
         else fill_from_merged(sample, merged, decode, max_seq_len)
     )
@@ -502,12 +503,14 @@ def finish_sample(
         if missing is not None:
             attempt_class, detail = infra_class("reward_file_invalid"), missing
     sample.metadata = {**(sample.metadata or {}), **run_metadata(result), **session_metadata(merged)}
+    if filled is not None:  # the converter's merge facts: what max_seq_len kept, as the wire says
+        sample.metadata[MERGE_KEY] = filled.metadata[MERGE_KEY]
     if attempt_class == VALID:
         sample.metadata[ATTEMPT_CLASS] = VALID
         sample.reward = reward
         sample.remove_sample = False
         return sample
-    if not filled:
+    if filled is None:
         _reset_response(sample)
     mark_infra_sample(
         sample,

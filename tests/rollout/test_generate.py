@@ -67,7 +67,8 @@ def two_turns(second_finish: str = "stop") -> MergedSample:
 
 
 def decode(ids: list[int]) -> str:
-    return " ".join(map(str, ids))
+    """Piecewise decodes concatenate to the whole range's (Miles decodes the response turn by turn)."""
+    return "".join(f"<{i}>" for i in ids)
 
 
 def verifier_result(reward: float = 1.0) -> dict:
@@ -287,14 +288,24 @@ def test_an_engine_abort_makes_the_sample_a_prefix_so_it_is_masked() -> None:
 
 
 def test_max_seq_len_truncates_like_miles_session_server() -> None:
-    merged = two_turns()
-    sample = finish(Sample(), merged, "valid", verifier_result(1.0), max_seq_len=10)
-    assert (len(sample.tokens), sample.response_length, sample.status) == (10, 5, Sample.Status.TRUNCATED)
-    assert sample.rollout_routed_experts.shape[0] == 9
-    sample.validate()
-    too_short = finish(Sample(), merged, "valid", verifier_result(1.0), max_seq_len=4)
+    merged = two_turns()  # turns end at 8 (5 in, 3 out) and 14 (4 in, 2 out)
+    cut = finish(Sample(), merged, "valid", verifier_result(1.0), max_seq_len=13)
+    assert (len(cut.tokens), cut.response_length, cut.status) == (13, 8, Sample.Status.TRUNCATED)
+    assert cut.rollout_routed_experts.shape[0] == 12 and cut.weight_versions == ["3", "4"]
+    cut.validate()
+    # the second turn has none of its output left under 10: it is dropped, the first stays whole
+    dropped = finish(Sample(), merged, "valid", verifier_result(1.0), max_seq_len=10)
+    assert (len(dropped.tokens), dropped.response_length, dropped.status) == (8, 3, Sample.Status.COMPLETED)
+    assert dropped.weight_versions == ["3"] and dropped.prefix_cache_info.to_dict() == {
+        "cached_tokens": 0,
+        "total_prompt_tokens": 5,
+    }
+    assert dropped.metadata["merge"]["turns_dropped_by_max_seq_len"] == 1
+    assert (dropped.reward, dropped.metadata["attempt_class"]) == (1.0, "valid")
+    dropped.validate()
+    too_short = finish(Sample(), merged, "valid", verifier_result(1.0), max_seq_len=5)
     assert too_short.metadata["attempt_class"] == "infra:aborted"
-    assert "does not fit --max-seq-len 4" in too_short.metadata["infra_detail"]
+    assert "does not fit --max-seq-len 5" in too_short.metadata["infra_detail"]
 
 
 def test_non_generation_time_prefers_the_agents_tool_time() -> None:
