@@ -4,9 +4,12 @@ Owns Miles' agent-function contract (`async def run(base_url, prompt, request_kw
 **kwargs) -> dict | None` and `async def abort(args)`, as Miles' `agentic_tool_call.generate`
 and rl360's generate hook call them): building the `/run` body, the client-side deadline, the
 bearer token, and mapping the answer (or its absence) to the metadata dict every rl360 hook
-reads. It does not run trials (the rl360 Harbor server does), decide validity rules (that is
-`rl360_ext.outcomes.infra.classify_attempt`, called here), or touch sessions and samples (the
-generate hook does).
+reads. It does not run trials (the rl360 Harbor server does) or decide validity: the server's
+answer carries its verdict (`attempt_class`), read here with `rl360_ext.outcomes.verdict.
+attempt_class`, never classified again; the only causes this module names are the client's own
+(`Cause.CLIENT_DEADLINE`, `Cause.TRANSPORT_ERROR`, `Cause.RUN_REJECTED`, and
+`Cause.HARBOR_INTERNAL_ERROR` for a server that answered 500 or no JSON). It does not touch
+sessions or samples (the generate hook does).
 
 Configuration comes from `configure(...)` (the generate hook calls it from its flags) or, when
 nothing configured it (Miles' stock generate), from the environment: RL360_HARBOR_URL,
@@ -33,8 +36,9 @@ from typing import Any
 
 import httpx
 
-from rl360_ext.outcomes.infra import AGENT_TIMEOUT_POLICIES, classify_attempt
+from rl360_ext.outcomes.causes import FAILURE_TO_INFRA, Cause, infra_class
 from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, FAILURE_CAUSE, PHASE_TIMINGS, REWARD_SOURCE
+from rl360_ext.outcomes.verdict import AGENT_TIMEOUT_POLICIES, attempt_class
 
 logger = logging.getLogger(__name__)
 
@@ -52,12 +56,6 @@ DEFAULT_TASK_KEY = "task"
 DEFAULT_MODEL = "rl360-policy"  # the session server's default served name
 DEADLINE_KEY = "deadline_s"  # metadata key the generate hook sets to the remaining deadline
 MESSAGE_LIMIT = 2000
-
-# Client-side failure causes this module reports in `failure_cause` (infra cause names).
-CLIENT_DEADLINE = "client_deadline"
-TRANSPORT_ERROR = "transport_error"
-HARBOR_INTERNAL_ERROR = "harbor_internal_error"
-RUN_REJECTED = "run_rejected"  # the server refused the request (4xx); the message names the field
 
 
 class AgentConfigError(ValueError):
@@ -178,12 +176,12 @@ def _mapping(value: Any) -> dict[str, Any]:
 
 
 def result_metadata(response: Mapping[str, Any], agent_timeout_policy: str = "score") -> dict[str, Any]:
-    """The agent function's dict for a `/run` answer (HTTP 200): provenance, class, timings.
+    """The agent function's dict for a `/run` answer (HTTP 200): provenance, the server's verdict, timings.
 
-    `reward` is kept only when the class is "valid"; otherwise it is None whatever the server said.
+    `reward` is kept only when the verdict is "valid"; otherwise it is None whatever the server said.
     """
-    attempt_class = classify_attempt(response, agent_timeout_policy=agent_timeout_policy)
-    valid = attempt_class == "valid"
+    verdict = attempt_class(response, agent_timeout_policy=agent_timeout_policy)
+    valid = verdict == "valid"
     failure_cause = response.get("failure_cause")
     return {
         "reward": response.get("reward") if valid else None,
@@ -192,7 +190,7 @@ def result_metadata(response: Mapping[str, Any], agent_timeout_policy: str = "sc
         FAILURE_CAUSE: failure_cause,
         "exception_type": response.get("exception_type"),
         "exception_message": _bounded(response.get("exception_message")),
-        ATTEMPT_CLASS: attempt_class,
+        ATTEMPT_CLASS: verdict,
         "exit_status": failure_cause or ("completed" if valid else "no_reward"),
         PHASE_TIMINGS: _mapping(response.get("phase_timings")),
         "agent_metrics": _mapping(response.get("agent_metrics")),
@@ -204,30 +202,25 @@ def result_metadata(response: Mapping[str, Any], agent_timeout_policy: str = "sc
 
 
 def failure_metadata(
-    cause: str, message: str, exception_type: str | None = None, elapsed_s: float | None = None
+    cause: Cause, message: str, exception_type: str | None = None, elapsed_s: float | None = None
 ) -> dict[str, Any]:
-    """The agent function's dict when no usable `/run` answer arrived: no reward, an infra class."""
-    if cause == CLIENT_DEADLINE:
-        attempt_class = classify_attempt(None, client_deadline=True)
-    elif cause == TRANSPORT_ERROR:
-        attempt_class = classify_attempt(None, transport_error=message)
-    else:
-        attempt_class = classify_attempt({FAILURE_CAUSE: cause})
+    """The agent function's dict when no usable `/run` answer arrived: no reward, the client's cause."""
+    cause = Cause(cause)
     return {
         "reward": None,
         "rewards": None,
         REWARD_SOURCE: None,
-        FAILURE_CAUSE: cause,
+        FAILURE_CAUSE: cause.value,
         "exception_type": exception_type,
         "exception_message": _bounded(message),
-        ATTEMPT_CLASS: attempt_class,
-        "exit_status": cause,
+        ATTEMPT_CLASS: infra_class(FAILURE_TO_INFRA.get(cause, cause)),
+        "exit_status": cause.value,
         PHASE_TIMINGS: {} if elapsed_s is None else {"client_wait": elapsed_s},
         "agent_metrics": {},
         "placement": None,
         "trial_name": None,
-        "transport_error": message if cause == TRANSPORT_ERROR else None,
-        "client_deadline": cause == CLIENT_DEADLINE,
+        "transport_error": message if cause == Cause.TRANSPORT_ERROR else None,
+        "client_deadline": cause == Cause.CLIENT_DEADLINE,
     }
 
 
@@ -238,14 +231,16 @@ def response_metadata(
     if status_code == 200 and isinstance(body, Mapping):
         return result_metadata(body, agent_timeout_policy)
     if status_code == 200:
-        return failure_metadata(HARBOR_INTERNAL_ERROR, f"/run answered 200 without a JSON object: {body!r}")
+        return failure_metadata(
+            Cause.HARBOR_INTERNAL_ERROR, f"/run answered 200 without a JSON object: {body!r}"
+        )
     detail = body.get("detail", body) if isinstance(body, Mapping) else body
     message = f"/run answered HTTP {status_code}: {detail!r}"
     if 400 <= status_code < 500:
-        return failure_metadata(RUN_REJECTED, message, elapsed_s=elapsed_s)
+        return failure_metadata(Cause.RUN_REJECTED, message, elapsed_s=elapsed_s)
     if status_code == 500:
-        return failure_metadata(HARBOR_INTERNAL_ERROR, message, elapsed_s=elapsed_s)
-    return failure_metadata(TRANSPORT_ERROR, message, elapsed_s=elapsed_s)
+        return failure_metadata(Cause.HARBOR_INTERNAL_ERROR, message, elapsed_s=elapsed_s)
+    return failure_metadata(Cause.TRANSPORT_ERROR, message, elapsed_s=elapsed_s)
 
 
 def _headers(settings: AgentSettings) -> dict[str, str]:
@@ -289,12 +284,12 @@ async def run(
         elapsed = time.monotonic() - started
         message = f"no answer from {url} within the client deadline ({limit_s:.1f}s incl. margin)"
         logger.warning("rl360 agent: %s (task %s)", message, body["task"])
-        return failure_metadata(CLIENT_DEADLINE, message, type(exc).__name__, elapsed)
+        return failure_metadata(Cause.CLIENT_DEADLINE, message, type(exc).__name__, elapsed)
     except httpx.HTTPError as exc:
         elapsed = time.monotonic() - started
         message = f"{type(exc).__name__} talking to {url}: {exc}"
         logger.warning("rl360 agent: %s (task %s)", message, body["task"])
-        return failure_metadata(TRANSPORT_ERROR, message, type(exc).__name__, elapsed)
+        return failure_metadata(Cause.TRANSPORT_ERROR, message, type(exc).__name__, elapsed)
     elapsed = time.monotonic() - started
     try:
         decoded: Any = response.json()

@@ -10,8 +10,11 @@ hook reads. Infrastructure failures are turned into samples Miles trains on noth
 Miles from running a reward model on them. It owns the rl360 rollout flags (`add_arguments`)
 and the per-process pool (`session_pool`, `shutdown_session_pool`).
 
-It does not decide validity rules (`infra.classify_attempt`), run trials (the Harbor server),
-hold sessions (the session servers) or merge turns (`rl360_ext.session.merge`).
+It does not decide validity: it reads the verdict the Harbor server sent through the agent
+function and adds only what this client alone sees (the session it lost, an engine failure the
+session recorded, a turn the engine aborted, a sample `--max-seq-len` leaves empty), through
+`rl360_ext.outcomes.verdict`. It does not run trials (the Harbor server), hold sessions (the
+session servers) or merge turns (`rl360_ext.session.merge`).
 
 Alignment with Miles: the Sample's token fields come from `rl360_ext.session.miles_sample.
 to_miles_sample`, the converter the `/samples` wire uses too, so a trajectory trains the same
@@ -36,14 +39,11 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Any
 
-from rl360_ext.outcomes.infra import (
-    AGENT_TIMEOUT_POLICIES,
-    classify_attempt,
-    infra_class,
-    mark_infra_sample,
-    worst_engine_failure,
-)
+from rl360_ext.outcomes import verdict
+from rl360_ext.outcomes.causes import Cause, infra_class
+from rl360_ext.outcomes.infra import mark_infra_sample
 from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, FAILURE_CAUSE, PHASE_TIMINGS, REWARD_SOURCE, VALID
+from rl360_ext.outcomes.verdict import AGENT_TIMEOUT_POLICIES, worst_engine_failure
 from rl360_ext.rollout import agent as agent_module
 from rl360_ext.rollout import metrics as metrics_module
 from rl360_ext.rollout.rewards import verifier_reward_value
@@ -54,9 +54,7 @@ from rl360_ext.train import reducers as reducers_module
 
 logger = logging.getLogger(__name__)
 
-SESSION_VANISHED = "session_vanished"
 DEFAULT_AGENT_FUNCTION = "rl360_ext.rollout.agent.run"
-ABORTED_CAUSE = "aborted"
 OPENAI_REQUEST_KEYS = frozenset(
     {
         "max_tokens",
@@ -446,13 +444,14 @@ def classify(
     agent_timeout_policy: str,
     merged: MergedSample | None = None,
 ) -> str:
-    """The attempt's class from the agent's answer (or None) and what the session side saw.
+    """The attempt's class: the verdict the agent's answer carries (or None), read, plus what only
+    this client saw (`rl360_ext.outcomes.verdict.attempt_class`; nothing is classified again).
 
     A turn the engine side failed with a 5xx during the attempt (recorded by the session server)
     makes the attempt `infra:no_engine_available` even when the agent carried on and a verifier
     graded it: the trajectory it graded was cut short by infrastructure, not by the policy.
     """
-    return classify_attempt(
+    return verdict.attempt_class(
         result,
         transport_error=(result or {}).get("transport_error"),
         client_deadline=bool((result or {}).get("client_deadline")),
@@ -495,13 +494,13 @@ def finish_sample(
         else fill_from_merged(sample, merged, decode, max_seq_len)
     )
     if attempt_class == VALID and unusable is not None:
-        attempt_class, detail = f"infra:{ABORTED_CAUSE}", unusable
+        attempt_class, detail = infra_class(Cause.ABORTED), unusable
     reward = None
     if attempt_class == VALID:
         assert result is not None
         reward, missing = verifier_reward_value(result, reward_key)
         if missing is not None:
-            attempt_class, detail = infra_class("reward_file_invalid"), missing
+            attempt_class, detail = infra_class(Cause.REWARD_FILE_INVALID), missing
     sample.metadata = {**(sample.metadata or {}), **run_metadata(result), **session_metadata(merged)}
     if filled is not None:  # the converter's merge facts: what max_seq_len kept, as the wire says
         sample.metadata[MERGE_KEY] = filled.metadata[MERGE_KEY]
@@ -584,7 +583,7 @@ async def _run_agent(
             )
     except TimeoutError:
         message = f"the agent function did not return within {limit_s:.1f}s"
-        return agent_module.failure_metadata(agent_module.CLIENT_DEADLINE, message, "TimeoutError"), message
+        return agent_module.failure_metadata(Cause.CLIENT_DEADLINE, message, "TimeoutError"), message
     except agent_module.AgentConfigError:
         raise
     except Exception as exc:  # a custom agent function's bug costs this attempt, not the run
@@ -638,7 +637,7 @@ async def generate(input: GenerateFnInput) -> GenerateFnOutput:
         await asyncio.shield(_delete(handle, session_id))
     timings["total"] = time.monotonic() - started
     attempt_class = classify(
-        result, SESSION_VANISHED if session_problem else None, options.agent_timeout_policy, merged
+        result, Cause.SESSION_VANISHED if session_problem else None, options.agent_timeout_policy, merged
     )
     detail = session_problem or why or (result or {}).get("exception_message")
     sample.routing_key = sample.routing_key or (merged.metadata["session"]["routing_key"] if merged else None)
@@ -665,7 +664,7 @@ async def generate(input: GenerateFnInput) -> GenerateFnOutput:
 
 
 def _infra_without_session(sample: Any, detail: str, tokenizer: Any, handle: PoolHandle) -> Any:
-    attempt_class = classify(None, SESSION_VANISHED, "score")
+    attempt_class = classify(None, Cause.SESSION_VANISHED, "score")
     return finish_sample(
         sample,
         merged=None,

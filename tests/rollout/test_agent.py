@@ -6,6 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rl360_ext.outcomes.provenance import ATTEMPT_CLASS
+from rl360_ext.outcomes.verdict import attempt_class_of
 from rl360_ext.rollout import agent
 from rl360_ext.rollout.agent import (
     AgentConfigError,
@@ -20,7 +22,8 @@ SETTINGS = AgentSettings(harbor_url="http://harbor:8765", deadline_s=600.0)
 
 
 def verifier_answer(reward: float = 1.0, **fields: object) -> dict:
-    return {
+    """A /run answer as the rl360 Harbor server sends it: the fields and its verdict on them."""
+    answer = {
         "reward": reward,
         "rewards": {"reward": reward},
         "reward_source": "verifier",
@@ -31,6 +34,7 @@ def verifier_answer(reward: float = 1.0, **fields: object) -> dict:
         "placement": {"node_label": "local", "image_group": "py"},
         **fields,
     }
+    return {**answer, ATTEMPT_CLASS: attempt_class_of(answer)}
 
 
 def test_run_body_carries_the_session_and_the_remaining_deadline() -> None:
@@ -179,7 +183,15 @@ async def test_run_without_a_harbor_url_is_a_configuration_error(monkeypatch: py
 
 answers = st.dictionaries(
     st.sampled_from(
-        ["reward", "rewards", "reward_source", "failure_cause", "exception_type", "phase_timings"]
+        [
+            "reward",
+            "rewards",
+            "reward_source",
+            "failure_cause",
+            "exception_type",
+            "phase_timings",
+            "attempt_class",
+        ]
     ),
     st.one_of(
         st.none(),
@@ -187,7 +199,18 @@ answers = st.dictionaries(
         st.integers(-3, 3),
         st.booleans(),
         st.sampled_from(
-            ["verifier", "judge", "cancelled", "verifier_crash", "AgentTimeoutError", "", "oops"]
+            [
+                "verifier",
+                "judge",
+                "cancelled",
+                "verifier_crash",
+                "AgentTimeoutError",
+                "",
+                "oops",
+                "valid",
+                "infra:sandbox_lost",
+                "infra:bogus",
+            ]
         ),
         st.dictionaries(st.text(max_size=3), st.floats(allow_nan=True), max_size=2),
     ),
@@ -201,7 +224,8 @@ def test_a_reward_is_returned_only_for_a_valid_verifier_answer(status: int, body
     meta = response_metadata(status, body, policy)
     if meta["attempt_class"] == "valid":
         assert status == 200 and body.get("reward_source") == "verifier"
-        assert meta["reward"] == body["reward"]
+        assert body.get("attempt_class") == "valid"  # the server's verdict, never one made up here
+        assert body.get("failure_cause") in (None, "") and meta["reward"] == body["reward"]
     else:
         assert meta["reward"] is None and meta["rewards"] is None
         assert meta["attempt_class"].startswith("infra:")
