@@ -35,17 +35,24 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import asdict, dataclass
-from functools import lru_cache
+from dataclasses import dataclass
+from functools import lru_cache, partial
 from typing import Any
 
 from rl360_ext.outcomes import verdict
 from rl360_ext.outcomes.causes import Cause, infra_class
 from rl360_ext.outcomes.infra import mark_infra_sample
 from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, FAILURE_CAUSE, PHASE_TIMINGS, REWARD_SOURCE, VALID
-from rl360_ext.outcomes.verdict import AGENT_TIMEOUT_POLICIES, worst_engine_failure
+from rl360_ext.outcomes.verdict import worst_engine_failure
 from rl360_ext.rollout import agent as agent_module
 from rl360_ext.rollout import metrics as metrics_module
+from rl360_ext.rollout.config import (
+    AgentConfig,
+    GenerateConfig,
+    SessionPoolConfig,
+    add_dataclass_arguments,
+    flag_name,
+)
 from rl360_ext.rollout.rewards import verifier_reward_value
 from rl360_ext.rollout.sample import GenerateFnInput, GenerateFnOutput, Sample
 from rl360_ext.session.merge import ABORTED, FAILED, MERGE_KEY, MergedSample
@@ -81,90 +88,7 @@ _NOT_METADATA = frozenset({"reward", "rewards", ATTEMPT_CLASS})
 _SGLANG_TO_OPENAI = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed"}
 
 
-# ---- options --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PoolKey:
-    """What makes two session pools interchangeable."""
-
-    num_servers: int
-    backend_url: str
-    tokenizer_dir: str
-    chat_template: str | None
-    r3: bool
-    host: str | None = None  # the address session servers bind; None: the Ray node's IP
-
-
-@dataclass(frozen=True)
-class GenerateOptions:
-    harbor_url: str
-    harbor_token: str | None
-    pool: PoolKey
-    deadline_s: float
-    client_margin_s: float
-    agent_timeout_policy: str
-    agent: str | None
-    task_key: str
-    max_seq_len: int | None
-    agent_function_path: str | None
-
-
-def _arg(args: Any, name: str, default: Any = None) -> Any:
-    value = getattr(args, name, None)
-    return default if value is None else value
-
-
-def options_from_args(args: Any) -> GenerateOptions:
-    """The hook's options from Miles' args; a ValueError names the flag that is missing or wrong."""
-    env = agent_module.AgentSettings.from_env()
-    harbor_url = _arg(args, "rl360_harbor_url", env.harbor_url)
-    if not harbor_url:
-        raise ValueError(f"--rl360-harbor-url is required (or set ${agent_module.HARBOR_URL_ENV})")
-    backend = getattr(args, "rl360_session_backend", None)
-    if backend is None:
-        ip, port = getattr(args, "sglang_router_ip", None), getattr(args, "sglang_router_port", None)
-        if not ip or not port:
-            raise ValueError(
-                "--rl360-session-backend is required when Miles' --sglang-router-ip and "
-                "--sglang-router-port are unset"
-            )
-        backend = f"http://{ip}:{port}"
-    tokenizer_dir = _arg(args, "rl360_tokenizer", getattr(args, "hf_checkpoint", None))
-    if not tokenizer_dir:
-        raise ValueError("--rl360-tokenizer is required when Miles' --hf-checkpoint is unset")
-    servers = int(_arg(args, "rl360_session_servers", 1))
-    if servers < 1:
-        raise ValueError(f"--rl360-session-servers must be >= 1, got {servers}")
-    r3 = _arg(args, "rl360_r3", bool(getattr(args, "use_rollout_routing_replay", False)))
-    deadline_s = float(_arg(args, "rl360_deadline_s", agent_module.DEFAULT_DEADLINE_S))
-    if not deadline_s > 0:
-        raise ValueError(f"--rl360-deadline-s must be > 0, got {deadline_s}")
-    policy = _arg(args, "rl360_agent_timeout_policy", env.agent_timeout_policy)
-    if policy not in AGENT_TIMEOUT_POLICIES:
-        raise ValueError(
-            f"--rl360-agent-timeout-policy must be one of {AGENT_TIMEOUT_POLICIES}, got {policy!r}"
-        )
-    max_seq_len = getattr(args, "max_seq_len", None)
-    return GenerateOptions(
-        harbor_url=str(harbor_url),
-        harbor_token=_arg(args, "rl360_harbor_token", env.token),
-        pool=PoolKey(
-            servers,
-            str(backend),
-            str(tokenizer_dir),
-            getattr(args, "rl360_chat_template", None),
-            bool(r3),
-            getattr(args, "rl360_session_host", None),
-        ),
-        deadline_s=deadline_s,
-        client_margin_s=float(_arg(args, "rl360_client_margin_s", agent_module.DEFAULT_CLIENT_MARGIN_S)),
-        agent_timeout_policy=policy,
-        agent=_arg(args, "rl360_agent", env.agent),
-        task_key=_arg(args, "rl360_task_key", env.task_key),
-        max_seq_len=None if max_seq_len is None else int(max_seq_len),
-        agent_function_path=getattr(args, "custom_agent_function_path", None),
-    )
+# ---- flags ------------------------------------------------------------------------------------------
 
 
 def _has_option(parser: argparse.ArgumentParser, option: str) -> bool:
@@ -172,70 +96,15 @@ def _has_option(parser: argparse.ArgumentParser, option: str) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Every rl360 rollout flag (also the metrics and loss-reducer flags); safe to call twice."""
-    if not _has_option(parser, "--rl360-harbor-url"):
+    """Every rl360 rollout flag (also the metrics and loss-reducer flags); safe to call twice.
+
+    The `--rl360-*` flags of the agent function and the session pool are derived from the fields
+    of `AgentConfig` and `SessionPoolConfig` (`rl360_ext.rollout.config`), their one home.
+    """
+    if not _has_option(parser, flag_name("harbor_url")):
         group = parser.add_argument_group("rl360 rollout (rl360_ext.rollout.generate)")
-        group.add_argument("--rl360-harbor-url", type=str, default=None, help="Harbor /run server base URL.")
-        group.add_argument(
-            "--rl360-harbor-token", type=str, default=None, help="Bearer token for the Harbor /run server."
-        )
-        group.add_argument(
-            "--rl360-session-servers", type=int, default=1, help="Session servers (Ray actors)."
-        )
-        group.add_argument(
-            "--rl360-session-backend",
-            type=str,
-            default=None,
-            help="SGLang-protocol URL the session servers use (default http://<sglang-router-ip>:<port>).",
-        )
-        group.add_argument(
-            "--rl360-session-host",
-            type=str,
-            default=None,
-            help="Address the session servers bind (default: the Ray node's IP; 127.0.0.1 on one machine).",
-        )
-        group.add_argument(
-            "--rl360-tokenizer", type=str, default=None, help="Tokenizer directory (default --hf-checkpoint)."
-        )
-        group.add_argument(
-            "--rl360-chat-template",
-            type=str,
-            default=None,
-            help="Session servers' chat template: unset (the tokenizer's), 'fixed', or a template file.",
-        )
-        group.add_argument(
-            "--rl360-r3",
-            action=argparse.BooleanOptionalAction,
-            default=None,
-            help="Record routing replay (default: --use-rollout-routing-replay).",
-        )
-        group.add_argument(
-            "--rl360-deadline-s",
-            type=float,
-            default=None,
-            help="Client deadline per attempt (default 3600 s).",
-        )
-        group.add_argument(
-            "--rl360-client-margin-s",
-            type=float,
-            default=None,
-            help="Extra seconds the client waits past the deadline it sends the server (default 5).",
-        )
-        group.add_argument(
-            "--rl360-agent-timeout-policy",
-            choices=AGENT_TIMEOUT_POLICIES,
-            default=None,
-            help="Agent timeouts: 'score' (default; the verifier's reward counts) or 'mask' (infra).",
-        )
-        group.add_argument(
-            "--rl360-agent", type=str, default=None, help="Harbor agent for /run (default: the server's)."
-        )
-        group.add_argument(
-            "--rl360-task-key",
-            type=str,
-            default=None,
-            help="Sample.metadata key holding the task path under the Harbor tasks root (default 'task').",
-        )
+        add_dataclass_arguments(group, AgentConfig)
+        add_dataclass_arguments(group, SessionPoolConfig)
     if not _has_option(parser, "--custom-agent-function-path"):
         parser.add_argument(
             "--custom-agent-function-path",
@@ -269,11 +138,11 @@ class PoolHandle:
     routing_shape: tuple[int, int] | None  # (layers, top_k) with R3
 
 
-_pools: dict[PoolKey, concurrent.futures.Future[PoolHandle]] = {}
+_pools: dict[SessionPoolConfig, concurrent.futures.Future[PoolHandle]] = {}
 _pools_lock = threading.Lock()
 
 
-def _start_pool(key: PoolKey) -> PoolHandle:
+def _start_pool(key: SessionPoolConfig) -> PoolHandle:
     from rl360_ext.session.pool import SessionPool
     from rl360_ext.session.service import ServiceOptions, resolve_routing_shape
 
@@ -281,20 +150,27 @@ def _start_pool(key: PoolKey) -> PoolHandle:
     shape = None
     if key.r3:
         resolved = resolve_routing_shape(
-            ServiceOptions(backend_url=key.backend_url, tokenizer_dir=key.tokenizer_dir, r3=True)
+            ServiceOptions(backend_url=str(key.session_backend), tokenizer_dir=str(key.tokenizer), r3=True)
         )
         assert resolved is not None
         shape = (resolved.layers, resolved.top_k)
         options.update(
             routing_layers=resolved.layers, routing_top_k=resolved.top_k, routing_experts=resolved.num_experts
         )
-    pool = SessionPool(key.num_servers, key.backend_url, key.tokenizer_dir, key.r3, host=key.host, **options)
+    pool = SessionPool(
+        key.session_servers,
+        str(key.session_backend),
+        str(key.tokenizer),
+        bool(key.r3),
+        host=key.session_host,
+        **options,
+    )
     instance_ids = [uuid.uuid4().hex for _ in pool.actors]
     agent_module.register_instance_ids(instance_ids)
     return PoolHandle(pool, instance_ids, shape)
 
 
-def _build(key: PoolKey, future: concurrent.futures.Future[PoolHandle]) -> None:
+def _build(key: SessionPoolConfig, future: concurrent.futures.Future[PoolHandle]) -> None:
     try:
         future.set_result(_start_pool(key))
     except BaseException as exc:  # handed to every waiter; a later call retries
@@ -303,7 +179,7 @@ def _build(key: PoolKey, future: concurrent.futures.Future[PoolHandle]) -> None:
         future.set_exception(exc)
 
 
-async def session_pool(key: PoolKey) -> PoolHandle:
+async def session_pool(key: SessionPoolConfig) -> PoolHandle:
     """This process's pool for `key`, started on first use (in a thread; concurrent callers share it)."""
     with _pools_lock:
         future = _pools.get(key)
@@ -364,10 +240,13 @@ def request_kwargs_from_sampling_params(sampling_params: Mapping[str, Any]) -> d
     return kwargs
 
 
-def load_agent_function(path: str | None) -> Callable[..., Awaitable[dict[str, Any] | None]]:
-    """`module.attr` (Miles' load_function convention), or rl360's agent.run when unset."""
+def load_agent_function(
+    path: str | None, config: AgentConfig | None = None
+) -> Callable[..., Awaitable[dict[str, Any] | None]]:
+    """`module.attr` (Miles' load_function convention), or rl360's agent.run when unset; rl360's
+    own agent function gets `config` (the hook's flags) passed in, not through module state."""
     if not path or path == DEFAULT_AGENT_FUNCTION:
-        return agent_module.run
+        return agent_module.run if config is None else partial(agent_module.run, config=config)
     module, _, attr = path.rpartition(".")
     if not module:
         raise ValueError(f"--custom-agent-function-path must be module.function, got {path!r}")
@@ -536,21 +415,6 @@ def _reset_response(sample: Any) -> None:
 # ---- the hook ------------------------------------------------------------------------------------------
 
 
-def _configure_agent(options: GenerateOptions) -> None:
-    settings = agent_module.current_settings()
-    wanted = {
-        "harbor_url": options.harbor_url,
-        "token": options.harbor_token,
-        "deadline_s": options.deadline_s,
-        "client_margin_s": options.client_margin_s,
-        "agent": options.agent,
-        "task_key": options.task_key,
-        "agent_timeout_policy": options.agent_timeout_policy,
-    }
-    if any(getattr(settings, key) != value for key, value in wanted.items()):
-        agent_module.configure(**{**asdict(settings), **wanted})
-
-
 async def _collect(handle: PoolHandle, session_id: str) -> tuple[MergedSample | None, str | None]:
     try:
         (merged,) = await handle.pool.acollect([session_id])
@@ -567,15 +431,15 @@ async def _delete(handle: PoolHandle, session_id: str) -> None:
 
 
 async def _run_agent(
-    options: GenerateOptions,
+    options: GenerateConfig,
     base_url: str,
     sample: Any,
     request_kwargs: dict[str, Any],
     metadata: dict[str, Any],
 ) -> tuple[dict[str, Any] | None, str | None]:
     """(the agent function's answer, why there is none); a hung custom agent hits the client deadline."""
-    agent_fn = load_agent_function(options.agent_function_path)
-    limit_s = float(metadata[agent_module.DEADLINE_KEY]) + 2 * options.client_margin_s
+    agent_fn = load_agent_function(options.agent_function_path, options.agent)
+    limit_s = float(metadata[agent_module.DEADLINE_KEY]) + 2 * options.agent.client_margin_s
     try:
         async with asyncio.timeout(limit_s):
             result = await agent_fn(
@@ -599,10 +463,9 @@ async def _run_agent(
 async def generate(input: GenerateFnInput) -> GenerateFnOutput:
     """Miles' generate-function contract: one attempt -> one Sample (see the module docstring)."""
     args = input.args
-    options = options_from_args(args)
-    _configure_agent(options)
+    options = GenerateConfig.from_args(args)  # read from Miles' args on every call; no module state
     handle = await session_pool(options.pool)
-    tokenizer = _tokenizer(options.pool.tokenizer_dir)
+    tokenizer = _tokenizer(str(options.pool.tokenizer))
     sample = input.sample
     started = time.monotonic()
     timings: dict[str, float] = {}
@@ -622,7 +485,7 @@ async def generate(input: GenerateFnInput) -> GenerateFnOutput:
         **(sample.metadata or {}),
         "session_id": session_id,
         "session_server_instance_id": instance_id,
-        agent_module.DEADLINE_KEY: max(options.deadline_s - timings["session_open"], 1e-3),
+        agent_module.DEADLINE_KEY: max(options.agent.deadline_s - timings["session_open"], 1e-3),
     }
     if options.max_seq_len is not None:
         metadata["max_seq_len"] = options.max_seq_len
@@ -637,7 +500,10 @@ async def generate(input: GenerateFnInput) -> GenerateFnOutput:
         await asyncio.shield(_delete(handle, session_id))
     timings["total"] = time.monotonic() - started
     attempt_class = classify(
-        result, Cause.SESSION_VANISHED if session_problem else None, options.agent_timeout_policy, merged
+        result,
+        Cause.SESSION_VANISHED if session_problem else None,
+        options.agent.agent_timeout_policy,
+        merged,
     )
     detail = session_problem or why or (result or {}).get("exception_message")
     sample.routing_key = sample.routing_key or (merged.metadata["session"]["routing_key"] if merged else None)

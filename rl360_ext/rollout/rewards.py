@@ -43,7 +43,7 @@ from rl360_ext.outcomes.provenance import (
     is_valid,
 )
 from rl360_ext.outcomes.verdict import worst_engine_failure
-from rl360_ext.rollout.agent import current_settings
+from rl360_ext.rollout.config import AgentConfig
 
 GROUP_BASELINE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
 STD_NORMALIZED_ESTIMATORS = ("grpo", "gspo")
@@ -237,7 +237,7 @@ def verifier_reward_value(result: Mapping[str, Any], reward_key: str | None) -> 
 
 
 def _verified_reward(args: Any, sample: Any) -> Any:
-    policy = current_settings().agent_timeout_policy
+    policy = AgentConfig.from_args(args).agent_timeout_policy  # rl360's flag, or $RL360_AGENT_TIMEOUT_POLICY
     metadata = getattr(sample, "metadata", None)
     cls, detail = classify_agent_metadata(metadata, policy)
     if cls == VALID:

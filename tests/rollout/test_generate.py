@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from rl360_ext.outcomes.provenance import is_valid
 from rl360_ext.rollout import agent as agent_module
+from rl360_ext.rollout.config import AgentConfig, GenerateConfig, SessionPoolConfig, env_name
 from rl360_ext.rollout.generate import (
     add_arguments,
     classify,
@@ -19,7 +21,6 @@ from rl360_ext.rollout.generate import (
     generate,
     load_agent_function,
     non_generation_time,
-    options_from_args,
     request_kwargs_from_sampling_params,
     session_metadata,
 )
@@ -125,6 +126,31 @@ def test_one_call_registers_every_rl360_flag_and_a_second_call_is_harmless() -> 
     assert generate.add_arguments is add_arguments  # type: ignore[attr-defined]
 
 
+def test_every_config_field_has_one_flag_whose_default_is_the_fields() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    unset = parser.parse_args([])
+    for cls in (AgentConfig, SessionPoolConfig):
+        for spec in dataclasses.fields(cls):
+            assert getattr(unset, f"rl360_{spec.name}") is None, spec.name  # unset: the field's default
+            action = parser._option_string_actions["--rl360-" + spec.name.replace("_", "-")]
+            assert action.help and spec.metadata["help"] in action.help
+            if spec.default not in (None, dataclasses.MISSING):
+                assert f"Default: {spec.default}." in action.help
+    args = parser.parse_args(
+        ["--rl360-harbor-url", "http://h:1", "--rl360-model", "m", "--rl360-tokenizer", "/t",
+         "--rl360-session-backend", "http://b", "--rl360-deadline-s", "12.5"]
+    )  # fmt: skip
+    options = GenerateConfig.from_args(args)
+    assert (options.agent.model, options.agent.deadline_s, options.agent.client_margin_s) == ("m", 12.5, 5.0)
+
+
+def test_the_default_agent_function_gets_the_hooks_config() -> None:
+    config = AgentConfig(harbor_url="http://h:1")
+    bound = load_agent_function(None, config)
+    assert bound.func is agent_module.run and bound.keywords == {"config": config}  # type: ignore[attr-defined]
+
+
 def test_flags_miles_already_defines_are_not_added_again() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--custom-agent-function-path", type=str)  # as agentic_tool_call.generate adds it
@@ -143,7 +169,7 @@ def test_the_default_agent_function_path_lets_miles_find_the_abort_hook() -> Non
 
 
 def test_options_default_to_miles_own_flags(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(agent_module.HARBOR_URL_ENV, raising=False)
+    monkeypatch.delenv(env_name("harbor_token"), raising=False)
     args = SimpleNamespace(
         rl360_harbor_url="http://h:1",
         sglang_router_ip="10.0.0.1",
@@ -153,15 +179,19 @@ def test_options_default_to_miles_own_flags(monkeypatch: pytest.MonkeyPatch) -> 
         max_seq_len=8192,
         custom_agent_function_path=None,
     )
-    options = options_from_args(args)
-    assert options.pool.backend_url == "http://10.0.0.1:30000"
-    assert (options.pool.tokenizer_dir, options.pool.r3, options.pool.num_servers) == (
+    options = GenerateConfig.from_args(args)
+    assert options.pool.session_backend == "http://10.0.0.1:30000"
+    assert (options.pool.tokenizer, options.pool.r3, options.pool.session_servers) == (
         "/models/policy",
         True,
         1,
     )
-    assert (options.deadline_s, options.agent_timeout_policy, options.task_key) == (3600.0, "score", "task")
-    assert options.max_seq_len == 8192
+    assert (options.agent.deadline_s, options.agent.agent_timeout_policy, options.agent.task_key) == (
+        3600.0,
+        "score",
+        "task",
+    )
+    assert options.agent.model == "rl360-policy" and options.max_seq_len == 8192
 
 
 @pytest.mark.parametrize(
@@ -176,7 +206,7 @@ def test_options_default_to_miles_own_flags(monkeypatch: pytest.MonkeyPatch) -> 
 def test_missing_or_bad_options_name_the_flag(
     overrides: dict, flag: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(agent_module.HARBOR_URL_ENV, raising=False)
+    monkeypatch.setenv(env_name("harbor_url"), "http://env:1")  # the hook reads its flags, not this
     base = {
         "rl360_harbor_url": "http://h:1",
         "sglang_router_ip": "10.0.0.1",
@@ -184,7 +214,7 @@ def test_missing_or_bad_options_name_the_flag(
         "hf_checkpoint": "/m",
     }
     with pytest.raises(ValueError, match=flag):
-        options_from_args(SimpleNamespace(**{**base, **overrides}))
+        GenerateConfig.from_args(SimpleNamespace(**{**base, **overrides}))
 
 
 def test_sampling_params_become_openai_request_kwargs() -> None:
@@ -211,11 +241,10 @@ def test_the_default_agent_function_is_rl360s_and_others_load_by_dotted_path() -
         load_agent_function("run")
 
 
-async def test_generate_without_a_harbor_url_fails_before_touching_anything(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.delenv(agent_module.HARBOR_URL_ENV, raising=False)
-    state = SimpleNamespace(args=SimpleNamespace(rl360_session_backend="http://b", rl360_tokenizer="/t"))
+async def test_generate_without_a_harbor_url_fails_before_touching_anything() -> None:
+    state = SimpleNamespace(
+        args=SimpleNamespace(rl360_harbor_url=None, rl360_session_backend="http://b", rl360_tokenizer="/t")
+    )
     with pytest.raises(ValueError, match="--rl360-harbor-url"):
         await generate(GenerateFnInput(state, Sample(metadata={"task": "t"}), {}, False))
     assert isinstance(GenerateFnOutput(samples=Sample()).samples, Sample)
