@@ -12,7 +12,7 @@ attempt_class`, never classified again; the only causes this module names are th
 sessions or samples (the generate hook does).
 
 Configuration is an `rl360_ext.rollout.config.AgentConfig`: the generate hook passes the one it
-read from its flags (`run(..., config=...)`); called without one (Miles' stock generate, which
+read from its flags (`run(..., rl360_config=...)`); called without one (Miles' stock generate, which
 hands the agent function no args), `run` reads `AgentConfig.from_env()`, the RL360_* variables.
 `abort(args)` reads `AgentConfig.from_args(args)`. No configuration is kept in module state.
 
@@ -42,6 +42,7 @@ from rl360_ext.rollout.config import AgentConfig, flag_name
 logger = logging.getLogger(__name__)
 
 DEADLINE_KEY = "deadline_s"  # metadata key the generate hook sets to the remaining deadline
+AGENT_CONFIG_KWARG = "rl360_config"  # keyword the generate hook passes its AgentConfig as
 MESSAGE_LIMIT = 2000
 
 
@@ -197,17 +198,17 @@ async def run(
     request_kwargs: dict[str, Any],
     metadata: dict[str, Any],
     *,
-    config: AgentConfig | None = None,
+    rl360_config: AgentConfig | None = None,
     **kwargs: Any,
 ) -> dict[str, Any] | None:
     """Run one attempt on the Harbor `/run` server; see the module docstring for the result.
 
     `base_url` is the session's URL without `/v1` (as Miles passes it). `prompt` is not sent:
-    Harbor reads the task's own instruction. `config` is the generate hook's; None reads the
-    environment. Raises AgentConfigError only for a caller error (no Harbor URL configured, no
+    Harbor reads the task's own instruction. `rl360_config` is the generate hook's; None reads
+    the environment. Raises AgentConfigError only for a caller error (no Harbor URL configured, no
     task in the metadata); every failure of the attempt is returned.
     """
-    settings = config if config is not None else AgentConfig.from_env()
+    settings = rl360_config if rl360_config is not None else AgentConfig.from_env()
     url = _harbor_url(settings) + "/run"
     body = build_run_body(settings, base_url, request_kwargs, metadata)
     limit_s = body["deadline_s"] + settings.client_margin_s

@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import importlib
+import inspect
 import logging
 import threading
 import time
@@ -46,6 +47,7 @@ from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, FAILURE_CAUSE, PHASE_TI
 from rl360_ext.outcomes.verdict import worst_engine_failure
 from rl360_ext.rollout import agent as agent_module
 from rl360_ext.rollout import metrics as metrics_module
+from rl360_ext.rollout.agent import AGENT_CONFIG_KWARG
 from rl360_ext.rollout.config import (
     AgentConfig,
     GenerateConfig,
@@ -243,14 +245,30 @@ def request_kwargs_from_sampling_params(sampling_params: Mapping[str, Any]) -> d
 def load_agent_function(
     path: str | None, config: AgentConfig | None = None
 ) -> Callable[..., Awaitable[dict[str, Any] | None]]:
-    """`module.attr` (Miles' load_function convention), or rl360's agent.run when unset; rl360's
-    own agent function gets `config` (the hook's flags) passed in, not through module state."""
+    """`module.attr` (Miles' load_function convention), or rl360's agent.run when unset.
+
+    With `config` (the hook's flags), a function that takes `**kwargs` (Miles' agent-function
+    contract) or an `rl360_config` parameter gets it as `rl360_config=`: rl360's own `agent.run`
+    reads it, and a wrapper that forwards `**kwargs` to it passes it on. No module state.
+    """
     if not path or path == DEFAULT_AGENT_FUNCTION:
-        return agent_module.run if config is None else partial(agent_module.run, config=config)
-    module, _, attr = path.rpartition(".")
-    if not module:
-        raise ValueError(f"--custom-agent-function-path must be module.function, got {path!r}")
-    return getattr(importlib.import_module(module), attr)
+        function: Callable[..., Awaitable[dict[str, Any] | None]] = agent_module.run
+    else:
+        module, _, attr = path.rpartition(".")
+        if not module:
+            raise ValueError(f"--custom-agent-function-path must be module.function, got {path!r}")
+        function = getattr(importlib.import_module(module), attr)
+    if config is None or not _takes_config(function):
+        return function
+    return partial(function, rl360_config=config)
+
+
+def _takes_config(function: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: pass nothing extra
+        return False
+    return any(p.kind is p.VAR_KEYWORD or p.name == AGENT_CONFIG_KWARG for p in parameters)
 
 
 def fill_from_merged(

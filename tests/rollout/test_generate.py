@@ -145,10 +145,24 @@ def test_every_config_field_has_one_flag_whose_default_is_the_fields() -> None:
     assert (options.agent.model, options.agent.deadline_s, options.agent.client_margin_s) == ("m", 12.5, 5.0)
 
 
-def test_the_default_agent_function_gets_the_hooks_config() -> None:
+async def _forwarding_agent(
+    base_url: str, prompt: object, request_kwargs: dict, metadata: dict, **kw: object
+):
+    return kw
+
+
+async def _strict_agent(base_url: str, prompt: object, request_kwargs: dict, metadata: dict) -> dict:
+    return {}
+
+
+def test_agent_functions_that_take_kwargs_get_the_hooks_config() -> None:
     config = AgentConfig(harbor_url="http://h:1")
     bound = load_agent_function(None, config)
-    assert bound.func is agent_module.run and bound.keywords == {"config": config}  # type: ignore[attr-defined]
+    assert bound.func is agent_module.run and bound.keywords == {"rl360_config": config}  # type: ignore[attr-defined]
+    forwarding = load_agent_function(f"{__name__}._forwarding_agent", config)
+    assert forwarding.keywords == {"rl360_config": config}  # type: ignore[attr-defined]
+    assert load_agent_function(f"{__name__}._strict_agent", config) is _strict_agent
+    assert load_agent_function(None) is agent_module.run
 
 
 def test_flags_miles_already_defines_are_not_added_again() -> None:
