@@ -2,7 +2,8 @@
 
 Owns `AgentConfig` (the agent function, `rl360_ext.rollout.agent`: how it reaches the Harbor /run
 server and what it asks for), `SessionPoolConfig` (the generate hook's session servers; also the
-identity of a pool) and `GenerateConfig` (the generate hook: both, plus the Miles flags it reads).
+identity of a pool), `GenerateConfig` (the generate hook: both, plus the Miles flags it reads)
+and `MetricsConfig` (the rollout-metrics hook).
 Every field carries its documentation in `metadata["help"]`; `add_arguments` derives the
 `--rl360-<field>` flags from the fields (name, type, choices, help and the default it shows), so
 a default is written once, here.
@@ -16,9 +17,10 @@ Channels, in the order they win:
   request_kwargs, metadata)` and never hands it `args`, and there rl360's flags do not exist
   (Miles lets only the generate function add flags). So `AgentConfig.from_env` reads
   `RL360_<FIELD>` (RL360_HARBOR_URL, RL360_HARBOR_TOKEN, RL360_DEADLINE_S, RL360_CLIENT_MARGIN_S,
-  RL360_AGENT, RL360_TASK_KEY, RL360_MODEL, RL360_AGENT_TIMEOUT_POLICY) for that path. Under
-  rl360's generate hook the environment is read for one field only, the bearer token, so a
-  secret can stay out of the command line.
+  RL360_AGENT, RL360_TASK_KEY, RL360_MODEL, RL360_AGENT_TIMEOUT_POLICY) for that path, and
+  `MetricsConfig.from_args` falls back to RL360_METRICS_PATH / RL360_METRICS_ATTEMPTS for a flag
+  that is not there. Under rl360's generate hook the agent's environment is read for one field
+  only, the bearer token, so a secret can stay out of the command line.
 """
 
 from __future__ import annotations
@@ -166,6 +168,30 @@ class GenerateConfig:
         )
 
 
+@dataclass(frozen=True)
+class MetricsConfig:
+    """The rollout-metrics hook (`rl360_ext.rollout.metrics.log_rollout_metrics`)."""
+
+    metrics_path: str | None = _doc("Per-step rl360 metrics JSONL (no file when unset).", None)
+    metrics_attempts: bool = _doc("Also write one JSONL line per attempt.", True)
+
+    @classmethod
+    def from_args(cls, args: Any, environ: Mapping[str, str] | None = None) -> MetricsConfig:
+        """Each field from its flag in Miles' args, else `RL360_<FIELD>`, else its default. The
+        environment is for Miles' stock generate, where rl360's flags are not registered."""
+        env = os.environ if environ is None else environ
+        hints = typing.get_type_hints(cls)
+        values: dict[str, Any] = {}
+        for spec in fields(cls):
+            value = getattr(args, flag_dest(spec.name), None)
+            text = env.get(env_name(spec.name))
+            if value is None and text:
+                value = _parse(_scalar_type(hints[spec.name]), text, f"${env_name(spec.name)}")
+            if value is not None:
+                values[spec.name] = value
+        return cls(**values)
+
+
 # ---- flags derived from the fields ------------------------------------------------------------
 
 
@@ -214,7 +240,7 @@ def _scalar_type(annotation: Any) -> type:
 
 def _parse(kind: type, text: str, where: str) -> Any:
     if kind is bool:
-        return text.strip().lower() in ("1", "true", "yes", "on")
+        return text.strip().lower() not in ("0", "false", "no", "off")
     try:
         return kind(text)
     except ValueError:

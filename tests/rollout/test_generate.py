@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from rl360_ext.outcomes.provenance import is_valid
 from rl360_ext.rollout import agent as agent_module
-from rl360_ext.rollout.config import AgentConfig, GenerateConfig, SessionPoolConfig, env_name
+from rl360_ext.rollout.config import AgentConfig, GenerateConfig, MetricsConfig, SessionPoolConfig, env_name
 from rl360_ext.rollout.generate import (
     add_arguments,
     classify,
@@ -130,7 +130,7 @@ def test_every_config_field_has_one_flag_whose_default_is_the_fields() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     unset = parser.parse_args([])
-    for cls in (AgentConfig, SessionPoolConfig):
+    for cls in (AgentConfig, SessionPoolConfig, MetricsConfig):
         for spec in dataclasses.fields(cls):
             assert getattr(unset, f"rl360_{spec.name}") is None, spec.name  # unset: the field's default
             action = parser._option_string_actions["--rl360-" + spec.name.replace("_", "-")]
