@@ -133,11 +133,12 @@ async def test_stock_agentic_generate_counts_only_verifier_rewards(
     from miles.utils.types import Sample
 
     from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, REWARD_SOURCE, attempt_class
-    from rl360_ext.rollout import agent
+    from rl360_ext.rollout.config import env_name
 
     monkeypatch.setattr(http_utils, "_http_client", None)
-    monkeypatch.setattr(agent, "_settings", None)
-    agent.configure(harbor_url=stack["harbor"].url, deadline_s=150.0)
+    # Miles' stock generate hands the agent function no args: the environment is its channel
+    monkeypatch.setenv(env_name("harbor_url"), stack["harbor"].url)
+    monkeypatch.setenv(env_name("deadline_s"), "150")
 
     group = await _generate(miles_args, [_sample(0, i, task) for i, task in enumerate(TASKS)])
     passing, failing, infra = group

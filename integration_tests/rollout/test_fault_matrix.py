@@ -24,6 +24,7 @@ from rl360_ext.local.fault_matrix import (
     summarize,
 )
 from rl360_ext.rollout import agent as agent_module
+from rl360_ext.rollout.config import env_name
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -103,9 +104,8 @@ async def test_the_agent_function_alone_reads_its_settings_from_the_environment(
     matrix: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stack, _, _ = matrix
-    monkeypatch.setenv(agent_module.HARBOR_URL_ENV, stack.harbor.url)
-    monkeypatch.setenv(agent_module.AGENT_ENV, "oracle")
-    monkeypatch.setattr(agent_module, "_settings", None)
+    monkeypatch.setenv(env_name("harbor_url"), stack.harbor.url)
+    monkeypatch.setenv(env_name("agent"), "oracle")
     result = await agent_module.run("http://127.0.0.1:9/sessions/none", "p", {}, {"task": "fizzbuzz"})
     assert result is not None
     assert (result["reward"], result["reward_source"], result["attempt_class"]) == (1.0, "verifier", "valid")

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from rl360_ext.session.config import ServerConfig
+
 app = typer.Typer(help="The delta-R3 token-in/token-out session server.", no_args_is_help=True)
 
 
@@ -23,9 +25,11 @@ def serve(
     allow_non_append_only: bool = typer.Option(
         False, "--allow-non-append-only", help="Start even if the template checker rejects the template."
     ),
-    max_sessions: int = typer.Option(4096, min=1, help="Sessions held at once."),
-    idle_ttl: float = typer.Option(7200.0, min=0.001, help="Drop sessions idle this many seconds."),
-    model_name: str = typer.Option("rl360-policy", help="Model name in replies and /v1/models."),
+    max_sessions: int = typer.Option(ServerConfig.max_sessions, min=1, help="Sessions held at once."),
+    idle_ttl: float = typer.Option(
+        ServerConfig.idle_ttl_s, min=0.001, help="Drop sessions idle this many seconds."
+    ),
+    model_name: str = typer.Option(ServerConfig.model_name, help="Model name in replies and /v1/models."),
     r3_layers: int | None = typer.Option(None, min=1, help="MoE layers (default: config.json, /model_info)."),
     r3_top_k: int | None = typer.Option(None, min=1, help="Experts per token (default: as above)."),
     r3_experts: int | None = typer.Option(None, min=1, help="Experts per layer (default: as above)."),

@@ -1,45 +1,36 @@
 """Harbor result adapter: the only place in rl360 that reads Harbor's result and failure information.
 
-Owns the mapping from what Harbor leaves behind after one trial (a `TrialResult` of Harbor 0.25
-or 0.26, an exception raised around `Trial.create`/`Trial.run`, and the trial's verifier
-directory) to one `Outcome`: reward, rewards, reward_source, failure_cause, exception type and
+Owns reading what Harbor leaves behind after one trial (a `TrialResult` of Harbor 0.25 or 0.26,
+an exception raised around `Trial.create`/`Trial.run`, and the trial's verifier directory) into
+one `Outcome`: reward, rewards, reward_source, failure_cause, attempt_class, exception type and
 message, phase timings and agent metrics. It does not run trials, and nothing else in rl360
-reads `TrialResult.exception_info`, `ErrorPolicy` or the removed 0.25 `failure_cause`. The
-failure causes and the table from Harbor exception types to them live in the Harbor-free
-`rl360_ext.outcomes.harbor_exceptions`, which the infra classifier reads too.
+reads `TrialResult.exception_info`, `ErrorPolicy` or the removed 0.25 `failure_cause`. It
+decides nothing itself: it gathers the Harbor-free `rl360_ext.outcomes.verdict.TrialFacts` and
+takes `judge`'s verdict, the one decision on whether a reward counts; the /run answer carries
+that verdict (`attempt_class`) so clients read it instead of classifying again.
 
-The reward rule is stricter than Harbor's policy, never looser:
-- reward_source is "verifier" only when THIS run's verifier wrote reward.txt/reward.json: the
-  file exists in the trial's verifier directory after the run, parses to exactly the rewards
-  Harbor graded, and the verifier phase ran. Harbor deletes stale reward files before grading,
-  so a file that is present and matches was written by this run's verifier.
-- An exception keeps a verifier reward only when its cause is a policy failure (the model ran
-  out of context, refused, its command exited non-zero) and Harbor's policy agrees. Every other
-  exception, including one Harbor does not know (Harbor's default for unknown types is
-  has_valid_reward=True), leaves the reward null.
-- So: reward is a float exactly when reward_source == "verifier"; then failure_cause is null or
-  a policy cause. When reward is null, failure_cause says why.
+What it reads for the verdict, stricter than Harbor's policy, never looser:
+- the rewards count only when THIS run's verifier wrote reward.txt/reward.json: the file exists
+  in the trial's verifier directory after the run, parses to exactly the rewards Harbor graded,
+  and the verifier phase ran. Harbor deletes stale reward files before grading, so a file that is
+  present and matches was written by this run's verifier;
+- Harbor's error policy (`has_valid_reward`) for the recorded exception, and the test script's
+  exit code rl360's verifier recorded (`rl360_ext.harbor.verifier`).
+So: reward is a float exactly when reward_source == "verifier"; then failure_cause is null or
+a policy cause. When reward is null, failure_cause says why.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from rl360_ext.outcomes.harbor_exceptions import (
-    JUDGE_FAILURE,
-    JUDGE_FAILURE_EXIT_CODE,
-    POLICY_CAUSES,
-    REWARD_FILE_MISSING,
-    REWARD_KEY_MISSING,
-    VERIFIER_CRASH,
-    cause_for_exception_type,
-)
+from rl360_ext.outcomes.causes import Cause
+from rl360_ext.outcomes.verdict import TrialFacts, Verdict, judge
 
 MESSAGE_LIMIT = 2000
 VERIFIER_EXIT_FILE = "rl360-verifier-exit.json"  # written by rl360_ext.harbor.verifier, read here
@@ -61,6 +52,7 @@ class Outcome:
     rewards: dict[str, float] | None = None
     reward_source: str | None = None
     failure_cause: str | None = None
+    attempt_class: str | None = None  # the verdict: "valid" or "infra:<cause>"
     exception_type: str | None = None
     exception_message: str | None = None
     phase_timings: dict[str, float | None] = field(default_factory=dict)
@@ -80,13 +72,21 @@ def bounded(message: str | None, limit: int = MESSAGE_LIMIT) -> str | None:
 
 def failure(cause: str, exc: BaseException | None = None, message: str | None = None) -> Outcome:
     """An outcome without a reward, for failures decided outside a Harbor trial result."""
+    exception_type = type(exc).__name__ if exc is not None else None
+    verdict = judge(TrialFacts(failure_cause=Cause(cause), exception_type=exception_type))
     return Outcome(
-        failure_cause=cause,
-        exception_type=type(exc).__name__ if exc is not None else None,
+        failure_cause=_plain(verdict.failure_cause),
+        attempt_class=verdict.attempt_class,
+        exception_type=exception_type,
         exception_message=bounded(
             message if message is not None else (str(exc) if exc is not None else None)
         ),
     )
+
+
+def _plain(cause: Cause | None) -> str | None:
+    """A cause as the plain string the /run answer carries."""
+    return None if cause is None else cause.value
 
 
 def read_verifier_rewards(verifier_dir: Path) -> dict[str, float] | None:
@@ -118,15 +118,6 @@ def recorded_test_exit_code(trial_dir: Path) -> int | None:
         return int(json.loads((trial_dir / VERIFIER_EXIT_FILE).read_text())["test_exit_code"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def scalar_reward(rewards: Mapping[str, float]) -> float | None:
-    """The "reward" key, or the only value of a one-key dict; None when ambiguous."""
-    if "reward" in rewards:
-        return float(rewards["reward"])
-    if len(rewards) == 1:
-        return float(next(iter(rewards.values())))
-    return None
 
 
 def _seconds(timing: Any) -> float | None:
@@ -183,41 +174,32 @@ def verified_rewards(result: Any, trial_dir: Path) -> dict[str, float] | None:
     return on_disk
 
 
+def trial_facts(result: Any, trial_dir: Path) -> TrialFacts:
+    """What the verdict needs from a finished trial, read off Harbor's result and the trial directory."""
+    exception_info = getattr(result, "exception_info", None)
+    return TrialFacts(
+        rewards=verified_rewards(result, trial_dir),
+        exception_type=getattr(exception_info, "exception_type", None),
+        harbor_025_cause=getattr(result, "failure_cause", None),
+        harbor_keeps_reward=exception_info is None or _policy_keeps_reward(exception_info),
+        test_exit_code=recorded_test_exit_code(trial_dir),
+    )
+
+
 def classify(result: Any, trial_dir: Path) -> Outcome:
     """The outcome of a finished Harbor trial, from its result and its trial directory."""
-    outcome = Outcome(
+    exception_info = getattr(result, "exception_info", None)
+    verdict: Verdict = judge(trial_facts(result, trial_dir))
+    return Outcome(
+        reward=verdict.reward,
+        rewards=verdict.rewards,
+        reward_source=verdict.reward_source,
+        failure_cause=_plain(verdict.failure_cause),
+        attempt_class=verdict.attempt_class,
+        exception_type=getattr(exception_info, "exception_type", None),
+        exception_message=verdict.detail or bounded(getattr(exception_info, "exception_message", None)),
         phase_timings=phase_timings(result),
         timeline={"sandbox_started_at": sandbox_started_at(result)},
         agent_metrics=agent_metrics(result),
         trial_name=getattr(result, "trial_name", None),
     )
-    rewards = verified_rewards(result, trial_dir)
-    exception_info = getattr(result, "exception_info", None)
-    if recorded_test_exit_code(trial_dir) == JUDGE_FAILURE_EXIT_CODE:
-        outcome.failure_cause = JUDGE_FAILURE
-        outcome.exception_type = getattr(exception_info, "exception_type", None)
-        outcome.exception_message = (
-            f"the verifier's judge failed (tests/test.sh exited {JUDGE_FAILURE_EXIT_CODE}); "
-            "any reward it wrote is a fallback and does not count"
-        )
-        return outcome
-    if exception_info is not None:
-        outcome.exception_type = exception_info.exception_type
-        outcome.exception_message = bounded(exception_info.exception_message)
-        outcome.failure_cause = cause_for_exception_type(
-            exception_info.exception_type, getattr(result, "failure_cause", None)
-        )
-        if outcome.failure_cause == REWARD_FILE_MISSING and (recorded_test_exit_code(trial_dir) or 0) != 0:
-            outcome.failure_cause = VERIFIER_CRASH
-        if outcome.failure_cause not in POLICY_CAUSES or not _policy_keeps_reward(exception_info):
-            return outcome
-    if rewards is None:
-        outcome.failure_cause = outcome.failure_cause or REWARD_FILE_MISSING
-        return outcome
-    reward = scalar_reward(rewards)
-    if reward is None:
-        outcome.failure_cause = REWARD_KEY_MISSING
-        outcome.exception_message = f"the verifier wrote rewards without a 'reward' key: {sorted(rewards)}"
-        return outcome
-    outcome.reward, outcome.rewards, outcome.reward_source = reward, rewards, "verifier"
-    return outcome

@@ -48,11 +48,12 @@ from rl360_ext.harbor.catalog import TaskCatalog, TaskInfo, TaskInvalid, TaskNot
 from rl360_ext.harbor.envs.bwrap import IMPORT_PATH as BWRAP_IMPORT_PATH
 from rl360_ext.harbor.metrics import RunMetrics
 from rl360_ext.harbor.verifier import IMPORT_PATH as VERIFIER_IMPORT_PATH
-from rl360_ext.outcomes import harbor_exceptions as causes
+from rl360_ext.outcomes.causes import Cause
+from rl360_ext.outcomes.harbor_exceptions import AGENT_TIMEOUT_ERROR
 
 FLUSH_WAIT_S = 60.0
 # An agent that ran out of its budget is cut off by us, not judged: skip grading, keep no reward.
-_ERROR_POLICY = {causes.AGENT_TIMEOUT_ERROR: ErrorPolicyOverride(should_grade=False, has_valid_reward=False)}
+_ERROR_POLICY = {AGENT_TIMEOUT_ERROR: ErrorPolicyOverride(should_grade=False, has_valid_reward=False)}
 _log = logging.getLogger(__name__)
 
 
@@ -253,11 +254,11 @@ class TrialRunner:
         except TimeoutError:
             return self._insufficient(request, task, time.monotonic() - received)
         except AdmissionRefused as exc:
-            return outcome.failure(causes.INSUFFICIENT_CAPACITY, exc)
+            return outcome.failure(Cause.INSUFFICIENT_CAPACITY, exc)
         except asyncio.CancelledError:
             _uncancel()
             return self._with_queue(
-                outcome.failure(causes.CANCELLED, message="flushed while queued"), received
+                outcome.failure(Cause.CANCELLED, message="flushed while queued"), received
             )
         admitted_at = time.time()
         try:
@@ -282,7 +283,7 @@ class TrialRunner:
             f"{needed:.1f}s this task needs (setup, verifier, margin and a "
             f"{policy.min_agent_s:.1f}s agent floor); no sandbox was started"
         )
-        result = outcome.failure(causes.INSUFFICIENT_BUDGET, message=message)
+        result = outcome.failure(Cause.INSUFFICIENT_BUDGET, message=message)
         result.phase_timings["queue"] = queue_s
         return result
 
@@ -336,7 +337,7 @@ class TrialRunner:
         try:
             config = self._trial_config(request, task, spec, placement, plan, agent_s)
         except ValueError as exc:
-            return outcome.failure(causes.HARBOR_INTERNAL_ERROR, exc)
+            return outcome.failure(Cause.HARBOR_INTERNAL_ERROR, exc)
         trial_dir = config.trials_dir / config.trial_name
         hard_stop = max(0.0, request.deadline_s - plan.queue_s - plan.margin_s / 2)
         trial: Trial | None = None
@@ -348,18 +349,18 @@ class TrialRunner:
                 result = outcome.classify(await trial.run(), trial_dir)
         except TimeoutError as exc:
             if not scope.expired():
-                result = outcome.failure(causes.HARBOR_INTERNAL_ERROR, exc)
+                result = outcome.failure(Cause.HARBOR_INTERNAL_ERROR, exc)
             else:
-                result = self._from_trial(trial, trial_dir, causes.DEADLINE_EXCEEDED)
+                result = self._from_trial(trial, trial_dir, Cause.DEADLINE_EXCEEDED)
                 result.exception_message = (
                     f"the trial ran past the client's deadline ({request.deadline_s:.1f}s)"
                 )
         except asyncio.CancelledError:
             _uncancel()
-            result = self._from_trial(trial, trial_dir, causes.CANCELLED)
+            result = self._from_trial(trial, trial_dir, Cause.CANCELLED)
         except Exception as exc:
             _log.exception("trial %s failed outside Harbor's error handling", config.trial_name)
-            result = outcome.failure(causes.HARBOR_INTERNAL_ERROR, exc)
+            result = outcome.failure(Cause.HARBOR_INTERNAL_ERROR, exc)
         result.trial_name = config.trial_name
         self._tidy(trial_dir, result)
         return result

@@ -242,9 +242,10 @@ class DemoDriver:
         return [self.summaries[step] for step in range(self.config.steps)]
 
     async def _start_session_pool(self) -> None:
-        from rl360_ext.rollout.generate import options_from_args, session_pool
+        from rl360_ext.rollout.config import GenerateConfig
+        from rl360_ext.rollout.generate import session_pool
 
-        handle = await session_pool(options_from_args(self.args).pool)
+        handle = await session_pool(GenerateConfig.from_args(self.args).pool)
         self.stack.session_servers = list(handle.pool.urls)
         self.stack.write_manifest()
 

@@ -26,12 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.provenance import VALID, attempt_class, infra_cause
 from rl360_ext.rollout.rewards import reward_value
 
+# Fault kinds; the two that are causes are named by the cause they produce.
 SANDBOX_START = "sandbox_start"
-VERIFIER_CRASH = "verifier_crash"
-CLIENT_DEADLINE = "client_deadline"
+VERIFIER_CRASH = Cause.VERIFIER_CRASH.value
+CLIENT_DEADLINE = Cause.CLIENT_DEADLINE.value
 ENGINE_503 = "engine_503"
 FAULT_KINDS = (SANDBOX_START, VERIFIER_CRASH, CLIENT_DEADLINE, ENGINE_503)
 ATTEMPT_FAULT_KINDS = (SANDBOX_START, VERIFIER_CRASH, CLIENT_DEADLINE)  # aimed at single attempts

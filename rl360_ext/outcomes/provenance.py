@@ -1,7 +1,7 @@
 """Reward provenance: the metadata contract every rl360 hook reads to tell valid from infra.
 
 Owns the keys rl360 writes into `Sample.metadata` and the single rule for reading them back.
-`rl360_ext.outcomes.infra` decides the class of an attempt and writes it here; filters, reward
+`rl360_ext.outcomes.verdict` decides the class of an attempt and the hooks write it here; filters, reward
 post-processing, metrics, reducers and the audit only read it through `attempt_class` /
 `is_valid`, so there is one way to ask "does this sample's reward count?".
 
@@ -17,6 +17,7 @@ from typing import Any
 VALID = "valid"
 INFRA_PREFIX = "infra:"
 UNCLASSIFIED = f"{INFRA_PREFIX}unclassified"
+VERIFIER = "verifier"  # the one `reward_source` whose reward counts
 
 # Keys rl360 writes into Sample.metadata.
 ATTEMPT_CLASS = "attempt_class"  # "valid" | "infra:<cause>"
@@ -41,7 +42,7 @@ def attempt_class(sample: Any) -> str:
     recorded = metadata.get(ATTEMPT_CLASS)
     if isinstance(recorded, str) and (recorded == VALID or recorded.startswith(INFRA_PREFIX)):
         return recorded
-    return VALID if metadata.get(REWARD_SOURCE) == "verifier" else UNCLASSIFIED
+    return VALID if metadata.get(REWARD_SOURCE) == VERIFIER else UNCLASSIFIED
 
 
 def is_valid(sample: Any) -> bool:

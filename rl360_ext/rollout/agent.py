@@ -4,14 +4,17 @@ Owns Miles' agent-function contract (`async def run(base_url, prompt, request_kw
 **kwargs) -> dict | None` and `async def abort(args)`, as Miles' `agentic_tool_call.generate`
 and rl360's generate hook call them): building the `/run` body, the client-side deadline, the
 bearer token, and mapping the answer (or its absence) to the metadata dict every rl360 hook
-reads. It does not run trials (the rl360 Harbor server does), decide validity rules (that is
-`rl360_ext.outcomes.infra.classify_attempt`, called here), or touch sessions and samples (the
-generate hook does).
+reads. It does not run trials (the rl360 Harbor server does) or decide validity: the server's
+answer carries its verdict (`attempt_class`), read here with `rl360_ext.outcomes.verdict.
+attempt_class`, never classified again; the only causes this module names are the client's own
+(`Cause.CLIENT_DEADLINE`, `Cause.TRANSPORT_ERROR`, `Cause.RUN_REJECTED`, and
+`Cause.HARBOR_INTERNAL_ERROR` for a server that answered 500 or no JSON). It does not touch
+sessions or samples (the generate hook does).
 
-Configuration comes from `configure(...)` (the generate hook calls it from its flags) or, when
-nothing configured it (Miles' stock generate), from the environment: RL360_HARBOR_URL,
-RL360_HARBOR_TOKEN, RL360_DEADLINE_S, RL360_AGENT, RL360_TASK_KEY, RL360_MODEL and
-RL360_AGENT_TIMEOUT_POLICY.
+Configuration is an `rl360_ext.rollout.config.AgentConfig`: the generate hook passes the one it
+read from its flags (`run(..., rl360_config=...)`); called without one (Miles' stock generate, which
+hands the agent function no args), `run` reads `AgentConfig.from_env()`, the RL360_* variables.
+`abort(args)` reads `AgentConfig.from_args(args)`. No configuration is kept in module state.
 
 Deadline: the request carries the client's remaining deadline (`metadata["deadline_s"]` when the
 generate hook set it, else the configured deadline), and the client waits that long plus
@@ -25,103 +28,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
 
-from rl360_ext.outcomes.infra import AGENT_TIMEOUT_POLICIES, classify_attempt
+from rl360_ext.outcomes.causes import FAILURE_TO_INFRA, Cause, infra_class
 from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, FAILURE_CAUSE, PHASE_TIMINGS, REWARD_SOURCE
+from rl360_ext.outcomes.verdict import attempt_class
+from rl360_ext.rollout.config import AgentConfig, flag_name
 
 logger = logging.getLogger(__name__)
 
-HARBOR_URL_ENV = "RL360_HARBOR_URL"
-HARBOR_TOKEN_ENV = "RL360_HARBOR_TOKEN"
-DEADLINE_ENV = "RL360_DEADLINE_S"
-AGENT_ENV = "RL360_AGENT"
-TASK_KEY_ENV = "RL360_TASK_KEY"
-MODEL_ENV = "RL360_MODEL"
-TIMEOUT_POLICY_ENV = "RL360_AGENT_TIMEOUT_POLICY"
-
-DEFAULT_DEADLINE_S = 3600.0
-DEFAULT_CLIENT_MARGIN_S = 5.0
-DEFAULT_TASK_KEY = "task"
-DEFAULT_MODEL = "rl360-policy"  # the session server's default served name
 DEADLINE_KEY = "deadline_s"  # metadata key the generate hook sets to the remaining deadline
+AGENT_CONFIG_KWARG = "rl360_config"  # keyword the generate hook passes its AgentConfig as
 MESSAGE_LIMIT = 2000
-
-# Client-side failure causes this module reports in `failure_cause` (infra cause names).
-CLIENT_DEADLINE = "client_deadline"
-TRANSPORT_ERROR = "transport_error"
-HARBOR_INTERNAL_ERROR = "harbor_internal_error"
-RUN_REJECTED = "run_rejected"  # the server refused the request (4xx); the message names the field
 
 
 class AgentConfigError(ValueError):
     """The caller's configuration or data is wrong for every attempt alike (no Harbor URL, no task key)."""
 
 
-@dataclass(frozen=True)
-class AgentSettings:
-    """How `run` reaches the Harbor /run server and what it asks for."""
-
-    harbor_url: str | None = None
-    token: str | None = None
-    deadline_s: float = DEFAULT_DEADLINE_S
-    client_margin_s: float = DEFAULT_CLIENT_MARGIN_S
-    agent: str | None = None  # Harbor agent for /run; None: the server's default
-    task_key: str = DEFAULT_TASK_KEY
-    model: str = DEFAULT_MODEL
-    agent_timeout_policy: str = "score"
-
-    def __post_init__(self) -> None:
-        if not self.deadline_s > 0:
-            raise ValueError(f"deadline_s must be > 0, got {self.deadline_s!r}")
-        if self.client_margin_s < 0:
-            raise ValueError(f"client_margin_s must be >= 0, got {self.client_margin_s!r}")
-        if self.agent_timeout_policy not in AGENT_TIMEOUT_POLICIES:
-            raise ValueError(
-                f"agent_timeout_policy must be one of {AGENT_TIMEOUT_POLICIES}, "
-                f"got {self.agent_timeout_policy!r}"
-            )
-        if not self.task_key:
-            raise ValueError("task_key must be a non-empty metadata key")
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentSettings:
-        env = os.environ if environ is None else environ
-        deadline = env.get(DEADLINE_ENV)
-        try:
-            deadline_s = float(deadline) if deadline else DEFAULT_DEADLINE_S
-        except ValueError:
-            raise ValueError(f"${DEADLINE_ENV} must be a number of seconds, got {deadline!r}") from None
-        return cls(
-            harbor_url=env.get(HARBOR_URL_ENV) or None,
-            token=env.get(HARBOR_TOKEN_ENV) or None,
-            deadline_s=deadline_s,
-            agent=env.get(AGENT_ENV) or None,
-            task_key=env.get(TASK_KEY_ENV) or DEFAULT_TASK_KEY,
-            model=env.get(MODEL_ENV) or DEFAULT_MODEL,
-            agent_timeout_policy=env.get(TIMEOUT_POLICY_ENV) or "score",
-        )
-
-
-_settings: AgentSettings | None = None
-_instance_ids: set[str] = set()  # session-server instance ids of this process (for abort)
-
-
-def configure(**settings: Any) -> AgentSettings:
-    """Set this process's settings (AgentSettings fields); unset fields keep the environment's."""
-    global _settings
-    _settings = replace(AgentSettings.from_env(), **settings)
-    return _settings
-
-
-def current_settings() -> AgentSettings:
-    return _settings if _settings is not None else AgentSettings.from_env()
+# Session-server instance ids of this process's pools (state, not configuration): the generate
+# hook registers them when it starts a pool, `abort` flushes their trials.
+_instance_ids: set[str] = set()
 
 
 def register_instance_ids(instance_ids: list[str] | tuple[str, ...] | set[str]) -> None:
@@ -137,7 +68,7 @@ def forget_instance_ids(instance_ids: list[str] | tuple[str, ...] | set[str]) ->
 
 
 def build_run_body(
-    settings: AgentSettings, base_url: str, request_kwargs: Mapping[str, Any], metadata: Mapping[str, Any]
+    settings: AgentConfig, base_url: str, request_kwargs: Mapping[str, Any], metadata: Mapping[str, Any]
 ) -> dict[str, Any]:
     """The `/run` body for one attempt. Raises AgentConfigError naming a missing or bad metadata key."""
     task = metadata.get(settings.task_key)
@@ -178,12 +109,12 @@ def _mapping(value: Any) -> dict[str, Any]:
 
 
 def result_metadata(response: Mapping[str, Any], agent_timeout_policy: str = "score") -> dict[str, Any]:
-    """The agent function's dict for a `/run` answer (HTTP 200): provenance, class, timings.
+    """The agent function's dict for a `/run` answer (HTTP 200): provenance, the server's verdict, timings.
 
-    `reward` is kept only when the class is "valid"; otherwise it is None whatever the server said.
+    `reward` is kept only when the verdict is "valid"; otherwise it is None whatever the server said.
     """
-    attempt_class = classify_attempt(response, agent_timeout_policy=agent_timeout_policy)
-    valid = attempt_class == "valid"
+    verdict = attempt_class(response, agent_timeout_policy=agent_timeout_policy)
+    valid = verdict == "valid"
     failure_cause = response.get("failure_cause")
     return {
         "reward": response.get("reward") if valid else None,
@@ -192,7 +123,7 @@ def result_metadata(response: Mapping[str, Any], agent_timeout_policy: str = "sc
         FAILURE_CAUSE: failure_cause,
         "exception_type": response.get("exception_type"),
         "exception_message": _bounded(response.get("exception_message")),
-        ATTEMPT_CLASS: attempt_class,
+        ATTEMPT_CLASS: verdict,
         "exit_status": failure_cause or ("completed" if valid else "no_reward"),
         PHASE_TIMINGS: _mapping(response.get("phase_timings")),
         "agent_metrics": _mapping(response.get("agent_metrics")),
@@ -204,30 +135,25 @@ def result_metadata(response: Mapping[str, Any], agent_timeout_policy: str = "sc
 
 
 def failure_metadata(
-    cause: str, message: str, exception_type: str | None = None, elapsed_s: float | None = None
+    cause: Cause, message: str, exception_type: str | None = None, elapsed_s: float | None = None
 ) -> dict[str, Any]:
-    """The agent function's dict when no usable `/run` answer arrived: no reward, an infra class."""
-    if cause == CLIENT_DEADLINE:
-        attempt_class = classify_attempt(None, client_deadline=True)
-    elif cause == TRANSPORT_ERROR:
-        attempt_class = classify_attempt(None, transport_error=message)
-    else:
-        attempt_class = classify_attempt({FAILURE_CAUSE: cause})
+    """The agent function's dict when no usable `/run` answer arrived: no reward, the client's cause."""
+    cause = Cause(cause)
     return {
         "reward": None,
         "rewards": None,
         REWARD_SOURCE: None,
-        FAILURE_CAUSE: cause,
+        FAILURE_CAUSE: cause.value,
         "exception_type": exception_type,
         "exception_message": _bounded(message),
-        ATTEMPT_CLASS: attempt_class,
-        "exit_status": cause,
+        ATTEMPT_CLASS: infra_class(FAILURE_TO_INFRA.get(cause, cause)),
+        "exit_status": cause.value,
         PHASE_TIMINGS: {} if elapsed_s is None else {"client_wait": elapsed_s},
         "agent_metrics": {},
         "placement": None,
         "trial_name": None,
-        "transport_error": message if cause == TRANSPORT_ERROR else None,
-        "client_deadline": cause == CLIENT_DEADLINE,
+        "transport_error": message if cause == Cause.TRANSPORT_ERROR else None,
+        "client_deadline": cause == Cause.CLIENT_DEADLINE,
     }
 
 
@@ -238,24 +164,27 @@ def response_metadata(
     if status_code == 200 and isinstance(body, Mapping):
         return result_metadata(body, agent_timeout_policy)
     if status_code == 200:
-        return failure_metadata(HARBOR_INTERNAL_ERROR, f"/run answered 200 without a JSON object: {body!r}")
+        return failure_metadata(
+            Cause.HARBOR_INTERNAL_ERROR, f"/run answered 200 without a JSON object: {body!r}"
+        )
     detail = body.get("detail", body) if isinstance(body, Mapping) else body
     message = f"/run answered HTTP {status_code}: {detail!r}"
     if 400 <= status_code < 500:
-        return failure_metadata(RUN_REJECTED, message, elapsed_s=elapsed_s)
+        return failure_metadata(Cause.RUN_REJECTED, message, elapsed_s=elapsed_s)
     if status_code == 500:
-        return failure_metadata(HARBOR_INTERNAL_ERROR, message, elapsed_s=elapsed_s)
-    return failure_metadata(TRANSPORT_ERROR, message, elapsed_s=elapsed_s)
+        return failure_metadata(Cause.HARBOR_INTERNAL_ERROR, message, elapsed_s=elapsed_s)
+    return failure_metadata(Cause.TRANSPORT_ERROR, message, elapsed_s=elapsed_s)
 
 
-def _headers(settings: AgentSettings) -> dict[str, str]:
-    return {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
+def _headers(settings: AgentConfig) -> dict[str, str]:
+    return {"Authorization": f"Bearer {settings.harbor_token}"} if settings.harbor_token else {}
 
 
-def _harbor_url(settings: AgentSettings) -> str:
+def _harbor_url(settings: AgentConfig) -> str:
     if not settings.harbor_url:
         raise AgentConfigError(
-            f"no Harbor /run server configured: pass --rl360-harbor-url or set ${HARBOR_URL_ENV}"
+            f"no Harbor /run server configured: pass {flag_name('harbor_url')} "
+            "(or, under Miles' stock generate, set $RL360_HARBOR_URL)"
         )
     return settings.harbor_url.rstrip("/")
 
@@ -268,15 +197,18 @@ async def run(
     prompt: Any,
     request_kwargs: dict[str, Any],
     metadata: dict[str, Any],
+    *,
+    rl360_config: AgentConfig | None = None,
     **kwargs: Any,
 ) -> dict[str, Any] | None:
     """Run one attempt on the Harbor `/run` server; see the module docstring for the result.
 
     `base_url` is the session's URL without `/v1` (as Miles passes it). `prompt` is not sent:
-    Harbor reads the task's own instruction. Raises AgentConfigError only for a caller error (no
-    Harbor URL configured, no task in the metadata); every failure of the attempt is returned.
+    Harbor reads the task's own instruction. `rl360_config` is the generate hook's; None reads
+    the environment. Raises AgentConfigError only for a caller error (no Harbor URL configured, no
+    task in the metadata); every failure of the attempt is returned.
     """
-    settings = current_settings()
+    settings = rl360_config if rl360_config is not None else AgentConfig.from_env()
     url = _harbor_url(settings) + "/run"
     body = build_run_body(settings, base_url, request_kwargs, metadata)
     limit_s = body["deadline_s"] + settings.client_margin_s
@@ -289,12 +221,12 @@ async def run(
         elapsed = time.monotonic() - started
         message = f"no answer from {url} within the client deadline ({limit_s:.1f}s incl. margin)"
         logger.warning("rl360 agent: %s (task %s)", message, body["task"])
-        return failure_metadata(CLIENT_DEADLINE, message, type(exc).__name__, elapsed)
+        return failure_metadata(Cause.CLIENT_DEADLINE, message, type(exc).__name__, elapsed)
     except httpx.HTTPError as exc:
         elapsed = time.monotonic() - started
         message = f"{type(exc).__name__} talking to {url}: {exc}"
         logger.warning("rl360 agent: %s (task %s)", message, body["task"])
-        return failure_metadata(TRANSPORT_ERROR, message, type(exc).__name__, elapsed)
+        return failure_metadata(Cause.TRANSPORT_ERROR, message, type(exc).__name__, elapsed)
     elapsed = time.monotonic() - started
     try:
         decoded: Any = response.json()
@@ -310,9 +242,10 @@ async def abort(args: Any) -> None:
     """Flush this process's trials on the Harbor server (Miles calls it when a rollout is aborted).
 
     Flushes every session-server instance id the generate hook registered, plus Miles' own
-    `args.session_server_instance_id(s)` when set (stock `agentic_tool_call.generate`).
+    `args.session_server_instance_id(s)` when set (stock `agentic_tool_call.generate`). The
+    Harbor URL and token come from `args` (rl360's flags), or the environment without them.
     """
-    settings = current_settings()
+    settings = AgentConfig.from_args(args)
     if not settings.harbor_url:
         return
     ids = set(_instance_ids)

@@ -10,13 +10,18 @@ hook reads. Infrastructure failures are turned into samples Miles trains on noth
 Miles from running a reward model on them. It owns the rl360 rollout flags (`add_arguments`)
 and the per-process pool (`session_pool`, `shutdown_session_pool`).
 
-It does not decide validity rules (`infra.classify_attempt`), run trials (the Harbor server),
-hold sessions (the session servers) or merge turns (`rl360_ext.session.merge`).
+It does not decide validity: it reads the verdict the Harbor server sent through the agent
+function and adds only what this client alone sees (the session it lost, an engine failure the
+session recorded, a turn the engine aborted, a sample `--max-seq-len` leaves empty), through
+`rl360_ext.outcomes.verdict`. It does not run trials (the Harbor server), hold sessions (the
+session servers) or merge turns (`rl360_ext.session.merge`).
 
-Alignment with Miles: `Sample.tokens` is prompt + response; `response_length`, `loss_mask` and
-`rollout_log_probs` cover the response part only (`MergedSample.loss_mask[prompt_length:]`),
-as Miles' own session server builds them; `rollout_routed_experts` covers every token but the
-last (int32 `[len(tokens) - 1, layers, top_k]`).
+Alignment with Miles: the Sample's token fields come from `rl360_ext.session.miles_sample.
+to_miles_sample`, the converter the `/samples` wire uses too, so a trajectory trains the same
+under this hook and under Miles' stock `agentic_tool_call.generate`: `Sample.tokens` is prompt +
+response; `response_length`, `loss_mask` and `rollout_log_probs` cover the response part only;
+`rollout_routed_experts` covers every token but the last (int32 `[len(tokens) - 1, layers,
+top_k]`); `--max-seq-len` cuts at turn boundaries as Miles' session server does.
 """
 
 from __future__ import annotations
@@ -25,37 +30,40 @@ import argparse
 import asyncio
 import concurrent.futures
 import importlib
+import inspect
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import asdict, dataclass
-from functools import lru_cache
+from dataclasses import dataclass
+from functools import lru_cache, partial
 from typing import Any
 
-import numpy as np
-
-from rl360_ext.outcomes.infra import (
-    AGENT_TIMEOUT_POLICIES,
-    classify_attempt,
-    infra_class,
-    mark_infra_sample,
-    worst_engine_failure,
-)
+from rl360_ext.outcomes import verdict
+from rl360_ext.outcomes.causes import Cause, infra_class
+from rl360_ext.outcomes.infra import mark_infra_sample
 from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, FAILURE_CAUSE, PHASE_TIMINGS, REWARD_SOURCE, VALID
+from rl360_ext.outcomes.verdict import worst_engine_failure
 from rl360_ext.rollout import agent as agent_module
 from rl360_ext.rollout import metrics as metrics_module
+from rl360_ext.rollout.agent import AGENT_CONFIG_KWARG
+from rl360_ext.rollout.config import (
+    AgentConfig,
+    GenerateConfig,
+    SessionPoolConfig,
+    add_dataclass_arguments,
+    flag_name,
+)
 from rl360_ext.rollout.rewards import verifier_reward_value
 from rl360_ext.rollout.sample import GenerateFnInput, GenerateFnOutput, Sample
-from rl360_ext.session.merge import ABORTED, COMPLETED, FAILED, TRUNCATED, MergedSample
+from rl360_ext.session.merge import ABORTED, FAILED, MERGE_KEY, MergedSample
+from rl360_ext.session.miles_sample import MilesSample, to_miles_sample
 from rl360_ext.train import reducers as reducers_module
 
 logger = logging.getLogger(__name__)
 
-SESSION_VANISHED = "session_vanished"
 DEFAULT_AGENT_FUNCTION = "rl360_ext.rollout.agent.run"
-ABORTED_CAUSE = "aborted"
 OPENAI_REQUEST_KEYS = frozenset(
     {
         "max_tokens",
@@ -82,90 +90,7 @@ _NOT_METADATA = frozenset({"reward", "rewards", ATTEMPT_CLASS})
 _SGLANG_TO_OPENAI = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed"}
 
 
-# ---- options --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PoolKey:
-    """What makes two session pools interchangeable."""
-
-    num_servers: int
-    backend_url: str
-    tokenizer_dir: str
-    chat_template: str | None
-    r3: bool
-    host: str | None = None  # the address session servers bind; None: the Ray node's IP
-
-
-@dataclass(frozen=True)
-class GenerateOptions:
-    harbor_url: str
-    harbor_token: str | None
-    pool: PoolKey
-    deadline_s: float
-    client_margin_s: float
-    agent_timeout_policy: str
-    agent: str | None
-    task_key: str
-    max_seq_len: int | None
-    agent_function_path: str | None
-
-
-def _arg(args: Any, name: str, default: Any = None) -> Any:
-    value = getattr(args, name, None)
-    return default if value is None else value
-
-
-def options_from_args(args: Any) -> GenerateOptions:
-    """The hook's options from Miles' args; a ValueError names the flag that is missing or wrong."""
-    env = agent_module.AgentSettings.from_env()
-    harbor_url = _arg(args, "rl360_harbor_url", env.harbor_url)
-    if not harbor_url:
-        raise ValueError(f"--rl360-harbor-url is required (or set ${agent_module.HARBOR_URL_ENV})")
-    backend = getattr(args, "rl360_session_backend", None)
-    if backend is None:
-        ip, port = getattr(args, "sglang_router_ip", None), getattr(args, "sglang_router_port", None)
-        if not ip or not port:
-            raise ValueError(
-                "--rl360-session-backend is required when Miles' --sglang-router-ip and "
-                "--sglang-router-port are unset"
-            )
-        backend = f"http://{ip}:{port}"
-    tokenizer_dir = _arg(args, "rl360_tokenizer", getattr(args, "hf_checkpoint", None))
-    if not tokenizer_dir:
-        raise ValueError("--rl360-tokenizer is required when Miles' --hf-checkpoint is unset")
-    servers = int(_arg(args, "rl360_session_servers", 1))
-    if servers < 1:
-        raise ValueError(f"--rl360-session-servers must be >= 1, got {servers}")
-    r3 = _arg(args, "rl360_r3", bool(getattr(args, "use_rollout_routing_replay", False)))
-    deadline_s = float(_arg(args, "rl360_deadline_s", agent_module.DEFAULT_DEADLINE_S))
-    if not deadline_s > 0:
-        raise ValueError(f"--rl360-deadline-s must be > 0, got {deadline_s}")
-    policy = _arg(args, "rl360_agent_timeout_policy", env.agent_timeout_policy)
-    if policy not in AGENT_TIMEOUT_POLICIES:
-        raise ValueError(
-            f"--rl360-agent-timeout-policy must be one of {AGENT_TIMEOUT_POLICIES}, got {policy!r}"
-        )
-    max_seq_len = getattr(args, "max_seq_len", None)
-    return GenerateOptions(
-        harbor_url=str(harbor_url),
-        harbor_token=_arg(args, "rl360_harbor_token", env.token),
-        pool=PoolKey(
-            servers,
-            str(backend),
-            str(tokenizer_dir),
-            getattr(args, "rl360_chat_template", None),
-            bool(r3),
-            getattr(args, "rl360_session_host", None),
-        ),
-        deadline_s=deadline_s,
-        client_margin_s=float(_arg(args, "rl360_client_margin_s", agent_module.DEFAULT_CLIENT_MARGIN_S)),
-        agent_timeout_policy=policy,
-        agent=_arg(args, "rl360_agent", env.agent),
-        task_key=_arg(args, "rl360_task_key", env.task_key),
-        max_seq_len=None if max_seq_len is None else int(max_seq_len),
-        agent_function_path=getattr(args, "custom_agent_function_path", None),
-    )
+# ---- flags ------------------------------------------------------------------------------------------
 
 
 def _has_option(parser: argparse.ArgumentParser, option: str) -> bool:
@@ -173,70 +98,15 @@ def _has_option(parser: argparse.ArgumentParser, option: str) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Every rl360 rollout flag (also the metrics and loss-reducer flags); safe to call twice."""
-    if not _has_option(parser, "--rl360-harbor-url"):
+    """Every rl360 rollout flag (also the metrics and loss-reducer flags); safe to call twice.
+
+    The `--rl360-*` flags of the agent function and the session pool are derived from the fields
+    of `AgentConfig` and `SessionPoolConfig` (`rl360_ext.rollout.config`), their one home.
+    """
+    if not _has_option(parser, flag_name("harbor_url")):
         group = parser.add_argument_group("rl360 rollout (rl360_ext.rollout.generate)")
-        group.add_argument("--rl360-harbor-url", type=str, default=None, help="Harbor /run server base URL.")
-        group.add_argument(
-            "--rl360-harbor-token", type=str, default=None, help="Bearer token for the Harbor /run server."
-        )
-        group.add_argument(
-            "--rl360-session-servers", type=int, default=1, help="Session servers (Ray actors)."
-        )
-        group.add_argument(
-            "--rl360-session-backend",
-            type=str,
-            default=None,
-            help="SGLang-protocol URL the session servers use (default http://<sglang-router-ip>:<port>).",
-        )
-        group.add_argument(
-            "--rl360-session-host",
-            type=str,
-            default=None,
-            help="Address the session servers bind (default: the Ray node's IP; 127.0.0.1 on one machine).",
-        )
-        group.add_argument(
-            "--rl360-tokenizer", type=str, default=None, help="Tokenizer directory (default --hf-checkpoint)."
-        )
-        group.add_argument(
-            "--rl360-chat-template",
-            type=str,
-            default=None,
-            help="Session servers' chat template: unset (the tokenizer's), 'fixed', or a template file.",
-        )
-        group.add_argument(
-            "--rl360-r3",
-            action=argparse.BooleanOptionalAction,
-            default=None,
-            help="Record routing replay (default: --use-rollout-routing-replay).",
-        )
-        group.add_argument(
-            "--rl360-deadline-s",
-            type=float,
-            default=None,
-            help="Client deadline per attempt (default 3600 s).",
-        )
-        group.add_argument(
-            "--rl360-client-margin-s",
-            type=float,
-            default=None,
-            help="Extra seconds the client waits past the deadline it sends the server (default 5).",
-        )
-        group.add_argument(
-            "--rl360-agent-timeout-policy",
-            choices=AGENT_TIMEOUT_POLICIES,
-            default=None,
-            help="Agent timeouts: 'score' (default; the verifier's reward counts) or 'mask' (infra).",
-        )
-        group.add_argument(
-            "--rl360-agent", type=str, default=None, help="Harbor agent for /run (default: the server's)."
-        )
-        group.add_argument(
-            "--rl360-task-key",
-            type=str,
-            default=None,
-            help="Sample.metadata key holding the task path under the Harbor tasks root (default 'task').",
-        )
+        add_dataclass_arguments(group, AgentConfig)
+        add_dataclass_arguments(group, SessionPoolConfig)
     if not _has_option(parser, "--custom-agent-function-path"):
         parser.add_argument(
             "--custom-agent-function-path",
@@ -270,11 +140,11 @@ class PoolHandle:
     routing_shape: tuple[int, int] | None  # (layers, top_k) with R3
 
 
-_pools: dict[PoolKey, concurrent.futures.Future[PoolHandle]] = {}
+_pools: dict[SessionPoolConfig, concurrent.futures.Future[PoolHandle]] = {}
 _pools_lock = threading.Lock()
 
 
-def _start_pool(key: PoolKey) -> PoolHandle:
+def _start_pool(key: SessionPoolConfig) -> PoolHandle:
     from rl360_ext.session.pool import SessionPool
     from rl360_ext.session.service import ServiceOptions, resolve_routing_shape
 
@@ -282,20 +152,27 @@ def _start_pool(key: PoolKey) -> PoolHandle:
     shape = None
     if key.r3:
         resolved = resolve_routing_shape(
-            ServiceOptions(backend_url=key.backend_url, tokenizer_dir=key.tokenizer_dir, r3=True)
+            ServiceOptions(backend_url=str(key.session_backend), tokenizer_dir=str(key.tokenizer), r3=True)
         )
         assert resolved is not None
         shape = (resolved.layers, resolved.top_k)
         options.update(
             routing_layers=resolved.layers, routing_top_k=resolved.top_k, routing_experts=resolved.num_experts
         )
-    pool = SessionPool(key.num_servers, key.backend_url, key.tokenizer_dir, key.r3, host=key.host, **options)
+    pool = SessionPool(
+        key.session_servers,
+        str(key.session_backend),
+        str(key.tokenizer),
+        bool(key.r3),
+        host=key.session_host,
+        **options,
+    )
     instance_ids = [uuid.uuid4().hex for _ in pool.actors]
     agent_module.register_instance_ids(instance_ids)
     return PoolHandle(pool, instance_ids, shape)
 
 
-def _build(key: PoolKey, future: concurrent.futures.Future[PoolHandle]) -> None:
+def _build(key: SessionPoolConfig, future: concurrent.futures.Future[PoolHandle]) -> None:
     try:
         future.set_result(_start_pool(key))
     except BaseException as exc:  # handed to every waiter; a later call retries
@@ -304,7 +181,7 @@ def _build(key: PoolKey, future: concurrent.futures.Future[PoolHandle]) -> None:
         future.set_exception(exc)
 
 
-async def session_pool(key: PoolKey) -> PoolHandle:
+async def session_pool(key: SessionPoolConfig) -> PoolHandle:
     """This process's pool for `key`, started on first use (in a thread; concurrent callers share it)."""
     with _pools_lock:
         future = _pools.get(key)
@@ -365,50 +242,69 @@ def request_kwargs_from_sampling_params(sampling_params: Mapping[str, Any]) -> d
     return kwargs
 
 
-def load_agent_function(path: str | None) -> Callable[..., Awaitable[dict[str, Any] | None]]:
-    """`module.attr` (Miles' load_function convention), or rl360's agent.run when unset."""
+def load_agent_function(
+    path: str | None, config: AgentConfig | None = None
+) -> Callable[..., Awaitable[dict[str, Any] | None]]:
+    """`module.attr` (Miles' load_function convention), or rl360's agent.run when unset.
+
+    With `config` (the hook's flags), a function that takes `**kwargs` (Miles' agent-function
+    contract) or an `rl360_config` parameter gets it as `rl360_config=`: rl360's own `agent.run`
+    reads it, and a wrapper that forwards `**kwargs` to it passes it on. No module state.
+    """
     if not path or path == DEFAULT_AGENT_FUNCTION:
-        return agent_module.run
-    module, _, attr = path.rpartition(".")
-    if not module:
-        raise ValueError(f"--custom-agent-function-path must be module.function, got {path!r}")
-    return getattr(importlib.import_module(module), attr)
+        function: Callable[..., Awaitable[dict[str, Any] | None]] = agent_module.run
+    else:
+        module, _, attr = path.rpartition(".")
+        if not module:
+            raise ValueError(f"--custom-agent-function-path must be module.function, got {path!r}")
+        function = getattr(importlib.import_module(module), attr)
+    if config is None or not _takes_config(function):
+        return function
+    return partial(function, rl360_config=config)
+
+
+def _takes_config(function: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: pass nothing extra
+        return False
+    return any(p.kind is p.VAR_KEYWORD or p.name == AGENT_CONFIG_KWARG for p in parameters)
 
 
 def fill_from_merged(
     sample: Any, merged: MergedSample, decode: Callable[[list[int]], str], max_seq_len: int | None = None
-) -> tuple[bool, str | None]:
-    """Put the merged sample's tokens into `sample`: (filled, why it cannot be trained on or None).
+) -> tuple[MilesSample | None, str | None]:
+    """Put the merged sample into `sample`: (what was filled or None, why it cannot be trained on).
 
-    Sets tokens, response, response_length, loss_mask and rollout_log_probs (response part),
-    rollout_routed_experts (int32, every token but the last), weight_versions and status. A
-    trajectory longer than `max_seq_len` is cut there (status TRUNCATED), as Miles' session
-    server does.
+    The fields are exactly `rl360_ext.session.miles_sample.to_miles_sample`'s, the converter the
+    `/samples` wire uses too (Miles' truncation rule: whole turns while they fit, the overflowing
+    turn's output cut, a turn left without output dropped), copied into Miles' types: tokens,
+    response, response_length, loss_mask and rollout_log_probs (response part, as lists),
+    rollout_routed_experts (int32, every token but the last), weight_versions, status,
+    prefix_cache_info. Nothing is filled (None) when no turn survives or no response token does.
     """
     if merged.status == FAILED or len(merged.tokens) == 0:
-        return False, "the agent made no model calls (the session recorded no turns)"
-    prompt_length = merged.prompt_length
-    truncated = max_seq_len is not None and len(merged.tokens) > max_seq_len
-    keep = max_seq_len if truncated and max_seq_len is not None else len(merged.tokens)
-    if keep <= prompt_length and truncated:
-        return False, f"the first prompt ({prompt_length} tokens) does not fit --max-seq-len {max_seq_len}"
-    if keep <= prompt_length:
-        return False, "the model produced no response tokens"
-    sample.tokens = merged.tokens[:keep].tolist()
-    sample.response_length = keep - prompt_length
-    sample.response = decode(sample.tokens[prompt_length:])
-    sample.loss_mask = merged.loss_mask[prompt_length:keep].astype(int).tolist()
-    sample.rollout_log_probs = merged.rollout_log_probs[prompt_length:keep].astype(float).tolist()
-    routed = merged.routed_experts
-    sample.rollout_routed_experts = None if routed is None else routed[: keep - 1].astype(np.int32)
-    sample.weight_versions = [str(v) for v in merged.weight_versions if v is not None]
-    status = TRUNCATED if truncated else merged.status
-    sample.status = (
-        Sample.Status[status] if status in (COMPLETED, TRUNCATED, ABORTED) else Sample.Status.FAILED
-    )
+        return None, "the agent made no model calls (the session recorded no turns)"
+    miles = to_miles_sample(merged, decode, max_seq_len)
+    if miles is None:
+        return None, (
+            f"the first turn's output does not fit --max-seq-len {max_seq_len} "
+            f"(the first prompt has {merged.prompt_length} tokens)"
+        )
+    if miles.response_length <= 0:
+        return None, "the model produced no response tokens"
+    sample.tokens = miles.tokens.tolist()
+    sample.response = miles.response
+    sample.response_length = miles.response_length
+    sample.loss_mask = miles.loss_mask.astype(int).tolist()
+    sample.rollout_log_probs = miles.rollout_log_probs.tolist()
+    sample.rollout_routed_experts = miles.rollout_routed_experts
+    sample.weight_versions = list(miles.weight_versions)
+    sample.status = Sample.Status(miles.status)
+    sample.prefix_cache_info = Sample.PrefixCacheInfo.from_dict(miles.prefix_cache_info)
     if merged.status == ABORTED:
-        return True, "the engine aborted a turn, so the sample is a prefix of what the verifier graded"
-    return True, None
+        return miles, "the engine aborted a turn, so the sample is a prefix of what the verifier graded"
+    return miles, None
 
 
 def session_metadata(merged: MergedSample | None) -> dict[str, Any]:
@@ -445,13 +341,14 @@ def classify(
     agent_timeout_policy: str,
     merged: MergedSample | None = None,
 ) -> str:
-    """The attempt's class from the agent's answer (or None) and what the session side saw.
+    """The attempt's class: the verdict the agent's answer carries (or None), read, plus what only
+    this client saw (`rl360_ext.outcomes.verdict.attempt_class`; nothing is classified again).
 
     A turn the engine side failed with a 5xx during the attempt (recorded by the session server)
     makes the attempt `infra:no_engine_available` even when the agent carried on and a verifier
     graded it: the trajectory it graded was cut short by infrastructure, not by the policy.
     """
-    return classify_attempt(
+    return verdict.attempt_class(
         result,
         transport_error=(result or {}).get("transport_error"),
         client_deadline=bool((result or {}).get("client_deadline")),
@@ -489,25 +386,27 @@ def finish_sample(
     """Fill `sample` from what the attempt produced. A valid class whose tokens cannot be trained on
     becomes "infra:aborted"; every infra attempt goes through `mark_infra_sample` (status ABORTED)."""
     filled, unusable = (
-        (False, "no merged sample was collected")
+        (None, "no merged sample was collected")
         if merged is None
         else fill_from_merged(sample, merged, decode, max_seq_len)
     )
     if attempt_class == VALID and unusable is not None:
-        attempt_class, detail = f"infra:{ABORTED_CAUSE}", unusable
+        attempt_class, detail = infra_class(Cause.ABORTED), unusable
     reward = None
     if attempt_class == VALID:
         assert result is not None
         reward, missing = verifier_reward_value(result, reward_key)
         if missing is not None:
-            attempt_class, detail = infra_class("reward_file_invalid"), missing
+            attempt_class, detail = infra_class(Cause.REWARD_FILE_INVALID), missing
     sample.metadata = {**(sample.metadata or {}), **run_metadata(result), **session_metadata(merged)}
+    if filled is not None:  # the converter's merge facts: what max_seq_len kept, as the wire says
+        sample.metadata[MERGE_KEY] = filled.metadata[MERGE_KEY]
     if attempt_class == VALID:
         sample.metadata[ATTEMPT_CLASS] = VALID
         sample.reward = reward
         sample.remove_sample = False
         return sample
-    if not filled:
+    if filled is None:
         _reset_response(sample)
     mark_infra_sample(
         sample,
@@ -534,21 +433,6 @@ def _reset_response(sample: Any) -> None:
 # ---- the hook ------------------------------------------------------------------------------------------
 
 
-def _configure_agent(options: GenerateOptions) -> None:
-    settings = agent_module.current_settings()
-    wanted = {
-        "harbor_url": options.harbor_url,
-        "token": options.harbor_token,
-        "deadline_s": options.deadline_s,
-        "client_margin_s": options.client_margin_s,
-        "agent": options.agent,
-        "task_key": options.task_key,
-        "agent_timeout_policy": options.agent_timeout_policy,
-    }
-    if any(getattr(settings, key) != value for key, value in wanted.items()):
-        agent_module.configure(**{**asdict(settings), **wanted})
-
-
 async def _collect(handle: PoolHandle, session_id: str) -> tuple[MergedSample | None, str | None]:
     try:
         (merged,) = await handle.pool.acollect([session_id])
@@ -565,15 +449,15 @@ async def _delete(handle: PoolHandle, session_id: str) -> None:
 
 
 async def _run_agent(
-    options: GenerateOptions,
+    options: GenerateConfig,
     base_url: str,
     sample: Any,
     request_kwargs: dict[str, Any],
     metadata: dict[str, Any],
 ) -> tuple[dict[str, Any] | None, str | None]:
     """(the agent function's answer, why there is none); a hung custom agent hits the client deadline."""
-    agent_fn = load_agent_function(options.agent_function_path)
-    limit_s = float(metadata[agent_module.DEADLINE_KEY]) + 2 * options.client_margin_s
+    agent_fn = load_agent_function(options.agent_function_path, options.agent)
+    limit_s = float(metadata[agent_module.DEADLINE_KEY]) + 2 * options.agent.client_margin_s
     try:
         async with asyncio.timeout(limit_s):
             result = await agent_fn(
@@ -581,7 +465,7 @@ async def _run_agent(
             )
     except TimeoutError:
         message = f"the agent function did not return within {limit_s:.1f}s"
-        return agent_module.failure_metadata(agent_module.CLIENT_DEADLINE, message, "TimeoutError"), message
+        return agent_module.failure_metadata(Cause.CLIENT_DEADLINE, message, "TimeoutError"), message
     except agent_module.AgentConfigError:
         raise
     except Exception as exc:  # a custom agent function's bug costs this attempt, not the run
@@ -597,10 +481,9 @@ async def _run_agent(
 async def generate(input: GenerateFnInput) -> GenerateFnOutput:
     """Miles' generate-function contract: one attempt -> one Sample (see the module docstring)."""
     args = input.args
-    options = options_from_args(args)
-    _configure_agent(options)
+    options = GenerateConfig.from_args(args)  # read from Miles' args on every call; no module state
     handle = await session_pool(options.pool)
-    tokenizer = _tokenizer(options.pool.tokenizer_dir)
+    tokenizer = _tokenizer(str(options.pool.tokenizer))
     sample = input.sample
     started = time.monotonic()
     timings: dict[str, float] = {}
@@ -620,7 +503,7 @@ async def generate(input: GenerateFnInput) -> GenerateFnOutput:
         **(sample.metadata or {}),
         "session_id": session_id,
         "session_server_instance_id": instance_id,
-        agent_module.DEADLINE_KEY: max(options.deadline_s - timings["session_open"], 1e-3),
+        agent_module.DEADLINE_KEY: max(options.agent.deadline_s - timings["session_open"], 1e-3),
     }
     if options.max_seq_len is not None:
         metadata["max_seq_len"] = options.max_seq_len
@@ -635,7 +518,10 @@ async def generate(input: GenerateFnInput) -> GenerateFnOutput:
         await asyncio.shield(_delete(handle, session_id))
     timings["total"] = time.monotonic() - started
     attempt_class = classify(
-        result, SESSION_VANISHED if session_problem else None, options.agent_timeout_policy, merged
+        result,
+        Cause.SESSION_VANISHED if session_problem else None,
+        options.agent.agent_timeout_policy,
+        merged,
     )
     detail = session_problem or why or (result or {}).get("exception_message")
     sample.routing_key = sample.routing_key or (merged.metadata["session"]["routing_key"] if merged else None)
@@ -662,7 +548,7 @@ async def generate(input: GenerateFnInput) -> GenerateFnOutput:
 
 
 def _infra_without_session(sample: Any, detail: str, tokenizer: Any, handle: PoolHandle) -> Any:
-    attempt_class = classify(None, SESSION_VANISHED, "score")
+    attempt_class = classify(None, Cause.SESSION_VANISHED, "score")
     return finish_sample(
         sample,
         merged=None,

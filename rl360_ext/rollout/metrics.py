@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import threading
 import time
 from collections import Counter, deque
@@ -48,13 +47,14 @@ from rl360_ext.outcomes.provenance import (
     attempt_class,
 )
 from rl360_ext.rollout.audit import AuditAttempt, audit_step
+from rl360_ext.rollout.config import MetricsConfig, add_dataclass_arguments, env_name
 from rl360_ext.rollout.rewards import flatten_group, reward_value
 
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-METRICS_PATH_ENV = "RL360_METRICS_PATH"
-METRICS_ATTEMPTS_ENV = "RL360_METRICS_ATTEMPTS"
+METRICS_PATH_ENV = env_name("metrics_path")  # RL360_METRICS_PATH
+METRICS_ATTEMPTS_ENV = env_name("metrics_attempts")  # RL360_METRICS_ATTEMPTS
 MAX_PENDING_GROUPS = 16384
 ROUTING_BYTES = "routing_bytes"  # metadata key: bytes of routing-replay (R3) data the attempt carried
 
@@ -342,15 +342,12 @@ def _attempt_lines(
 
 def metrics_path(args: Any) -> Path | None:
     """The JSONL path: `args.rl360_metrics_path`, else $RL360_METRICS_PATH, else None (no file)."""
-    value = getattr(args, "rl360_metrics_path", None) or os.environ.get(METRICS_PATH_ENV)
+    value = MetricsConfig.from_args(args).metrics_path
     return Path(value) if value else None
 
 
 def _attempts_enabled(args: Any) -> bool:
-    value = getattr(args, "rl360_metrics_attempts", None)
-    if value is None:
-        value = os.environ.get(METRICS_ATTEMPTS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-    return bool(value)
+    return MetricsConfig.from_args(args).metrics_attempts
 
 
 def append_records(path: Path, records: Sequence[Mapping[str, Any]]) -> None:
@@ -397,14 +394,9 @@ def iter_records(path: Path) -> Iterator[dict[str, Any]]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags for the metrics hook (call from a generate function's `add_arguments`)."""
-    parser.add_argument("--rl360-metrics-path", type=str, default=None, help="Per-step rl360 metrics JSONL.")
-    parser.add_argument(
-        "--rl360-metrics-attempts",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="Also write one JSONL line per attempt (default on; env RL360_METRICS_ATTEMPTS=0 turns it off).",
-    )
+    """Flags for the metrics hook, derived from `MetricsConfig` (call from a generate function's
+    `add_arguments`)."""
+    add_dataclass_arguments(parser, MetricsConfig)
 
 
 # ---- Miles tracking --------------------------------------------------------------------------

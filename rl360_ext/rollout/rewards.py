@@ -5,13 +5,13 @@ Owns `verifier_reward(args, sample)`, the reward model for Miles' stock
 masks every other sample), `valid_group_advantages(args, samples) -> (raw_rewards, rewards)`,
 which replaces Miles' GRPO reward normalization, and the small helpers every rollout hook uses to
 read a sample's reward (`reward_value`) and to walk a Miles group (`flatten_group`). It does not
-decide validity (the class comes from `rl360_ext.outcomes.infra.classify_attempt` and is read back
-through `rl360_ext.outcomes.provenance`) and does not filter groups.
+decide validity (the Harbor server's verdict, recorded by the agent function, is read through
+`rl360_ext.outcomes.verdict` and `rl360_ext.outcomes.provenance`) and does not filter groups.
 
 Rules:
-- `verifier_reward` returns a reward only when the agent function's metadata classifies as valid
-  (`reward_source == "verifier"`, a finite reward, no infra cause, no 5xx turn on the session);
-  otherwise it marks the sample with `mark_infra_sample` and returns None, never 0.
+- `verifier_reward` returns a reward only when the verdict the agent function recorded reads as
+  valid (`reward_source == "verifier"`, a finite reward, no infra cause) and the session saw no
+  5xx turn; otherwise it marks the sample with `mark_infra_sample` and returns None, never 0.
 - Groups come from `Sample.group_index` (or explicit `prompt_group_sizes`). A sample without a
   group and no explicit sizes is an error: no whole-batch fallback, because a whole-batch
   baseline shifts every advantage (the field's +0.31).
@@ -31,23 +31,19 @@ from typing import Any
 
 import numpy as np
 
-from rl360_ext.outcomes.infra import (
-    INFRA_CAUSES,
-    classify_attempt,
-    infra_class,
-    mark_infra_sample,
-    worst_engine_failure,
-)
+from rl360_ext.outcomes import verdict
+from rl360_ext.outcomes.causes import Cause, infra_class
+from rl360_ext.outcomes.infra import mark_infra_sample
 from rl360_ext.outcomes.provenance import (
     ATTEMPT_CLASS,
-    INFRA_PREFIX,
     REWARD_SOURCE,
     UNCLASSIFIED,
     VALID,
     attempt_class,
     is_valid,
 )
-from rl360_ext.rollout.agent import current_settings
+from rl360_ext.outcomes.verdict import worst_engine_failure
+from rl360_ext.rollout.config import AgentConfig
 
 GROUP_BASELINE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
 STD_NORMALIZED_ESTIMATORS = ("grpo", "gspo")
@@ -205,24 +201,22 @@ NO_AGENT_RESULT = (
 def classify_agent_metadata(metadata: Any, agent_timeout_policy: str = "score") -> tuple[str, str | None]:
     """(attempt class, detail) for the metadata Miles merged from rl360's agent function.
 
-    No agent result at all -> "infra:aborted". An infra class the agent function recorded stands;
-    anything else is classified again from the recorded fields, so a reward counts only if
-    `classify_attempt` calls it valid here too.
+    No agent result at all -> "infra:aborted". Otherwise the verdict the agent function recorded
+    is read (`rl360_ext.outcomes.verdict.attempt_class`), with what only the client side saw:
+    the agent's own deadline and transport failures and the session's 5xx turns.
     """
     if not isinstance(metadata, Mapping) or (REWARD_SOURCE not in metadata and ATTEMPT_CLASS not in metadata):
-        return infra_class("aborted"), NO_AGENT_RESULT
+        return infra_class(Cause.ABORTED), NO_AGENT_RESULT
     recorded = metadata.get(ATTEMPT_CLASS)
-    if isinstance(recorded, str) and recorded.startswith(INFRA_PREFIX):
-        known = recorded.removeprefix(INFRA_PREFIX) in INFRA_CAUSES
-        return (recorded, None) if known else (UNCLASSIFIED, f"unknown recorded class {recorded!r}")
-    cls = classify_attempt(
+    cls = verdict.attempt_class(
         metadata,
         transport_error=metadata.get("transport_error"),
         client_deadline=bool(metadata.get("client_deadline")),
         gateway_status=worst_engine_failure(metadata),
         agent_timeout_policy=agent_timeout_policy,
     )
-    return cls, None
+    unknown = isinstance(recorded, str) and recorded != cls and cls == UNCLASSIFIED
+    return cls, f"unknown recorded class {recorded!r}" if unknown else None
 
 
 def verifier_reward_value(result: Mapping[str, Any], reward_key: str | None) -> tuple[Any, str | None]:
@@ -243,7 +237,7 @@ def verifier_reward_value(result: Mapping[str, Any], reward_key: str | None) -> 
 
 
 def _verified_reward(args: Any, sample: Any) -> Any:
-    policy = current_settings().agent_timeout_policy
+    policy = AgentConfig.from_args(args).agent_timeout_policy  # rl360's flag, or $RL360_AGENT_TIMEOUT_POLICY
     metadata = getattr(sample, "metadata", None)
     cls, detail = classify_agent_metadata(metadata, policy)
     if cls == VALID:
@@ -251,7 +245,7 @@ def _verified_reward(args: Any, sample: Any) -> Any:
         if detail is None:
             sample.metadata[ATTEMPT_CLASS] = VALID
             return reward
-        cls = infra_class("reward_file_invalid")
+        cls = infra_class(Cause.REWARD_FILE_INVALID)
     mark_infra_sample(sample, cls, detail=detail, fallback_token_id=0)
     return None
 

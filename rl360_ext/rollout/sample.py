@@ -34,6 +34,22 @@ except ImportError:
             ABORTED = "aborted"
             FAILED = "failed"
 
+        @dataclass
+        class PrefixCacheInfo:
+            """Same fields and dict form as `miles.utils.types.Sample.PrefixCacheInfo`."""
+
+            cached_tokens: int = 0
+            total_prompt_tokens: int = 0
+
+            def to_dict(self) -> dict[str, int]:
+                return {"cached_tokens": self.cached_tokens, "total_prompt_tokens": self.total_prompt_tokens}
+
+            @staticmethod
+            def from_dict(data: dict[str, Any]) -> Sample.PrefixCacheInfo:
+                return Sample.PrefixCacheInfo(
+                    int(data.get("cached_tokens", 0)), int(data.get("total_prompt_tokens", 0))
+                )
+
         group_index: int | None = None
         index: int | None = None
         rollout_id: int | None = None
@@ -54,10 +70,12 @@ except ImportError:
         train_metadata: dict | None = None
         routing_key: str | None = None
         non_generation_time: float = 0.0
+        prefix_cache_info: PrefixCacheInfo = field(default_factory=lambda: Sample.PrefixCacheInfo())
 
         def to_dict(self) -> dict[str, Any]:
             value = self.__dict__.copy()
             value["status"] = self.status.value
+            value["prefix_cache_info"] = self.prefix_cache_info.to_dict()
             return value
 
         def validate(self) -> None:

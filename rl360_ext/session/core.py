@@ -17,16 +17,17 @@ import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from rl360_ext.session import wire
 from rl360_ext.session.chat_api import ChatRequest, Reply, RequestError, parse_chat_request
+from rl360_ext.session.config import ServerConfig
 from rl360_ext.session.history import Mismatch, find_mismatch
 from rl360_ext.session.merge import MERGE_KEY, MergedSample, TurnRecord, merge
 from rl360_ext.session.metrics import SessionMetrics
-from rl360_ext.session.routing import RoutingShape, compact_rows, row_sources
+from rl360_ext.session.routing import compact_rows, row_sources
 from rl360_ext.session.tito import TitoRenderer
 from rl360_ext.sglang.client import EngineError, GenerateResult
 from rl360_ext.templates.parse import ParsedAssistant
@@ -54,26 +55,6 @@ class Backend(Protocol):
         rid: str | None = None,
         routing_key: str | None = None,
     ) -> GenerateResult: ...
-
-
-@dataclass
-class ServerConfig:
-    r3: bool = False
-    routing_shape: RoutingShape | None = None
-    history_mismatch: Literal["fork", "reject"] = "fork"
-    max_sessions: int = 4096
-    idle_ttl_s: float = 7200.0
-    model_name: str = "rl360-policy"
-    template_facts: dict[str, Any] = field(default_factory=dict)
-    template_append_only: bool = True  # False only when started with --allow-non-append-only
-
-    def __post_init__(self) -> None:
-        if self.history_mismatch not in ("fork", "reject"):
-            raise ValueError(f"history_mismatch must be fork or reject, got {self.history_mismatch!r}")
-        if self.r3 and self.routing_shape is None:
-            raise ValueError("R3 needs the routing shape (layers, top_k, num_experts)")
-        if self.max_sessions < 1 or self.idle_ttl_s <= 0:
-            raise ValueError("max_sessions must be >= 1 and idle_ttl_s > 0")
 
 
 @dataclass

@@ -4,19 +4,16 @@ Owns the translation from rl360's `MergedSample` to the reply Miles' stock
 `agentic_tool_call.generate` decodes with `decode_samples_and_merge_input_sample`: one safetensors
 payload with per-sample tensors `tokens.{i}` int64, `loss_mask.{i}` uint8, `rollout_log_probs.{i}`
 float64 and, with R3, `rollout_routed_experts.{i}` int32, plus a `_samples_meta` uint8 tensor
-holding compact JSON `{samples: [...], session_metadata, empty_reason}`. It applies Miles' session
-semantics: `response`/`response_length`/`loss_mask`/`rollout_log_probs` cover everything after
-the first prompt; `max_seq_len` cuts at the turn that overflows (its output is cut and the status
-becomes truncated; a turn left with no output is dropped; no turn left means
-`empty_reason="all_truncated"`); a session without turns answers no samples with
-`empty_reason="no_records"`. It does not own the HTTP route (`app.py`), merging turns
-(`merge.py`) or rl360's own wire (`wire.py`). It imports neither Miles nor torch.
+holding compact JSON `{samples: [...], session_metadata, empty_reason}`. The sample itself is
+`rl360_ext.session.miles_sample.to_miles_sample` (the one converter, with Miles' truncation rule,
+which rl360's generate hook calls too); when it yields none the reply has no samples and
+`empty_reason="all_truncated"`; a session without turns answers `empty_reason="no_records"`. It
+does not own the HTTP route (`app.py`), merging turns (`merge.py`) or rl360's own wire
+(`wire.py`). It imports neither Miles nor torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,7 +22,8 @@ import safetensors.numpy
 
 from rl360_ext.session.chat_api import RequestError
 from rl360_ext.session.core import SESSION_KEY
-from rl360_ext.session.merge import MERGE_KEY, MergedSample
+from rl360_ext.session.merge import MergedSample
+from rl360_ext.session.miles_sample import Decode, MilesSample, to_miles_sample
 
 SAMPLES_META_KEY = "_samples_meta"
 MEDIA_TYPE = "application/octet-stream"
@@ -38,31 +36,6 @@ TENSOR_DTYPES: dict[str, np.dtype] = {
     "rollout_routed_experts": np.dtype(np.int32),
     "rollout_indexer_topk": np.dtype(np.int32),
 }
-
-_STATUS_OF_FINISH = {  # Miles' Sample.Status values
-    "stop": "completed",
-    "tool_calls": "completed",
-    "length": "truncated",
-    "abort": "aborted",
-}
-Decode = Callable[[Sequence[int]], str]
-
-
-@dataclass
-class MilesSample:
-    """The fields of one Miles `Sample` the v1 samples wire carries (status as Miles' value string)."""
-
-    tokens: np.ndarray  # int64 [n]
-    response: str
-    response_length: int
-    loss_mask: np.ndarray  # uint8 [response_length]
-    rollout_log_probs: np.ndarray  # float64 [response_length]
-    rollout_routed_experts: np.ndarray | None  # int32 [n - 1, layers, top_k], None without R3
-    status: str
-    weight_versions: list[str]
-    prefix_cache_info: dict[str, int]  # Miles' Sample.PrefixCacheInfo.to_dict()
-    metadata: dict[str, Any]
-    rollout_indexer_topk: np.ndarray | None = None  # always None: rl360 records no indexer replay
 
 
 def parse_samples_request(body: Any) -> tuple[int | None, dict[str, Any] | None]:
@@ -83,87 +56,6 @@ def parse_samples_request(body: Any) -> tuple[int | None, dict[str, Any] | None]
     if metadata is not None and not isinstance(metadata, dict):
         raise RequestError(400, "metadata: must be a JSON object", param="metadata")
     return max_seq_len, metadata
-
-
-def _cut(sample: MergedSample, max_seq_len: int | None) -> tuple[list[dict[str, Any]], int, bool]:
-    """The turns kept under `max_seq_len`, the token count kept, and whether a turn's output was cut.
-
-    Miles' rule: the first turn whose end passes `max_seq_len` ends the sample; it keeps the output
-    that fits, or is dropped when none does.
-    """
-    turns = sample.turns
-    if max_seq_len is None:
-        return list(turns), len(sample.tokens), False
-    kept: list[dict[str, Any]] = []
-    for turn in turns:
-        end = turn["input_start"] + turn["input_tokens"] + turn["output_tokens"]
-        if end <= max_seq_len:
-            kept.append(turn)
-            continue
-        if turn["output_tokens"] - (end - max_seq_len) > 0:
-            kept.append(turn)
-            return kept, max_seq_len, True
-        break
-    n = 0 if not kept else kept[-1]["input_start"] + kept[-1]["input_tokens"] + kept[-1]["output_tokens"]
-    return kept, n, False
-
-
-def _response_text(tokens: np.ndarray, turns: list[dict[str, Any]], n: int, decode: Decode) -> str:
-    """Miles' `response`: each turn's output and each later turn's input, decoded piece by piece."""
-    pieces: list[str] = []
-    for i, turn in enumerate(turns):
-        start = turn["input_start"]
-        output_start = start + turn["input_tokens"]
-        if i > 0 and output_start > start:
-            pieces.append(decode(tokens[start:output_start].tolist()))
-        end = min(output_start + turn["output_tokens"], n)
-        if end > output_start:
-            pieces.append(decode(tokens[output_start:end].tolist()))
-    return "".join(pieces)
-
-
-def to_miles_sample(
-    sample: MergedSample,
-    decode: Decode,
-    max_seq_len: int | None = None,
-    metadata: dict[str, Any] | None = None,
-) -> MilesSample | None:
-    """`sample` as Miles' session server would assemble it, or None when no turn survives.
-
-    `decode` turns token ids into text (the tokenizer's decode, special tokens kept); `metadata`
-    is merged over the sample's metadata (the `/samples` body's `metadata`).
-    """
-    turns, n, cut = _cut(sample, max_seq_len)
-    if not turns:
-        return None
-    prompt = sample.prompt_length
-    last_finish = turns[-1]["finish_reason"]
-    status = "truncated" if cut else _STATUS_OF_FINISH.get(last_finish, sample.status.lower())
-    routed = sample.routed_experts
-    merge_facts = {
-        **sample.metadata.get(MERGE_KEY, {}),
-        "turns": turns,
-        "max_seq_len": max_seq_len,
-        "turns_dropped_by_max_seq_len": len(sample.turns) - len(turns),
-        "tokens_cut_by_max_seq_len": len(sample.tokens) - n,
-        "rl360_status": sample.status,
-    }
-    own = {k: v for k, v in sample.metadata.items() if k not in (SESSION_KEY, MERGE_KEY)}
-    return MilesSample(
-        tokens=sample.tokens[:n].astype(np.int64),
-        response=_response_text(sample.tokens, turns, n, decode),
-        response_length=n - prompt,
-        loss_mask=sample.loss_mask[prompt:n].astype(np.uint8),
-        rollout_log_probs=sample.rollout_log_probs[prompt:n].astype(np.float64),
-        rollout_routed_experts=None if routed is None else routed[: n - 1].astype(np.int32),
-        status=status,
-        weight_versions=[t["weight_version"] for t in turns if t["weight_version"] is not None],
-        prefix_cache_info={
-            "cached_tokens": int(sum(t["cached_tokens"] for t in turns)),
-            "total_prompt_tokens": int(sum(t["prompt_tokens"] for t in turns)),
-        },
-        metadata={**own, **(metadata or {}), MERGE_KEY: merge_facts},
-    )
 
 
 def encode(

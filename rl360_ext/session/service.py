@@ -17,7 +17,8 @@ from typing import Any
 
 import httpx
 
-from rl360_ext.session.core import ServerConfig, SessionCore
+from rl360_ext.session.config import ServerConfig
+from rl360_ext.session.core import SessionCore
 from rl360_ext.session.routing import RoutingShape, shape_from_model_config
 
 log = logging.getLogger("rl360.session")
@@ -35,9 +36,9 @@ class ServiceOptions:
     r3: bool = False
     history_mismatch: str = "fork"
     allow_non_append_only: bool = False
-    max_sessions: int = 4096
-    idle_ttl_s: float = 7200.0
-    model_name: str = "rl360-policy"
+    max_sessions: int = ServerConfig.max_sessions
+    idle_ttl_s: float = ServerConfig.idle_ttl_s
+    model_name: str = ServerConfig.model_name
     routing_layers: int | None = None
     routing_top_k: int | None = None
     routing_experts: int | None = None

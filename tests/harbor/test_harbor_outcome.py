@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from rl360_ext.harbor import outcome
 from rl360_ext.outcomes import harbor_exceptions
+from rl360_ext.outcomes.causes import POLICY_CAUSES, Cause
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -66,7 +67,7 @@ def make_result(
 def test_a_reward_the_verifier_wrote_counts(tmp_path: Path) -> None:
     result = outcome.classify(make_result(tmp_path, graded={"reward": 1.0}, written="1\n"), tmp_path)
     assert (result.reward, result.reward_source, result.failure_cause) == (1.0, "verifier", None)
-    assert result.rewards == {"reward": 1.0}
+    assert result.rewards == {"reward": 1.0} and result.attempt_class == "valid"
     assert result.phase_timings == {
         "environment_setup": 1.5,
         "agent_setup": 0.5,
@@ -80,6 +81,7 @@ def test_a_reward_the_verifier_wrote_counts(tmp_path: Path) -> None:
 def test_a_graded_reward_without_the_file_on_disk_does_not_count(tmp_path: Path) -> None:
     result = outcome.classify(make_result(tmp_path, graded={"reward": 1.0}), tmp_path)
     assert (result.reward, result.reward_source, result.failure_cause) == (None, None, "reward_file_missing")
+    assert result.attempt_class == "infra:reward_file_missing"
 
 
 def test_a_file_that_disagrees_with_what_harbor_graded_does_not_count(tmp_path: Path) -> None:
@@ -99,6 +101,7 @@ def test_an_unknown_exception_keeps_no_reward_although_harbor_would(tmp_path: Pa
     assert harbor_result.reward_valid  # Harbor's default policy for unknown types keeps the reward
     result = outcome.classify(harbor_result, tmp_path)
     assert (result.reward, result.reward_source, result.failure_cause) == (None, None, "unclassified")
+    assert result.attempt_class == "infra:unclassified"
     assert (result.exception_type, result.exception_message) == ("KeyError", "boom")
 
 
@@ -112,12 +115,17 @@ def test_a_policy_failure_keeps_the_verifier_reward(tmp_path: Path) -> None:
         "verifier",
         "context_length_exceeded",
     )
+    assert result.attempt_class == "valid"
 
 
 def test_an_agent_timeout_keeps_no_reward_even_with_a_reward_file(tmp_path: Path) -> None:
     harbor_result = make_result(tmp_path, graded={"reward": 1.0}, written="1", exception="AgentTimeoutError")
     result = outcome.classify(harbor_result, tmp_path)
-    assert (result.reward, result.failure_cause) == (None, "agent_timeout")
+    assert (result.reward, result.failure_cause, result.attempt_class) == (
+        None,
+        "agent_timeout",
+        "infra:agent_timeout",
+    )
 
 
 @pytest.mark.parametrize(
@@ -163,14 +171,14 @@ def test_harbor_025_failure_cause_is_used_for_unknown_exception_types(tmp_path: 
 def test_every_exception_harbor_classifies_has_a_cause() -> None:
     for name, policy in ERROR_POLICIES.items():
         cause = harbor_exceptions.cause_for_exception_type(name)
-        assert cause != harbor_exceptions.UNCLASSIFIED, name
-        if cause in harbor_exceptions.POLICY_CAUSES:
+        assert cause != Cause.UNCLASSIFIED, name
+        if cause in POLICY_CAUSES:
             assert policy.has_valid_reward, name
 
 
 def test_failure_messages_are_bounded() -> None:
     result = outcome.failure("sandbox_failed", RuntimeError("x" * 10_000))
-    assert result.exception_type == "RuntimeError"
+    assert (result.exception_type, result.attempt_class) == ("RuntimeError", "infra:sandbox_lost")
     assert len(result.exception_message or "") <= outcome.MESSAGE_LIMIT
 
 
@@ -204,7 +212,7 @@ def test_reward_json_round_trips(tmp_path_factory: pytest.TempPathFactory, rewar
 @settings(max_examples=40, deadline=None)
 @given(
     st.text(min_size=1, max_size=30).filter(
-        lambda name: harbor_exceptions.cause_for_exception_type(name) not in harbor_exceptions.POLICY_CAUSES
+        lambda name: harbor_exceptions.cause_for_exception_type(name) not in POLICY_CAUSES
     )
 )
 def test_no_exception_outside_the_policy_causes_keeps_a_reward(
@@ -215,6 +223,7 @@ def test_no_exception_outside_the_policy_causes_keeps_a_reward(
         make_result(trial_dir, graded={"reward": 1.0}, written="1", exception=name), trial_dir
     )
     assert result.reward is None and result.reward_source is None and result.failure_cause is not None
+    assert result.attempt_class is not None and result.attempt_class.startswith("infra:")
 
 
 @pytest.mark.parametrize("exception", [None, "RewardFileNotFoundError"])
@@ -225,5 +234,5 @@ def test_a_judge_failure_keeps_no_reward_even_with_a_fallback_reward_file(
     harbor_result = make_result(tmp_path, graded={"reward": 0.0}, written="0", exception=exception)
     result = outcome.classify(harbor_result, tmp_path)
     assert (result.reward, result.rewards, result.reward_source) == (None, None, None)
-    assert result.failure_cause == "judge_failure"
+    assert (result.failure_cause, result.attempt_class) == ("judge_failure", "infra:judge_failure")
     assert "judge failed" in (result.exception_message or "")

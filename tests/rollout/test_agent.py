@@ -2,25 +2,31 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rl360_ext.outcomes.provenance import ATTEMPT_CLASS
+from rl360_ext.outcomes.verdict import attempt_class_of
 from rl360_ext.rollout import agent
 from rl360_ext.rollout.agent import (
     AgentConfigError,
-    AgentSettings,
     build_run_body,
     failure_metadata,
     response_metadata,
     result_metadata,
 )
+from rl360_ext.rollout.config import AgentConfig, env_name
 
-SETTINGS = AgentSettings(harbor_url="http://harbor:8765", deadline_s=600.0)
+SETTINGS = AgentConfig(harbor_url="http://harbor:8765", deadline_s=600.0)
 
 
 def verifier_answer(reward: float = 1.0, **fields: object) -> dict:
-    return {
+    """A /run answer as the rl360 Harbor server sends it: the fields and its verdict on them."""
+    answer = {
         "reward": reward,
         "rewards": {"reward": reward},
         "reward_source": "verifier",
@@ -31,6 +37,7 @@ def verifier_answer(reward: float = 1.0, **fields: object) -> dict:
         "placement": {"node_label": "local", "image_group": "py"},
         **fields,
     }
+    return {**answer, ATTEMPT_CLASS: attempt_class_of(answer)}
 
 
 def test_run_body_carries_the_session_and_the_remaining_deadline() -> None:
@@ -43,7 +50,7 @@ def test_run_body_carries_the_session_and_the_remaining_deadline() -> None:
         "unrelated": "not sent",
     }
     body = build_run_body(
-        AgentSettings(harbor_url="x", agent="oracle"), "http://s:1/sessions/s1/", {"max_tokens": 8}, metadata
+        AgentConfig(harbor_url="x", agent="oracle"), "http://s:1/sessions/s1/", {"max_tokens": 8}, metadata
     )
     assert body == {
         "task": "fizzbuzz",
@@ -71,8 +78,8 @@ def test_run_body_names_the_missing_task_key() -> None:
         build_run_body(SETTINGS, "http://s", {}, {"task": "t", "deadline_s": 0})
 
 
-def replace_key(task_key: str) -> AgentSettings:
-    return AgentSettings(harbor_url="x", task_key=task_key)
+def replace_key(task_key: str) -> AgentConfig:
+    return AgentConfig(harbor_url="x", task_key=task_key)
 
 
 def test_a_verifier_reward_is_kept_with_its_provenance() -> None:
@@ -139,25 +146,28 @@ def test_client_side_failures_never_carry_a_reward() -> None:
     )
 
 
-def test_settings_come_from_the_environment_and_configure_overrides_them(
+def test_the_environment_configures_the_stock_path_and_flags_win_over_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv(agent.HARBOR_URL_ENV, "http://env:1")
-    monkeypatch.setenv(agent.DEADLINE_ENV, "90")
-    monkeypatch.setenv(agent.TASK_KEY_ENV, "instance_id")
-    monkeypatch.setattr(agent, "_settings", None)
-    assert agent.current_settings() == AgentSettings(
-        harbor_url="http://env:1", deadline_s=90.0, task_key="instance_id"
+    monkeypatch.setenv(env_name("harbor_url"), "http://env:1")
+    monkeypatch.setenv(env_name("deadline_s"), "90")
+    monkeypatch.setenv(env_name("task_key"), "instance_id")
+    monkeypatch.setenv(env_name("harbor_token"), "secret")
+    assert AgentConfig.from_env() == AgentConfig(
+        harbor_url="http://env:1", harbor_token="secret", deadline_s=90.0, task_key="instance_id"
     )
-    configured = agent.configure(deadline_s=30.0)
-    assert (configured.harbor_url, configured.deadline_s, configured.task_key) == (
-        "http://env:1",
-        30.0,
-        "instance_id",
+    assert env_name("harbor_url") == "RL360_HARBOR_URL"
+    # Miles' args without rl360's flags (stock generate): the environment
+    assert AgentConfig.from_args(argparse.Namespace()) == AgentConfig.from_env()
+    # rl360's flags: they decide; only the token may still come from the environment
+    flags = {f"rl360_{f.name}": None for f in dataclasses.fields(AgentConfig)}
+    args = argparse.Namespace(**{**flags, "rl360_harbor_url": "http://flag:2", "rl360_deadline_s": 30.0})
+    assert AgentConfig.from_args(args) == AgentConfig(
+        harbor_url="http://flag:2", harbor_token="secret", deadline_s=30.0
     )
-    monkeypatch.setenv(agent.DEADLINE_ENV, "soon")
-    with pytest.raises(ValueError, match=agent.DEADLINE_ENV):
-        AgentSettings.from_env()
+    monkeypatch.setenv(env_name("deadline_s"), "soon")
+    with pytest.raises(ValueError, match="RL360_DEADLINE_S"):
+        AgentConfig.from_env()
 
 
 @pytest.mark.parametrize(
@@ -167,19 +177,26 @@ def test_settings_come_from_the_environment_and_configure_overrides_them(
 )  # fmt: skip
 def test_bad_settings_name_the_field(field: str, value: object, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        AgentSettings(**{field: value})
+        AgentConfig(**{field: value})
 
 
 async def test_run_without_a_harbor_url_is_a_configuration_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(agent.HARBOR_URL_ENV, raising=False)
-    monkeypatch.setattr(agent, "_settings", None)
+    monkeypatch.delenv(env_name("harbor_url"), raising=False)
     with pytest.raises(AgentConfigError, match="--rl360-harbor-url"):
         await agent.run("http://s", "p", {}, {"task": "t"})
 
 
 answers = st.dictionaries(
     st.sampled_from(
-        ["reward", "rewards", "reward_source", "failure_cause", "exception_type", "phase_timings"]
+        [
+            "reward",
+            "rewards",
+            "reward_source",
+            "failure_cause",
+            "exception_type",
+            "phase_timings",
+            "attempt_class",
+        ]
     ),
     st.one_of(
         st.none(),
@@ -187,7 +204,18 @@ answers = st.dictionaries(
         st.integers(-3, 3),
         st.booleans(),
         st.sampled_from(
-            ["verifier", "judge", "cancelled", "verifier_crash", "AgentTimeoutError", "", "oops"]
+            [
+                "verifier",
+                "judge",
+                "cancelled",
+                "verifier_crash",
+                "AgentTimeoutError",
+                "",
+                "oops",
+                "valid",
+                "infra:sandbox_lost",
+                "infra:bogus",
+            ]
         ),
         st.dictionaries(st.text(max_size=3), st.floats(allow_nan=True), max_size=2),
     ),
@@ -201,7 +229,8 @@ def test_a_reward_is_returned_only_for_a_valid_verifier_answer(status: int, body
     meta = response_metadata(status, body, policy)
     if meta["attempt_class"] == "valid":
         assert status == 200 and body.get("reward_source") == "verifier"
-        assert meta["reward"] == body["reward"]
+        assert body.get("attempt_class") == "valid"  # the server's verdict, never one made up here
+        assert body.get("failure_cause") in (None, "") and meta["reward"] == body["reward"]
     else:
         assert meta["reward"] is None and meta["rewards"] is None
         assert meta["attempt_class"].startswith("infra:")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from rl360_ext.outcomes.provenance import is_valid
 from rl360_ext.rollout import agent as agent_module
+from rl360_ext.rollout.config import AgentConfig, GenerateConfig, MetricsConfig, SessionPoolConfig, env_name
 from rl360_ext.rollout.generate import (
     add_arguments,
     classify,
@@ -19,7 +21,6 @@ from rl360_ext.rollout.generate import (
     generate,
     load_agent_function,
     non_generation_time,
-    options_from_args,
     request_kwargs_from_sampling_params,
     session_metadata,
 )
@@ -67,7 +68,8 @@ def two_turns(second_finish: str = "stop") -> MergedSample:
 
 
 def decode(ids: list[int]) -> str:
-    return " ".join(map(str, ids))
+    """Piecewise decodes concatenate to the whole range's (Miles decodes the response turn by turn)."""
+    return "".join(f"<{i}>" for i in ids)
 
 
 def verifier_result(reward: float = 1.0) -> dict:
@@ -124,6 +126,45 @@ def test_one_call_registers_every_rl360_flag_and_a_second_call_is_harmless() -> 
     assert generate.add_arguments is add_arguments  # type: ignore[attr-defined]
 
 
+def test_every_config_field_has_one_flag_whose_default_is_the_fields() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    unset = parser.parse_args([])
+    for cls in (AgentConfig, SessionPoolConfig, MetricsConfig):
+        for spec in dataclasses.fields(cls):
+            assert getattr(unset, f"rl360_{spec.name}") is None, spec.name  # unset: the field's default
+            action = parser._option_string_actions["--rl360-" + spec.name.replace("_", "-")]
+            assert action.help and spec.metadata["help"] in action.help
+            if spec.default not in (None, dataclasses.MISSING):
+                assert f"Default: {spec.default}." in action.help
+    args = parser.parse_args(
+        ["--rl360-harbor-url", "http://h:1", "--rl360-model", "m", "--rl360-tokenizer", "/t",
+         "--rl360-session-backend", "http://b", "--rl360-deadline-s", "12.5"]
+    )  # fmt: skip
+    options = GenerateConfig.from_args(args)
+    assert (options.agent.model, options.agent.deadline_s, options.agent.client_margin_s) == ("m", 12.5, 5.0)
+
+
+async def _forwarding_agent(
+    base_url: str, prompt: object, request_kwargs: dict, metadata: dict, **kw: object
+):
+    return kw
+
+
+async def _strict_agent(base_url: str, prompt: object, request_kwargs: dict, metadata: dict) -> dict:
+    return {}
+
+
+def test_agent_functions_that_take_kwargs_get_the_hooks_config() -> None:
+    config = AgentConfig(harbor_url="http://h:1")
+    bound = load_agent_function(None, config)
+    assert bound.func is agent_module.run and bound.keywords == {"rl360_config": config}  # type: ignore[attr-defined]
+    forwarding = load_agent_function(f"{__name__}._forwarding_agent", config)
+    assert forwarding.keywords == {"rl360_config": config}  # type: ignore[attr-defined]
+    assert load_agent_function(f"{__name__}._strict_agent", config) is _strict_agent
+    assert load_agent_function(None) is agent_module.run
+
+
 def test_flags_miles_already_defines_are_not_added_again() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--custom-agent-function-path", type=str)  # as agentic_tool_call.generate adds it
@@ -142,7 +183,7 @@ def test_the_default_agent_function_path_lets_miles_find_the_abort_hook() -> Non
 
 
 def test_options_default_to_miles_own_flags(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(agent_module.HARBOR_URL_ENV, raising=False)
+    monkeypatch.delenv(env_name("harbor_token"), raising=False)
     args = SimpleNamespace(
         rl360_harbor_url="http://h:1",
         sglang_router_ip="10.0.0.1",
@@ -152,15 +193,19 @@ def test_options_default_to_miles_own_flags(monkeypatch: pytest.MonkeyPatch) -> 
         max_seq_len=8192,
         custom_agent_function_path=None,
     )
-    options = options_from_args(args)
-    assert options.pool.backend_url == "http://10.0.0.1:30000"
-    assert (options.pool.tokenizer_dir, options.pool.r3, options.pool.num_servers) == (
+    options = GenerateConfig.from_args(args)
+    assert options.pool.session_backend == "http://10.0.0.1:30000"
+    assert (options.pool.tokenizer, options.pool.r3, options.pool.session_servers) == (
         "/models/policy",
         True,
         1,
     )
-    assert (options.deadline_s, options.agent_timeout_policy, options.task_key) == (3600.0, "score", "task")
-    assert options.max_seq_len == 8192
+    assert (options.agent.deadline_s, options.agent.agent_timeout_policy, options.agent.task_key) == (
+        3600.0,
+        "score",
+        "task",
+    )
+    assert options.agent.model == "rl360-policy" and options.max_seq_len == 8192
 
 
 @pytest.mark.parametrize(
@@ -175,7 +220,7 @@ def test_options_default_to_miles_own_flags(monkeypatch: pytest.MonkeyPatch) -> 
 def test_missing_or_bad_options_name_the_flag(
     overrides: dict, flag: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(agent_module.HARBOR_URL_ENV, raising=False)
+    monkeypatch.setenv(env_name("harbor_url"), "http://env:1")  # the hook reads its flags, not this
     base = {
         "rl360_harbor_url": "http://h:1",
         "sglang_router_ip": "10.0.0.1",
@@ -183,7 +228,7 @@ def test_missing_or_bad_options_name_the_flag(
         "hf_checkpoint": "/m",
     }
     with pytest.raises(ValueError, match=flag):
-        options_from_args(SimpleNamespace(**{**base, **overrides}))
+        GenerateConfig.from_args(SimpleNamespace(**{**base, **overrides}))
 
 
 def test_sampling_params_become_openai_request_kwargs() -> None:
@@ -210,11 +255,10 @@ def test_the_default_agent_function_is_rl360s_and_others_load_by_dotted_path() -
         load_agent_function("run")
 
 
-async def test_generate_without_a_harbor_url_fails_before_touching_anything(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.delenv(agent_module.HARBOR_URL_ENV, raising=False)
-    state = SimpleNamespace(args=SimpleNamespace(rl360_session_backend="http://b", rl360_tokenizer="/t"))
+async def test_generate_without_a_harbor_url_fails_before_touching_anything() -> None:
+    state = SimpleNamespace(
+        args=SimpleNamespace(rl360_harbor_url=None, rl360_session_backend="http://b", rl360_tokenizer="/t")
+    )
     with pytest.raises(ValueError, match="--rl360-harbor-url"):
         await generate(GenerateFnInput(state, Sample(metadata={"task": "t"}), {}, False))
     assert isinstance(GenerateFnOutput(samples=Sample()).samples, Sample)
@@ -287,14 +331,24 @@ def test_an_engine_abort_makes_the_sample_a_prefix_so_it_is_masked() -> None:
 
 
 def test_max_seq_len_truncates_like_miles_session_server() -> None:
-    merged = two_turns()
-    sample = finish(Sample(), merged, "valid", verifier_result(1.0), max_seq_len=10)
-    assert (len(sample.tokens), sample.response_length, sample.status) == (10, 5, Sample.Status.TRUNCATED)
-    assert sample.rollout_routed_experts.shape[0] == 9
-    sample.validate()
-    too_short = finish(Sample(), merged, "valid", verifier_result(1.0), max_seq_len=4)
+    merged = two_turns()  # turns end at 8 (5 in, 3 out) and 14 (4 in, 2 out)
+    cut = finish(Sample(), merged, "valid", verifier_result(1.0), max_seq_len=13)
+    assert (len(cut.tokens), cut.response_length, cut.status) == (13, 8, Sample.Status.TRUNCATED)
+    assert cut.rollout_routed_experts.shape[0] == 12 and cut.weight_versions == ["3", "4"]
+    cut.validate()
+    # the second turn has none of its output left under 10: it is dropped, the first stays whole
+    dropped = finish(Sample(), merged, "valid", verifier_result(1.0), max_seq_len=10)
+    assert (len(dropped.tokens), dropped.response_length, dropped.status) == (8, 3, Sample.Status.COMPLETED)
+    assert dropped.weight_versions == ["3"] and dropped.prefix_cache_info.to_dict() == {
+        "cached_tokens": 0,
+        "total_prompt_tokens": 5,
+    }
+    assert dropped.metadata["merge"]["turns_dropped_by_max_seq_len"] == 1
+    assert (dropped.reward, dropped.metadata["attempt_class"]) == (1.0, "valid")
+    dropped.validate()
+    too_short = finish(Sample(), merged, "valid", verifier_result(1.0), max_seq_len=5)
     assert too_short.metadata["attempt_class"] == "infra:aborted"
-    assert "does not fit --max-seq-len 4" in too_short.metadata["infra_detail"]
+    assert "does not fit --max-seq-len 5" in too_short.metadata["infra_detail"]
 
 
 def test_non_generation_time_prefers_the_agents_tool_time() -> None:

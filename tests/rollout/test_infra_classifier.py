@@ -1,26 +1,42 @@
-"""The infra classifier: a failure is infra unless a verifier wrote a finite reward for a policy outcome."""
+"""The verdict: a failure is infra unless a verifier wrote a finite reward for a policy outcome.
+
+Each case goes the way an attempt does: the Harbor server's verdict on the reported fields
+(`attempt_class_of`, the last step of `judge`), then the client reading it with what only the
+client saw (`attempt_class`).
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rl360_ext.outcomes.causes import INFRA_CAUSES, POLICY_OUTCOME_CAUSES, Cause
+from rl360_ext.outcomes.harbor_exceptions import AGENT_TIMEOUT_ERROR as AGENT_TIMEOUT_EXCEPTION
 from rl360_ext.outcomes.harbor_exceptions import HARBOR_EXCEPTIONS
-from rl360_ext.outcomes.infra import (
-    AGENT_TIMEOUT_EXCEPTION,
-    INFRA_CAUSES,
-    POLICY_OUTCOME_CAUSES,
+from rl360_ext.outcomes.infra import mark_infra_sample
+from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, attempt_class, is_valid
+from rl360_ext.outcomes.verdict import (
     POLICY_OUTCOME_EXCEPTIONS,
-    classify_attempt,
-    mark_infra_sample,
+    TrialFacts,
+    attempt_class_of,
+    judge,
 )
-from rl360_ext.outcomes.provenance import attempt_class, is_valid
+from rl360_ext.outcomes.verdict import attempt_class as client_attempt_class
 
 from .duck_samples import DuckSample
+
+
+def verdict_then_read(result: object, *, agent_timeout_policy: str = "score", **events: object) -> str:
+    """The server's verdict on `result` (its answer carries it), read by the client with its events."""
+    answer = result
+    if isinstance(result, dict):
+        answer = {**result, ATTEMPT_CLASS: attempt_class_of(result)}
+    return client_attempt_class(answer, agent_timeout_policy=agent_timeout_policy, **events)  # type: ignore[arg-type]
 
 
 def run(reward: object = 1.0, source: object = "verifier", cause: object = None, exc: object = None) -> dict:
@@ -80,45 +96,45 @@ def run(reward: object = 1.0, source: object = "verifier", cause: object = None,
     ],
 )
 def test_classification_table(result: dict | None, events: dict, expected: str) -> None:
-    assert classify_attempt(result, **events) == expected
+    assert verdict_then_read(result, **events) == expected
 
 
 def test_agent_timeout_policy() -> None:
     timed_out = run(reward=0.0, exc=AGENT_TIMEOUT_EXCEPTION)
-    assert classify_attempt(timed_out) == "valid"
-    assert classify_attempt(timed_out, agent_timeout_policy="mask") == "infra:agent_timeout"
-    assert classify_attempt(run(reward=0.0, cause="agent_timeout")) == "valid"
+    assert verdict_then_read(timed_out) == "valid"
+    assert verdict_then_read(timed_out, agent_timeout_policy="mask") == "infra:agent_timeout"
+    assert verdict_then_read(run(reward=0.0, cause="agent_timeout")) == "valid"
     assert (
-        classify_attempt(run(source=None, reward=None, exc=AGENT_TIMEOUT_EXCEPTION)) == "infra:agent_timeout"
+        verdict_then_read(run(source=None, reward=None, exc=AGENT_TIMEOUT_EXCEPTION)) == "infra:agent_timeout"
     )
     with pytest.raises(ValueError, match="agent_timeout_policy"):
-        classify_attempt(timed_out, agent_timeout_policy="ignore")
+        verdict_then_read(timed_out, agent_timeout_policy="ignore")
 
 
 def test_bad_inputs_name_the_field() -> None:
-    with pytest.raises(ValueError, match="run_result"):
-        classify_attempt(["reward", 1.0])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="recorded"):
+        verdict_then_read(["reward", 1.0])
     with pytest.raises(ValueError, match="gateway_status"):
-        classify_attempt(run(), gateway_status="503")  # type: ignore[arg-type]
+        verdict_then_read(run(), gateway_status="503")
 
 
 def test_every_harbor_exception_without_a_valid_reward_is_infra() -> None:
     """Harbor's own policy table: whatever Harbor says carries no valid reward must be infra here."""
     error_policy = pytest.importorskip("harbor.models.trial.error_policy")
     for name, policy in error_policy.ERROR_POLICIES.items():
-        cls = classify_attempt(run(exc=name))
+        cls = verdict_then_read(run(exc=name))
         if not policy.has_valid_reward:
             assert cls.startswith("infra:"), name
         else:
             assert cls == "valid", name
     assert error_policy.UNKNOWN_ERROR_POLICY.has_valid_reward  # Harbor keeps unknowns; we do not
-    assert classify_attempt(run(exc="BrandNewHarborError")) == "infra:harbor_internal_error"
+    assert verdict_then_read(run(exc="BrandNewHarborError")) == "infra:harbor_internal_error"
 
 
 def test_every_harbor_exception_row_is_known_to_the_classifier() -> None:
     """The /run server's failure causes and the classifier's finer causes come from one table."""
     for name, known in HARBOR_EXCEPTIONS.items():
-        assert classify_attempt(run(cause=known.failure_cause)) != "infra:unclassified", name
+        assert verdict_then_read(run(cause=known.failure_cause)) != "infra:unclassified", name
         assert known.infra_cause is None or known.infra_cause in INFRA_CAUSES, name
 
 
@@ -168,7 +184,7 @@ def test_no_path_from_an_unclassified_failure_to_a_valid_reward(
     gateway: int | None,
     policy: str,
 ) -> None:
-    cls = classify_attempt(
+    cls = verdict_then_read(
         result,
         transport_error=transport,
         client_deadline=deadline,
@@ -245,18 +261,90 @@ def test_mark_rejects_valid_and_unknown_causes() -> None:
 
 
 def test_a_coarse_harbor_cause_yields_to_a_specific_exception() -> None:
-    from rl360_ext.outcomes.infra import classify_attempt
-
     never_started = {"failure_cause": "sandbox_failed", "exception_type": "SandboxBuildFailedError"}
-    assert classify_attempt(never_started) == "infra:no_sandbox"
+    assert verdict_then_read(never_started) == "infra:no_sandbox"
     unknown = {"failure_cause": "sandbox_failed", "exception_type": "SomethingNew"}
-    assert classify_attempt(unknown) == "infra:sandbox_lost"
-    assert classify_attempt({"failure_cause": "insufficient_budget"}) == "infra:no_sandbox"
-    assert classify_attempt({"failure_cause": "deadline_exceeded"}) == "infra:client_deadline"
+    assert verdict_then_read(unknown) == "infra:sandbox_lost"
+    assert verdict_then_read({"failure_cause": "insufficient_budget"}) == "infra:no_sandbox"
+    assert verdict_then_read({"failure_cause": "deadline_exceeded"}) == "infra:client_deadline"
 
 
 def test_a_judge_failure_is_infra_even_with_a_fallback_reward() -> None:
-    from rl360_ext.outcomes.infra import classify_attempt
-
     fallback = {"reward": 0.0, "reward_source": "verifier", "failure_cause": "judge_failure"}
-    assert classify_attempt(fallback) == "infra:judge_failure"
+    assert verdict_then_read(fallback) == "infra:judge_failure"
+
+
+def test_the_client_reads_the_servers_verdict_and_never_classifies_again() -> None:
+    graded = run()
+    assert (
+        client_attempt_class({**graded, ATTEMPT_CLASS: "infra:verifier_timeout"}) == "infra:verifier_timeout"
+    )
+    assert client_attempt_class(graded) == "infra:unclassified"  # no verdict: no reward
+    assert client_attempt_class({**graded, ATTEMPT_CLASS: "infra:gremlins"}) == "infra:unclassified"
+    assert client_attempt_class({**run(cause="sandbox_lost"), ATTEMPT_CLASS: "valid"}) == "infra:unclassified"
+    assert client_attempt_class({**run(source=None), ATTEMPT_CLASS: "valid"}) == "infra:no_verifier_reward"
+    assert (
+        client_attempt_class({**run(reward=math.inf), ATTEMPT_CLASS: "valid"}) == "infra:reward_file_invalid"
+    )
+
+
+@pytest.mark.parametrize(
+    ("facts", "expected", "cause"),
+    [
+        (TrialFacts(rewards={"reward": 0.5}), "valid", None),
+        (TrialFacts(), "infra:reward_file_missing", Cause.REWARD_FILE_MISSING),
+        (TrialFacts(rewards={"a": 1.0, "b": 0.0}), "infra:reward_file_invalid", Cause.REWARD_KEY_MISSING),
+        (TrialFacts(rewards={"reward": 0.0}, test_exit_code=75), "infra:judge_failure", Cause.JUDGE_FAILURE),
+        (
+            TrialFacts(exception_type="RewardFileNotFoundError", test_exit_code=2),
+            "infra:verifier_crash",
+            Cause.VERIFIER_CRASH,
+        ),
+        (
+            TrialFacts(rewards={"reward": 0.0}, exception_type="NonZeroAgentExitCodeError"),
+            "valid",
+            Cause.AGENT_NONZERO_EXIT,
+        ),
+        (
+            TrialFacts(rewards={"reward": 0.0}, exception_type=AGENT_TIMEOUT_EXCEPTION),
+            "infra:agent_timeout",
+            Cause.AGENT_TIMEOUT,
+        ),
+        (
+            TrialFacts(failure_cause=Cause.INSUFFICIENT_CAPACITY, exception_type="AdmissionRefused"),
+            "infra:no_sandbox",
+            Cause.INSUFFICIENT_CAPACITY,
+        ),
+        (TrialFacts(failure_cause=Cause.DEADLINE_EXCEEDED), "infra:client_deadline", Cause.DEADLINE_EXCEEDED),
+    ],
+)
+def test_judge_gives_one_verdict_per_trial(facts: TrialFacts, expected: str, cause: Cause | None) -> None:
+    verdict = judge(facts)
+    assert (verdict.attempt_class, verdict.failure_cause) == (expected, cause)
+    assert (verdict.reward is not None) == (verdict.reward_source == "verifier")
+    assert verdict.attempt_class != "valid" or verdict.reward is not None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rewards=st.one_of(
+        st.none(), st.dictionaries(st.sampled_from(["reward", "x"]), st.floats(-1, 1), min_size=1, max_size=2)
+    ),
+    exception=st.one_of(st.none(), st.sampled_from(sorted(HARBOR_EXCEPTIONS)), st.text(max_size=8)),
+    keeps=st.booleans(),
+    exit_code=st.one_of(st.none(), st.integers(0, 80)),
+    outside=st.one_of(st.none(), st.sampled_from(list(Cause))),
+)
+def test_a_verdict_counts_a_reward_only_when_the_verifier_wrote_it(
+    rewards: dict | None, exception: str | None, keeps: bool, exit_code: int | None, outside: Cause | None
+) -> None:
+    verdict = judge(TrialFacts(rewards, exception, None, keeps, exit_code, outside))
+    assert verdict.attempt_class == "valid" or verdict.attempt_class.removeprefix("infra:") in INFRA_CAUSES
+    assert (
+        (verdict.reward is not None) == (verdict.reward_source == "verifier") == (verdict.rewards is not None)
+    )
+    if verdict.reward is not None:
+        assert rewards is not None and outside is None and exit_code != 75
+        assert verdict.failure_cause is None or verdict.failure_cause in POLICY_OUTCOME_CAUSES
+    if verdict.attempt_class == "valid":
+        assert verdict.reward is not None and client_attempt_class(asdict(verdict)) == "valid"

@@ -12,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, REWARD_SOURCE
-from rl360_ext.rollout.agent import failure_metadata, result_metadata
+from rl360_ext.outcomes.verdict import attempt_class_of
+from rl360_ext.rollout.agent import failure_metadata
+from rl360_ext.rollout.agent import result_metadata as read_answer
 from rl360_ext.rollout.rewards import verifier_reward
 from tests.rollout.duck_samples import DuckSample
 
@@ -36,6 +38,11 @@ def _assert_masked(sample: DuckSample, reward: Any, cause: str) -> None:
     assert reward is None and sample.reward is None
     assert sample.metadata[ATTEMPT_CLASS] == f"infra:{cause}"
     assert sample.loss_mask == [0] * sample.response_length and sample.remove_sample
+
+
+def result_metadata(answer: dict[str, Any]) -> dict[str, Any]:
+    """The agent's dict for a /run answer carrying the server's verdict on its fields."""
+    return read_answer({**answer, ATTEMPT_CLASS: attempt_class_of(answer)})
 
 
 def _run(**fields: Any) -> dict[str, Any]:
@@ -104,7 +111,7 @@ def test_the_batched_form_scores_each_sample() -> None:
 
 
 def test_a_dict_reward_without_reward_key_is_a_clear_error() -> None:
-    sample = _stock_sample({"reward": {"a": 1.0}, REWARD_SOURCE: "verifier"})
+    sample = _stock_sample({"reward": {"a": 1.0}, REWARD_SOURCE: "verifier", ATTEMPT_CLASS: "valid"})
     with pytest.raises(ValueError, match="--reward-key"):
         _score(sample)
 
