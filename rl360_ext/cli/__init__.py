@@ -12,7 +12,9 @@ in every command (`PrerequisiteGroup`).
 
 from __future__ import annotations
 
+import importlib
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +80,7 @@ app.add_typer(bench_app, name="bench")
 
 @app.command()
 def doctor() -> None:
-    """Check this machine: Python, extras, the smg binary, bubblewrap, Ray, Chromium."""
+    """Check this machine: Python, extras, the smg binary, bubblewrap, tmux, Ray, Chromium."""
     from rl360_ext.diagnostics.doctor import run_checks
 
     checks = run_checks()
@@ -112,15 +114,6 @@ def demo(
     raise typer.Exit(1 if result.problems else 0)
 
 
-@bench_app.command("engine")
-def bench_engine(json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
-    """Prefill and decode tokens/s of the tiny engine at its default size."""
-    from rl360_ext.local.bench.engine import main
-
-    with showing_progress("rl360 bench engine"):
-        main(as_json=json)
-
-
 @app.command()
 def audit(
     path: Path = typer.Argument(..., exists=True, help="Miles rollout dump (.pt), rl360 JSONL, or a folder."),
@@ -143,41 +136,38 @@ def report(
     main(run_dir, out)
 
 
-@bench_app.command("r3")
-def bench_r3(json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
-    """R3 routing data: wire vs json/orjson, delta vs full routing bytes, pool collection."""
-    from rl360_ext.local.bench.r3 import main
-
-    with showing_progress("rl360 bench r3"):
-        main(as_json=json)
-
-
-@bench_app.command("template")
-def bench_template(json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
-    """Append-only checker cost at server start vs rendering each request once."""
-    from rl360_ext.local.bench.template import main
-
-    with showing_progress("rl360 bench template"):
-        main(as_json=json)
-
-
-@bench_app.command("launch")
-def bench_launch(json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
-    """Simulated 8,192 sandbox starts: all at once vs waves, image-group pinning vs random placement."""
-    from rl360_ext.local.bench.launch import main
-
-    with showing_progress("rl360 bench launch"):
-        main(as_json=json)
-
-
-@bench_app.command("faults")
-def bench_faults(json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
-    """Fault matrix: every injected infra failure, its class, and proof its reward enters no mean."""
-    from rl360_ext.local.bench.faults import main
+def _faults_needs() -> None:
     from rl360_ext.local.fault_matrix import matrix_stack_config
     from rl360_ext.local.stack import preflight
 
     preflight(matrix_stack_config(Path(tempfile.gettempdir())), "rl360 bench faults", install=True)
 
-    with showing_progress("rl360 bench faults"):
-        main(as_json=json)
+
+BENCHES: dict[str, tuple[str, Callable[[], None] | None]] = {
+    "engine": ("Prefill and decode tokens/s of the tiny engine at its default size.", None),
+    "r3": ("R3 routing data: wire vs json/orjson, delta vs full routing bytes, pool collection.", None),
+    "template": ("Append-only checker cost at server start vs rendering each request once.", None),
+    "launch": (
+        "Simulated 8,192 sandbox starts: all at once vs waves, image-group pinning vs random placement.",
+        None,
+    ),
+    "faults": (
+        "Fault matrix: every injected infra failure, its class, and proof its reward enters no mean.",
+        _faults_needs,
+    ),
+}  # name -> (help, check or install what it needs first)
+
+
+def _bench_command(name: str, needs: Callable[[], None] | None) -> Callable[[bool], None]:
+    def run(json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+        if needs is not None:
+            needs()
+        main = importlib.import_module(f"rl360_ext.local.bench.{name}").main
+        with showing_progress(f"rl360 bench {name}"):
+            main(as_json=json)
+
+    return run
+
+
+for _name, (_help, _needs) in BENCHES.items():
+    bench_app.command(_name, help=_help)(_bench_command(_name, _needs))

@@ -112,13 +112,20 @@ def test_bench_faults_without_bubblewrap_is_one_line(tmp_path: Path) -> None:
 # ---- in process: each prerequisite ------------------------------------------------------------------
 
 
-def test_first_run_as_root_installs_with_one_update(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+@pytest.fixture
+def apt_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """PATH is only a fake apt-get (no bwrap, no tmux); the file it logs its calls to."""
     bin_dir, log = tmp_path / "bin", tmp_path / "apt.log"
     bin_dir.mkdir()
     _fake_apt(bin_dir, log)
     monkeypatch.setenv("PATH", str(bin_dir))
+    return log
+
+
+def test_first_run_as_root_installs_with_one_update(
+    tmp_path: Path, apt_log: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = apt_log
     monkeypatch.setattr(prereqs.os, "geteuid", lambda: 0)
     preflight(demo_stack_config(DemoConfig(out=tmp_path / "out")), install=True)
     assert log.read_text().splitlines() == ["update", "install -y --no-install-recommends bubblewrap tmux"]
@@ -132,16 +139,12 @@ def test_first_run_as_root_installs_with_one_update(
 
 
 def test_not_root_is_told_to_sudo_and_nothing_installs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, apt_log: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    bin_dir, log = tmp_path / "bin", tmp_path / "apt.log"
-    bin_dir.mkdir()
-    _fake_apt(bin_dir, log)
-    monkeypatch.setenv("PATH", str(bin_dir))
     monkeypatch.setattr(prereqs.os, "geteuid", lambda: 1000)
     with pytest.raises(Unavailable, match=r"\(sudo apt-get install -y bubblewrap tmux\)$"):
         preflight(demo_stack_config(DemoConfig(out=tmp_path)), install=True)
-    assert not log.exists()
+    assert not apt_log.exists()
 
 
 def _invoke(*args: str) -> str:
