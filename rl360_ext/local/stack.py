@@ -120,7 +120,7 @@ class StackConfig:
         return tuple(dict.fromkeys(tools)), (("harbor",) if self.harbors else ())
 
 
-def preflight(config: StackConfig, what: str = "rl360 demo", *, install: bool = False) -> None:
+def preflight(config: StackConfig, what: str = "the local stack", *, install: bool = False) -> None:
     """Raise Unavailable naming everything `config` needs and this machine lacks, in one line, before
     anything starts. With `install`, missing host tools are first installed with apt-get when this
     process runs as root with apt-get (a first run in CI)."""
@@ -309,7 +309,7 @@ def _tokenizer_dir(config: StackConfig) -> Path:
 
 
 @contextlib.contextmanager
-def local_stack(config: StackConfig, what: str = "rl360 demo") -> Iterator[LocalStack]:
+def local_stack(config: StackConfig, what: str = "the local stack") -> Iterator[LocalStack]:
     """Start everything `config` needs; stop all of it on exit, whatever the exit."""
     preflight(config, what)
     logs = config.out / "logs"
