@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Creates (once) and refreshes the project's virtualenv at .venv in the repo root.
-# Sourced by ./rl360 and scripts/test.sh; safe to run on its own.
+# Creates (once) and refreshes the project's virtualenv at .venv in the repo root, with the exact
+# versions of constraints.txt (the lock; regenerate it with `.venv/bin/python scripts/lock.py`).
+# Sourced by ./rl360 and scripts/test.sh; safe to run on its own. No Python >= 3.12: one line, exit 2.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
@@ -17,8 +18,8 @@ find_python() {
   if command -v pyenv >/dev/null 2>&1 && (cd "$ROOT" && pyenv which python3 >/dev/null 2>&1); then
     (cd "$ROOT" && pyenv which python3); return 0
   fi
-  echo "rl360: Python >= 3.12 not found (install it, or set RL360_PYTHON)" >&2
-  return 1
+  echo "rl360: Python >= 3.12 not found: install Python 3.12 (e.g. pyenv install 3.12) or point RL360_PYTHON at one" >&2
+  exit 2
 }
 
 if [ ! -x "$VENV/bin/python" ]; then
@@ -27,8 +28,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
 fi
-if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
+if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ] || [ "$ROOT/constraints.txt" -nt "$STAMP" ]; then
   echo "rl360: installing rl360-ext[harbor,dev] into $VENV (first run takes a few minutes)" >&2
-  "$VENV/bin/python" -m pip install --quiet -e "$ROOT[harbor,dev]"
+  "$VENV/bin/python" -m pip install --quiet -c "$ROOT/constraints.txt" -e "$ROOT[harbor,dev]"
   touch "$STAMP"
 fi

@@ -33,8 +33,9 @@ import pytest
 from integration_tests.components import bwrap_problem, skip_if_missing
 from rl360_ext.local.demo_plan import DemoConfig, expected_weight_version, plan_step
 from rl360_ext.local.fixtures import quiz_task_names
-from rl360_ext.local.stack import DemoUnavailable, preflight
+from rl360_ext.local.stack import demo_stack_config, preflight
 from rl360_ext.rollout.metrics import read_metrics, read_records
+from rl360_ext.util.prereqs import Unavailable
 from rl360_ext.util.procs import LOOPBACK, rl360_argv
 from tests.diagnostics.report_fixtures import CHARTS
 
@@ -48,8 +49,8 @@ UNKNOWN_PID = -1
 @pytest.fixture(autouse=True)
 def _needs_the_stack() -> None:
     try:
-        preflight()
-    except DemoUnavailable as exc:
+        preflight(demo_stack_config(DemoConfig()))
+    except Unavailable as exc:
         pytest.skip(str(exc))
     skip_if_missing(bwrap_problem)
 

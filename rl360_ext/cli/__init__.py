@@ -3,23 +3,66 @@
 The CLI is the top layer: `rl360_ext/cli/<component>.py` holds each component's typer app
 (imported here only for the app, nothing heavy at module level); benchmarks are
 `rl360_ext/local/bench/<name>.py:main(as_json)`.
+
+A missing prerequisite never ends a command in a traceback: `Unavailable` (rl360_ext.util.prereqs),
+a service that could not start (`ServiceStartError`) and a Python package that is not installed
+(`ModuleNotFoundError` for a module outside rl360_ext) become one line on stderr and exit status 2,
+in every command (`PrerequisiteGroup`).
 """
 
 from __future__ import annotations
 
+import importlib
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import click
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperGroup
 
 from rl360_ext.cli.engine import app as engine_app
 from rl360_ext.cli.harbor import app as harbor_app
 from rl360_ext.cli.session import app as session_app
 from rl360_ext.cli.templates import app as template_app
+from rl360_ext.util.prereqs import EXIT_UNAVAILABLE, Unavailable, package_remedy
+from rl360_ext.util.procs import ServiceStartError
 from rl360_ext.util.progress import showing_progress
 
+
+def prerequisite_line(exc: BaseException, command: str) -> str | None:
+    """The one line a missing prerequisite ends `command` with, or None for any other error."""
+    if isinstance(exc, Unavailable):
+        return str(exc)
+    if isinstance(exc, ServiceStartError):
+        log = f" (log: {exc.log_path})" if exc.log_path else ""
+        return f"{command}: {exc.reason}{log}"
+    if isinstance(exc, ModuleNotFoundError) and exc.name and exc.name.split(".")[0] != "rl360_ext":
+        top = exc.name.split(".")[0]
+        return f"{command} needs the Python package {top!r}: {package_remedy(top)}"
+    return None
+
+
+class PrerequisiteGroup(TyperGroup):
+    """The top-level group: turns a missing prerequisite raised by any subcommand into one line."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            command = f"rl360 {ctx.invoked_subcommand}" if ctx.invoked_subcommand else "rl360"
+            line = prerequisite_line(exc, command)
+            if line is None:
+                raise
+            click.echo(line, err=True)
+            raise typer.Exit(EXIT_UNAVAILABLE) from None
+
+
 app = typer.Typer(
+    cls=PrerequisiteGroup,
     name="rl360",
     help="rl360-ext: trustworthy RL rollouts for coding agents on Miles, SGLang, SMG and Harbor.",
     no_args_is_help=True,
@@ -37,7 +80,7 @@ app.add_typer(bench_app, name="bench")
 
 @app.command()
 def doctor() -> None:
-    """Check this machine: Python, extras, the smg binary, bubblewrap, Ray, Chromium."""
+    """Check this machine: Python, extras, the smg binary, bubblewrap, tmux, Ray, Chromium."""
     from rl360_ext.diagnostics.doctor import run_checks
 
     checks = run_checks()
@@ -57,20 +100,18 @@ def demo(
     engines: int = typer.Option(2, min=1, help="Tiny engines behind the SMG gateway."),
     out: Path = typer.Option(Path("runs/demo"), help="Output folder for metrics.jsonl and report.html."),
 ) -> None:
-    """Run the whole rollout loop on this CPU machine and write a step report."""
-    from rl360_ext.local.demo import run_demo
+    """Run the whole rollout loop on this CPU machine and write a step report.
 
+    On a first run as root with apt-get, missing bubblewrap and tmux are installed (said on stderr);
+    any other missing prerequisite ends it with one line saying what to run, exit status 2."""
+    from rl360_ext.local.demo import run_demo
+    from rl360_ext.local.demo_plan import DemoConfig
+    from rl360_ext.local.stack import demo_stack_config, preflight
+
+    config = DemoConfig(steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out)
+    preflight(demo_stack_config(config), "rl360 demo", install=True)
     result = run_demo(steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out)
     raise typer.Exit(1 if result.problems else 0)
-
-
-@bench_app.command("engine")
-def bench_engine(json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
-    """Prefill and decode tokens/s of the tiny engine at its default size."""
-    from rl360_ext.local.bench.engine import main
-
-    with showing_progress("rl360 bench engine"):
-        main(as_json=json)
 
 
 @app.command()
@@ -95,37 +136,38 @@ def report(
     main(run_dir, out)
 
 
-@bench_app.command("r3")
-def bench_r3(json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
-    """R3 routing data: wire vs json/orjson, delta vs full routing bytes, pool collection."""
-    from rl360_ext.local.bench.r3 import main
+def _faults_needs() -> None:
+    from rl360_ext.local.fault_matrix import matrix_stack_config
+    from rl360_ext.local.stack import preflight
 
-    with showing_progress("rl360 bench r3"):
-        main(as_json=json)
+    preflight(matrix_stack_config(Path(tempfile.gettempdir())), "rl360 bench faults", install=True)
 
 
-@bench_app.command("template")
-def bench_template(json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
-    """Append-only checker cost at server start vs rendering each request once."""
-    from rl360_ext.local.bench.template import main
-
-    with showing_progress("rl360 bench template"):
-        main(as_json=json)
-
-
-@bench_app.command("launch")
-def bench_launch(json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
-    """Simulated 8,192 sandbox starts: all at once vs waves, image-group pinning vs random placement."""
-    from rl360_ext.local.bench.launch import main
-
-    with showing_progress("rl360 bench launch"):
-        main(as_json=json)
+BENCHES: dict[str, tuple[str, Callable[[], None] | None]] = {
+    "engine": ("Prefill and decode tokens/s of the tiny engine at its default size.", None),
+    "r3": ("R3 routing data: wire vs json/orjson, delta vs full routing bytes, pool collection.", None),
+    "template": ("Append-only checker cost at server start vs rendering each request once.", None),
+    "launch": (
+        "Simulated 8,192 sandbox starts: all at once vs waves, image-group pinning vs random placement.",
+        None,
+    ),
+    "faults": (
+        "Fault matrix: every injected infra failure, its class, and proof its reward enters no mean.",
+        _faults_needs,
+    ),
+}  # name -> (help, check or install what it needs first)
 
 
-@bench_app.command("faults")
-def bench_faults(json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
-    """Fault matrix: every injected infra failure, its class, and proof its reward enters no mean."""
-    from rl360_ext.local.bench.faults import main
+def _bench_command(name: str, needs: Callable[[], None] | None) -> Callable[[bool], None]:
+    def run(json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+        if needs is not None:
+            needs()
+        main = importlib.import_module(f"rl360_ext.local.bench.{name}").main
+        with showing_progress(f"rl360 bench {name}"):
+            main(as_json=json)
 
-    with showing_progress("rl360 bench faults"):
-        main(as_json=json)
+    return run
+
+
+for _name, (_help, _needs) in BENCHES.items():
+    bench_app.command(_name, help=_help)(_bench_command(_name, _needs))

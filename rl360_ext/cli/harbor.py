@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from rl360_ext.cli.options import key_values
+
 app = typer.Typer(
     help="The Harbor /run server (one deadline, waves, reservations, pinning) and example tasks.",
     no_args_is_help=True,
 )
-
-
-def _parse_kwargs(pairs: list[str]) -> dict[str, object]:
-    """KEY=VALUE pairs; VALUE is read as JSON when it parses (true, 3, "x"), else as a string."""
-    parsed: dict[str, object] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--env-kwarg")
-        try:
-            parsed[key] = json.loads(value)
-        except ValueError:
-            parsed[key] = value
-    return parsed
 
 
 @app.command()
@@ -89,15 +76,22 @@ def serve(
     from rl360_ext.harbor.budget import BudgetPolicy
     from rl360_ext.harbor.runner import EnvironmentSpec, ServerSettings, TrialRunner
     from rl360_ext.local.fixtures import tasks_root as example_tasks_root
+    from rl360_ext.util.prereqs import bwrap_problem, require
 
     if keep_trials not in ("all", "failed", "none"):
         raise typer.BadParameter("must be all, failed or none", param_hint="--keep-trials")
     if (capacity_cpus is None) != (capacity_memory_mb is None):
         raise typer.BadParameter("give both --capacity-cpus and --capacity-memory-mb, or neither")
     try:
-        environment = EnvironmentSpec.parse(env, _parse_kwargs(env_kwarg or []), placement_kwarg)
+        env_kwargs = key_values(env_kwarg or [])
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--env-kwarg") from None
+    try:
+        environment = EnvironmentSpec.parse(env, env_kwargs, placement_kwarg)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--env") from exc
+    if environment.name == "bwrap":
+        require("rl360 harbor serve --env bwrap", [bwrap_problem()])
     # Without --trials-dir, trial directories live in a temporary directory removed at exit.
     scratch = (
         None

@@ -13,6 +13,8 @@ from typing import Annotated, Any
 
 import typer
 
+from rl360_ext.cli.options import key_values
+
 app = typer.Typer(
     help="Chat templates: the append-only checker and the fixed templates.", no_args_is_help=True
 )
@@ -41,19 +43,6 @@ def _load_tokenizer(directory: Path) -> Any:
         raise _fail(f"cannot load a tokenizer from {directory}: {exc}") from None
 
 
-def _template_kwargs(pairs: list[str]) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise _fail(f"--kwarg {pair!r}: expected KEY=VALUE (VALUE as JSON, e.g. enable_thinking=false)")
-        try:
-            kwargs[key] = json.loads(value)
-        except ValueError:
-            kwargs[key] = value
-    return kwargs
-
-
 @app.command()
 def check(
     tokenizer_dir: Path = TOKENIZER_DIR,
@@ -76,7 +65,10 @@ def check(
     if template is not None and fixed:
         raise _fail("--template and --fixed are exclusive")
     tokenizer = _load_tokenizer(tokenizer_dir)
-    template_kwargs = _template_kwargs(kwarg)
+    try:
+        template_kwargs = key_values(kwarg)
+    except ValueError as exc:
+        raise _fail(f"--kwarg: {exc} (VALUE as JSON, e.g. enable_thinking=false)") from None
     from rl360_ext.templates.check import check_template
     from rl360_ext.templates.select import choose_fixed_template
 

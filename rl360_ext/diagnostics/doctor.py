@@ -1,17 +1,25 @@
 """`rl360 doctor`: checks what this machine has for rl360 and says what to do about what is missing.
 
-Owns the list of checks (Python version, extras, the smg binary, bubblewrap, Ray, Chromium for
-report tests). Each check returns OK or a concrete remedy; nothing here installs anything.
+Owns the list of checks (Python version, extras, the smg binary, bubblewrap, tmux, Ray, Chromium
+for report tests). Each check returns OK or a concrete remedy, in the words of
+`rl360_ext.util.prereqs` (the same lines a command stops with); nothing here installs anything
+(`rl360 demo` installs bubblewrap and tmux itself on a first run as root).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 
+from rl360_ext.util.prereqs import (
+    HARBOR_PYTHON,
+    bwrap_problem,
+    host_tools_problem,
+    package_problem,
+    python_problem,
+    smg_problem,
+)
 from rl360_ext.util.procs import find_executable
 
 
@@ -24,14 +32,15 @@ class Check:
 
 def _python() -> Check:
     version = ".".join(map(str, sys.version_info[:3]))
-    if sys.version_info >= (3, 12):
+    if python_problem(HARBOR_PYTHON) is None:
         return Check("python", True, f"{version} (core and the harbor extra)")
     return Check("python", True, f"{version}: core only; the harbor extra needs Python >= 3.12")
 
 
-def _module(name: str, remedy: str) -> Check:
-    if importlib.util.find_spec(name) is None:
-        return Check(name, False, remedy)
+def _module(name: str) -> Check:
+    problem = package_problem(name)
+    if problem is not None:
+        return Check(name, False, problem)
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -41,24 +50,18 @@ def _module(name: str, remedy: str) -> Check:
 
 
 def _smg() -> Check:
-    path = find_executable("smg")
-    if path is None:
-        return Check("smg", False, "pip install 'smg>=1.13' (the SMG gateway binary, `smg launch`)")
-    return Check("smg", True, path)
+    problem = smg_problem()
+    return Check("smg", problem is None, problem or str(find_executable("smg")))
 
 
 def _bwrap() -> Check:
-    path = shutil.which("bwrap")
-    if path is None:
-        return Check("bubblewrap", False, "apt-get install bubblewrap (sandboxes without a container engine)")
-    probe = subprocess.run(
-        [path, "--ro-bind", "/", "/", "--unshare-net", "true"], capture_output=True, text=True, timeout=20
-    )
-    if probe.returncode != 0:
-        return Check(
-            "bubblewrap", False, f"{path} cannot create a sandbox here: {probe.stderr.strip()[:200]}"
-        )
-    return Check("bubblewrap", True, path)
+    problem = bwrap_problem()
+    return Check("bubblewrap", problem is None, problem or str(shutil.which("bwrap")))
+
+
+def _tmux() -> Check:
+    problem = host_tools_problem(["tmux"])
+    return Check("tmux", problem is None, problem or str(shutil.which("tmux")))
 
 
 def _chromium() -> Check:
@@ -69,11 +72,4 @@ def _chromium() -> Check:
 
 
 def run_checks() -> list[Check]:
-    return [
-        _python(),
-        _module("harbor", "pip install 'rl360-ext[harbor]' (needs Python >= 3.12)"),
-        _module("ray", "pip install ray"),
-        _smg(),
-        _bwrap(),
-        _chromium(),
-    ]
+    return [_python(), _module("harbor"), _module("ray"), _smg(), _bwrap(), _tmux(), _chromium()]

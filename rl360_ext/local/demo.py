@@ -70,7 +70,7 @@ from rl360_ext.local.demo_plan import (
 from rl360_ext.local.fixtures import quiz_task_names
 from rl360_ext.local.fixtures import tasks_root as demo_tasks_root
 from rl360_ext.local.stack import (
-    DemoStack,
+    LocalStack,
     demo_stack,
     engine_fault_counts,
 )
@@ -98,7 +98,7 @@ def load_function(path: str) -> Callable[..., Any]:
 
 def build_args(
     config: DemoConfig,
-    stack: DemoStack,
+    stack: LocalStack,
     *,
     deadline_s: float | None = None,
     client_margin_s: float | None = None,
@@ -184,7 +184,7 @@ class StepData:
 class DemoDriver:
     """Runs the steps: rollouts, stand-in training, weight pushes, in Miles' one-step-off order."""
 
-    def __init__(self, config: DemoConfig, stack: DemoStack, progress: Progress) -> None:
+    def __init__(self, config: DemoConfig, stack: LocalStack, progress: Progress) -> None:
         from rl360_ext.rollout.sample import GenerateFnInput, Sample
 
         self.config = config

@@ -1,8 +1,9 @@
 """The fault matrix: inject every infrastructure failure into real rollouts and show none of them scores.
 
-Owns the matrix's cases (what is injected, how, and which attempt classes are acceptable), the
-stack it runs them on (`FaultStack`: the tiny engine, the real SMG gateway, the real Harbor `/run`
-server with bubblewrap sandboxes, a SessionPool on local Ray, and the rl360 generate hook), and the
+Owns the matrix's cases (what is injected, how, and which attempt classes are acceptable), how
+they run (`FaultStack`: the rl360 generate hook against the local stack of
+`rl360_ext.local.stack` with the tiny engine, the real SMG gateway, two real Harbor `/run` servers
+with bubblewrap sandboxes and a SessionPool on local Ray), and the
 exclusion check: each sample goes into a group with real valid samples, through
 `valid_group_advantages`, the valid-reward filter and the rollout metrics hook, and the check
 reports whether its reward moved any other sample's advantage or the kept/unfiltered means (with
@@ -31,10 +32,11 @@ from typing import Any
 
 import httpx
 
+from rl360_ext.local.stack import HarborServer, StackConfig, local_stack
 from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, REWARD_SOURCE, VALID, attempt_class
 from rl360_ext.rollout import agent as agent_module
 from rl360_ext.rollout.filters import check_valid_reward_nonzero_std
-from rl360_ext.rollout.generate import generate, shutdown_session_pool
+from rl360_ext.rollout.generate import generate
 from rl360_ext.rollout.metrics import log_rollout_metrics, read_metrics
 from rl360_ext.rollout.rewards import valid_group_advantages
 from rl360_ext.rollout.sample import GenerateFnInput, Sample
@@ -182,66 +184,43 @@ def matrix_tasks_root(directory: Path) -> Path:
     return root
 
 
+def matrix_stack_config(work_dir: Path) -> StackConfig:
+    """The matrix's stack in `work_dir`: one tiny engine behind SMG, two Harbor servers with the demo's
+    bash agent over the fixtures copied to `work_dir/tasks` (`harbor-victim` is the one stalled, then
+    killed), the SessionPool's Ray (reused under pytest)."""
+    flags = ("--max-concurrent", "4", "--keep-trials", "none", *HARBOR_BUDGET_FLAGS)
+    return StackConfig(
+        out=work_dir,
+        harbors=(HarborServer("harbor", DEMO_AGENT, flags), HarborServer("harbor-victim", DEMO_AGENT, flags)),
+        tasks_root=work_dir / "tasks",
+        reuse_ray=True,
+    )
+
+
 class FaultStack:
     """Real services for the matrix; `with FaultStack(work_dir) as stack: await stack.run(case)`."""
 
     def __init__(self, work_dir: Path) -> None:
         self.work_dir = work_dir
         self.logs = work_dir / "logs"
-        self.services: list[Any] = []
-        self._started_ray = False
         self.anchors: list[Any] = []
+        self._running = contextlib.ExitStack()
 
     def __enter__(self) -> FaultStack:
-        try:
-            self._start()
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
+        self.tasks_root = matrix_tasks_root(self.work_dir)
+        stack = self._running.enter_context(
+            local_stack(matrix_stack_config(self.work_dir), "the fault matrix")
+        )
+        self.stack = stack
+        self.tokenizer_dir = str(stack.tokenizer_dir)
+        self.engine = stack.engines[0]
+        self.gateway = stack.smg
+        self.harbor = stack.harbors["harbor"]
+        self.victim = stack.harbors["harbor-victim"]
         return self
 
-    def _harbor(self, name: str) -> Any:
-        from rl360_ext.util.procs import free_port, rl360_argv, start_service
-
-        port = free_port()
-        argv = rl360_argv(
-            "harbor", "serve", "--host", "127.0.0.1", "--port", str(port),
-            "--tasks-root", str(self.tasks_root), "--agent", DEMO_AGENT, "--max-concurrent", "4",
-            "--keep-trials", "none", *HARBOR_BUDGET_FLAGS,
-        )  # fmt: skip
-        service = start_service(name, argv, port, self.logs, ready_timeout_s=90, stop_grace_s=30)
-        self.services.append(service)
-        return service
-
-    def _start(self) -> None:
-        import ray
-
-        from rl360_ext.local.services import start_engine, start_smg
-        from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
-
-        self.tasks_root = matrix_tasks_root(self.work_dir)
-        self.tokenizer_dir = str(default_tokenizer_dir())
-        self.engine = start_engine(self.logs)
-        self.services.append(self.engine)
-        self.gateway = start_smg([self.engine.url], self.logs)
-        self.services.append(self.gateway)
-        self.harbor = self._harbor("harbor")
-        self.victim = self._harbor("harbor-victim")  # stalled, then killed
-        if not ray.is_initialized():
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-            self._started_ray = True
-
     def __exit__(self, *exc: Any) -> None:
-        shutdown_session_pool()
-        for service in reversed(self.services):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(service.pid, signal.SIGCONT)
-            service.stop()
-        self.services.clear()
-        if self._started_ray:
-            import ray
-
-            ray.shutdown()
+        self._running.close()
 
     def args(self, case: FaultCase, **overrides: Any) -> SimpleNamespace:
         values: dict[str, Any] = {
@@ -261,9 +240,6 @@ class FaultStack:
         values.update(overrides)
         return SimpleNamespace(**values)
 
-    def _engine_faults(self, faults: dict[str, float] | None) -> None:
-        httpx.post(self.engine.url + "/rl360/faults", json=faults or {}, timeout=10).raise_for_status()
-
     async def _generate(self, args: SimpleNamespace, case: FaultCase, index: int) -> Any:
         sample = Sample(group_index=index, index=index, prompt=case.task, metadata={"task": case.task})
         state = SimpleNamespace(args=args)
@@ -277,7 +253,7 @@ class FaultStack:
         args = self.args(case)
         note = ""
         started = time.monotonic()
-        self._engine_faults(case.engine_faults)
+        self.stack.set_engine_faults(case.engine_faults)
         try:
             if case.how == "delete_session":
                 args.custom_agent_function_path = f"{__name__}.run_and_delete_session"
@@ -306,8 +282,7 @@ class FaultStack:
                         os.killpg(self.victim.pid, signal.SIGKILL)
                 sample = await attempt
         finally:
-            if self.engine.alive():
-                self._engine_faults(None)
+            self.stack.set_engine_faults(None)
         if case.how == "delete_session":
             mid_run = sample.metadata.get("session_deleted_mid_run")
             note = "deleted while the run was in flight" if mid_run else "deleted after the run ended"

@@ -1,4 +1,5 @@
-"""Starting the local stack's processes: tiny engines and the real SMG gateway, on loopback.
+"""Starting the local stack's processes: tiny engines, the real SMG gateway and the Harbor `/run`
+server, on loopback.
 
 Owns the argv of each local service and the wait until SMG has registered its workers. Process
 lifecycle itself (ports, readiness, stop) is `rl360_ext.util.procs`; which services a run needs is
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import httpx
 
+from rl360_ext.util.prereqs import SMG_REMEDY, Unavailable
 from rl360_ext.util.procs import (
     LOOPBACK,
     Service,
@@ -42,7 +44,7 @@ def start_smg(
     """The real SMG gateway (`smg launch`) on loopback, Prometheus on loopback too."""
     binary = find_executable("smg")
     if binary is None:
-        raise ServiceStartError("the smg binary is not installed (pip install smg)")
+        raise Unavailable(f"the smg gateway binary is not installed: {SMG_REMEDY}")
     port = port or free_port()
     argv = [
         binary,
@@ -70,6 +72,24 @@ def start_smg(
     return service
 
 
+def start_harbor(
+    log_dir: Path,
+    tasks_root: Path,
+    agent: str,
+    *flags: str,
+    name: str = "harbor",
+    port: int | None = None,
+) -> Service:
+    """`rl360 harbor serve` with bubblewrap sandboxes over `tasks_root`, `agent` its default agent,
+    `flags` any further serve flags (budgets, concurrency, trial folders)."""
+    port = port or free_port()
+    argv = rl360_argv(
+        "harbor", "serve", "--host", LOOPBACK, "--port", str(port),
+        "--tasks-root", str(tasks_root), "--env", "bwrap", "--agent", agent, *flags,
+    )  # fmt: skip
+    return start_service(name, argv, port, log_dir, ready_timeout_s=120, stop_grace_s=30)
+
+
 def _wait_workers_registered(service: Service, expected: int, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -82,5 +102,5 @@ def _wait_workers_registered(service: Service, expected: int, timeout_s: float =
         time.sleep(0.1)
     service.stop()
     raise ServiceStartError(
-        f"smg registered fewer than {expected} workers in {timeout_s}s; log:\n{service.log_tail()}"
+        f"smg registered fewer than {expected} workers in {timeout_s}s", service.log_path, service.log_tail()
     )

@@ -1,31 +1,35 @@
-"""The processes `rl360 demo` runs, started together and always stopped together.
+"""The one launcher of the local stack: the processes a local run needs, started together and
+always stopped together.
 
-Owns the demo's service stack on loopback: N tiny engines, the SMG gateway in front of them
-(policy manual, `--enable-rl` for the weight fan-out), a local Ray instance for the session
-pool, and the Harbor `/run` server with the bubblewrap sandbox, the demo quiz tasks and the demo
-quiz agent. `demo_stack(config)` is a context manager: whatever happens inside it (an error,
-Ctrl-C), every process it started is stopped on the way out, and `logs/services.json` in the
-output folder lists each one's pid, port and log, so a user (or a test) can check that nothing
-is left. Process lifecycle itself is `rl360_ext.util.procs`; the session pool belongs to the generate
-hook (`rl360_ext.rollout.generate.shutdown_session_pool` stops it here, before Ray goes down).
-It does not drive rollouts (`rl360_ext.local.demo`).
+Owns starting and stopping, on loopback, what `rl360 demo`, the fault matrix (`rl360 bench
+faults`, its integration test) and the benches run against: N tiny engines, the SMG gateway in
+front of them, Harbor `/run` servers with bubblewrap sandboxes, and a local Ray instance for the
+session pool. `StackConfig` says what one run needs (each field's docstring names who sets it);
+`preflight` names everything missing in one line before anything starts (installing the missing
+host tools with apt-get first, when asked and running as root); `local_stack(config)` is a
+context manager: whatever happens inside it (an error, Ctrl-C), every process it started is
+stopped on the way out, and `logs/services.json` in the output folder lists each one's pid, port
+and log, so a user (or a test) can check that nothing is left. Process lifecycle itself is
+`rl360_ext.util.procs`, each service's argv `rl360_ext.local.services`; the session pool belongs
+to the generate hook (`rl360_ext.rollout.generate.shutdown_session_pool` stops it here, before
+Ray goes down). It does not drive rollouts (`rl360_ext.local.demo`, `rl360_ext.local.fault_matrix`).
 
-With `--faults` above 0, SMG runs with `--disable-retries --disable-circuit-breaker`: by default
-SMG retries a 503 up to five times and opens a circuit after ten failures, which would hide the
-injected engine 503s (or take a whole engine out for a minute) instead of letting them reach the
-agent, where the demo shows them masked.
+`demo_stack(config)` is the demo's stack. With `--faults` above 0, SMG runs with
+`--disable-retries --disable-circuit-breaker`: by default SMG retries a 503 up to five times and
+opens a circuit after ten failures, which would hide the injected engine 503s (or take a whole
+engine out for a minute) instead of letting them reach the agent, where the demo shows them masked.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import importlib.util
 import json
 import logging
+import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,22 +37,23 @@ from typing import Any
 import httpx
 
 from rl360_ext.local.demo_plan import DemoConfig
-from rl360_ext.local.fixtures import tasks_root
+from rl360_ext.local.fixtures import tasks_root as fixture_tasks_root
 from rl360_ext.local.quiz_agent import IMPORT_PATH as QUIZ_AGENT
-from rl360_ext.local.services import start_engine, start_smg
-from rl360_ext.util.procs import (
-    LOOPBACK,
-    Service,
-    find_executable,
-    free_port,
-    rl360_argv,
-    start_service,
+from rl360_ext.local.services import start_engine, start_harbor, start_smg
+from rl360_ext.util.prereqs import (
+    bwrap_problem,
+    ensure_host_tools,
+    host_tools_problem,
+    package_problem,
+    require,
+    smg_problem,
 )
+from rl360_ext.util.procs import Service
 
 logger = logging.getLogger(__name__)
 
 MANIFEST = "services.json"
-HARBOR_BUDGET_FLAGS = (
+DEMO_HARBOR_BUDGET = (
     # Phase budgets sized for the quiz tasks (the defaults are for real coding tasks: 120 s setup).
     "--env-setup-s", "20",
     "--agent-setup-s", "5",
@@ -57,35 +62,88 @@ HARBOR_BUDGET_FLAGS = (
     "--min-agent-s", "5",
 )  # fmt: skip
 RAY_OBJECT_STORE_BYTES = 256 * 1024**2
+RAY_CPUS = 2
+DEMO_HOST_TOOLS = ("bwrap", "tmux")
 
 
-class DemoUnavailable(RuntimeError):
-    """Something the demo needs is missing on this machine; the message says what to install."""
+@dataclass(frozen=True)
+class HarborServer:
+    """One Harbor `/run` server of the stack (bubblewrap sandboxes over the stack's tasks)."""
+
+    name: str = "harbor"
+    """Service name; its log is `logs/<name>.log` (the fault matrix adds a `harbor-victim` that it
+    stalls and kills)."""
+    agent: str = QUIZ_AGENT
+    """Default agent for `/run`, `module:Class` or a Harbor agent name (demo: the quiz agent; fault
+    matrix: `rl360_ext.local.agents:BashToolAgent`)."""
+    flags: tuple[str, ...] = ()
+    """Further `rl360 harbor serve` flags: concurrency, phase budgets, where trial folders go."""
 
 
-def preflight() -> None:
-    """Fail before starting anything when a required component is missing."""
-    missing = []
-    if find_executable("smg") is None:
-        missing.append("the smg gateway (pip install smg)")
-    if find_executable("bwrap") is None:
-        missing.append("bubblewrap for the sandboxes (apt-get install bubblewrap)")
-    if importlib.util.find_spec("harbor") is None:
-        missing.append("Harbor for the /run server (pip install 'rl360-ext[harbor]', Python >= 3.12)")
-    if missing:
-        raise DemoUnavailable("rl360 demo needs " + "; ".join(missing))
+@dataclass(frozen=True)
+class StackConfig:
+    """What one local run needs started."""
+
+    out: Path
+    """Output folder: `logs/` (one log per service, `services.json`) goes here (demo: `--out`;
+    fault matrix: its work dir)."""
+    engines: int = 1
+    """Tiny engines (demo: `--engines`; fault matrix and benches: 1)."""
+    engine_flags: tuple[str, ...] = ()
+    """Extra `rl360 engine serve` flags for every engine (demo: `--seed`; r3 bench: a wide MoE shape)."""
+    engine_faults: Mapping[str, float] | None = None
+    """`POST /rl360/faults` body each engine gets once up, its `seed` offset by the engine's number
+    (demo with `--faults`: the 503 rate); None: no faults (the fault matrix sets them per case)."""
+    gateway: bool = True
+    """Start the SMG gateway (policy manual) in front of the engines (the r3 bench talks to the engine)."""
+    gateway_flags: tuple[str, ...] = ()
+    """Extra `smg launch` flags (demo: `--enable-rl` for the weight fan-out; with faults also
+    `--disable-retries --disable-circuit-breaker`)."""
+    harbors: tuple[HarborServer, ...] = ()
+    """Harbor `/run` servers; any of them makes bubblewrap and the harbor extra prerequisites."""
+    tasks_root: Path | None = None
+    """Tasks the Harbor servers serve; None: rl360's fixtures in place (the fault matrix serves a copy)."""
+    tokenizer_dir: Path | None = None
+    """Where to write the tiny engine's tokenizer for the session servers (demo: `<out>/tokenizer`);
+    None: the tiny engine's cached copy (`default_tokenizer_dir`)."""
+    ray: bool = True
+    """Start a local Ray instance (`num_cpus=2`, no dashboard) for the generate hook's session pool."""
+    reuse_ray: bool = False
+    """Use the Ray instance this process already runs, if any (the fault matrix under pytest); False:
+    refuse to start when one runs (the demo owns its Ray and shuts it down)."""
+    host_tools: tuple[str, ...] = ()
+    """Host executables the run needs beyond bubblewrap (demo: tmux, for Harbor's shell agents)."""
+
+    def prerequisites(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(host executables, Python packages) this run needs."""
+        tools = (*(("bwrap",) if self.harbors else ()), *self.host_tools)
+        return tuple(dict.fromkeys(tools)), (("harbor",) if self.harbors else ())
+
+
+def preflight(config: StackConfig, what: str = "the local stack", *, install: bool = False) -> None:
+    """Raise Unavailable naming everything `config` needs and this machine lacks, in one line, before
+    anything starts. With `install`, missing host tools are first installed with apt-get when this
+    process runs as root with apt-get (a first run in CI)."""
+    tools, packages = config.prerequisites()
+    ensure_host_tools(tools, install=install)
+    problems = [smg_problem() if config.gateway else None, host_tools_problem(tools)]
+    if "bwrap" in tools and host_tools_problem(["bwrap"]) is None:
+        problems.append(bwrap_problem())
+    problems += [package_problem(name) for name in packages]
+    require(what, problems)
 
 
 @dataclass
-class DemoStack:
+class LocalStack:
     """The running services and where their files go."""
 
     out: Path
     logs: Path
     tokenizer_dir: Path
+    tasks_root: Path
     engines: list[Service] = field(default_factory=list)
     smg: Service | None = None
-    harbor: Service | None = None
+    harbors: dict[str, Service] = field(default_factory=dict)
     ray_address: str | None = None
     session_servers: list[str] = field(default_factory=list)
 
@@ -95,15 +153,29 @@ class DemoStack:
         return self.smg.url
 
     @property
+    def harbor(self) -> Service:
+        """The first Harbor server."""
+        return next(iter(self.harbors.values()))
+
+    @property
     def harbor_url(self) -> str:
-        assert self.harbor is not None
         return self.harbor.url
 
     def services(self) -> list[Service]:
-        return [s for s in (self.harbor, self.smg, *self.engines) if s is not None]
+        return [*self.harbors.values(), *([self.smg] if self.smg else []), *self.engines]
+
+    def set_engine_faults(self, faults: Mapping[str, float] | None) -> None:
+        """`POST /rl360/faults` on each live engine (`seed` offset by its number); None clears them."""
+        for number, engine in enumerate(self.engines):
+            if not engine.alive():
+                continue
+            body = dict(faults or {})
+            if "seed" in body:
+                body["seed"] = body["seed"] + number
+            httpx.post(f"{engine.url}/rl360/faults", json=body, timeout=10.0).raise_for_status()
 
     def manifest(self) -> dict[str, Any]:
-        """Every process and port the demo opened (pids of Ray's own processes are Ray's)."""
+        """Every process and port the stack opened (pids of Ray's own processes are Ray's)."""
         entries = []
         for service in self.services():
             ports = [service.port]
@@ -130,12 +202,22 @@ class DemoStack:
         return path
 
 
+def engine_fault_counts(engines: list[Service]) -> dict[str, int]:
+    """503s each engine injected so far (GET /rl360/faults), by engine name."""
+    counts = {}
+    for engine in engines:
+        try:
+            body = httpx.get(f"{engine.url}/rl360/faults", timeout=10.0).json()
+            counts[engine.name] = int(body.get("injected", {}).get("unavailable", 0))
+        except (httpx.HTTPError, ValueError):
+            counts[engine.name] = -1
+    return counts
+
+
 def _start_all(starters: dict[str, Callable[[], Service]], started: list[Service]) -> dict[str, Service]:
     """Start services in parallel; every one that came up lands in `started` (even on Ctrl-C), then
     the first failure is raised."""
-    pool = concurrent.futures.ThreadPoolExecutor(
-        max_workers=len(starters), thread_name_prefix="rl360-demo-start"
-    )
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(starters), thread_name_prefix="rl360-start")
     futures = {name: pool.submit(start) for name, start in starters.items()}
     try:
         concurrent.futures.wait(futures.values())
@@ -151,85 +233,53 @@ def _start_all(starters: dict[str, Callable[[], Service]], started: list[Service
 
 
 def _stop_all(services: list[Service]) -> None:
-    """Stop services in parallel (SMG drains for 5-7 s on SIGTERM; nobody waits for it twice)."""
+    """Stop services in parallel (SMG drains for 5-7 s on SIGTERM; nobody waits for it twice). A
+    stopped (SIGSTOP) service is continued first, so it can take its SIGTERM."""
 
     def stop(service: Service) -> None:
         try:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(service.pid, signal.SIGCONT)
             service.stop()
         except Exception:  # keep stopping the others; the log says which one resisted
-            logger.exception("rl360 demo: stopping %s (pid %s) failed", service.name, service.pid)
+            logger.exception("rl360 stack: stopping %s (pid %s) failed", service.name, service.pid)
 
-    threads = [threading.Thread(target=stop, args=(s,), name=f"rl360-demo-stop-{s.name}") for s in services]
+    threads = [threading.Thread(target=stop, args=(s,), name=f"rl360-stop-{s.name}") for s in services]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
 
 
-def _harbor(config: DemoConfig, logs: Path) -> Service:
-    port = free_port()
-    argv = rl360_argv(
-        "harbor", "serve", "--host", LOOPBACK, "--port", str(port),
-        "--tasks-root", str(tasks_root()),
-        "--env", "bwrap",
-        "--agent", QUIZ_AGENT,
-        "--max-concurrent", str(max(8, config.tasks * config.attempts)),
-        "--trials-dir", str(config.out / "trials"),
-        "--keep-trials", "failed",
-        *HARBOR_BUDGET_FLAGS,
-    )  # fmt: skip
-    return start_service("harbor", argv, port, logs, ready_timeout_s=120, stop_grace_s=30)
-
-
-def _engine(config: DemoConfig, logs: Path, number: int) -> Callable[[], Service]:
-    return lambda: start_engine(logs, "--seed", str(config.seed), name=f"engine{number}")
-
-
-def _set_engine_faults(engines: list[Service], error_rate: float, seed: int) -> None:
-    for number, engine in enumerate(engines):
-        response = httpx.post(
-            f"{engine.url}/rl360/faults", json={"error_rate": error_rate, "seed": seed + number}, timeout=10.0
-        )
-        response.raise_for_status()
-
-
-def engine_fault_counts(engines: list[Service]) -> dict[str, int]:
-    """503s each engine injected so far (GET /rl360/faults), by engine name."""
-    counts = {}
-    for engine in engines:
-        try:
-            body = httpx.get(f"{engine.url}/rl360/faults", timeout=10.0).json()
-            counts[engine.name] = int(body.get("injected", {}).get("unavailable", 0))
-        except (httpx.HTTPError, ValueError):
-            counts[engine.name] = -1
-    return counts
-
-
-def _start_ray() -> str:
+def _start_ray(reuse: bool) -> tuple[str, bool]:
+    """(GCS address, whether this call started Ray)."""
     import ray
 
     if ray.is_initialized():
-        raise DemoUnavailable("rl360 demo starts its own local Ray instance; call ray.shutdown() first")
+        if not reuse:
+            raise RuntimeError("rl360 demo starts its own local Ray instance; call ray.shutdown() first")
+        return str(ray.get_runtime_context().gcs_address), False
     context = ray.init(
         address="local",
-        num_cpus=2,
+        num_cpus=RAY_CPUS,
         include_dashboard=False,
         log_to_driver=False,
         logging_level=logging.ERROR,
         object_store_memory=RAY_OBJECT_STORE_BYTES,
     )
-    return str(context.address_info.get("gcs_address", ""))
+    return str(context.address_info.get("gcs_address", "")), True
 
 
-def _stop_ray() -> None:
-    import ray
-
+def _stop_ray(started_here: bool) -> None:
     from rl360_ext.rollout.generate import shutdown_session_pool
 
     try:
         shutdown_session_pool()
     finally:
-        ray.shutdown()
+        if started_here:
+            import ray
+
+            ray.shutdown()
 
 
 @contextlib.contextmanager
@@ -240,7 +290,7 @@ def _interrupts_deferred() -> Iterator[None]:
         return
 
     def ignore(signum: int, frame: Any) -> None:
-        print("rl360 demo: still stopping the processes it started; this takes a few seconds", flush=True)
+        print("rl360: still stopping the processes it started; this takes a few seconds", flush=True)
 
     previous = {sig: signal.signal(sig, ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -250,39 +300,94 @@ def _interrupts_deferred() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-@contextlib.contextmanager
-def demo_stack(config: DemoConfig) -> Iterator[DemoStack]:
-    """Start everything the demo needs; stop all of it on exit, whatever the exit."""
-    from rl360_ext.tiny_engine.tokenizer import write_tokenizer_dir
+def _tokenizer_dir(config: StackConfig) -> Path:
+    from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir, write_tokenizer_dir
 
-    preflight()
+    if config.tokenizer_dir is None:
+        return default_tokenizer_dir()
+    return write_tokenizer_dir(config.tokenizer_dir)
+
+
+@contextlib.contextmanager
+def local_stack(config: StackConfig, what: str = "the local stack") -> Iterator[LocalStack]:
+    """Start everything `config` needs; stop all of it on exit, whatever the exit."""
+    preflight(config, what)
     logs = config.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    stack = DemoStack(out=config.out, logs=logs, tokenizer_dir=write_tokenizer_dir(config.out / "tokenizer"))
+    stack = LocalStack(
+        out=config.out,
+        logs=logs,
+        tokenizer_dir=_tokenizer_dir(config),
+        tasks_root=config.tasks_root or fixture_tasks_root(),
+    )
     started: list[Service] = []
-    ray_started = False
+    ray_started = ray_touched = False
     try:
-        starters = {f"engine{i}": _engine(config, logs, i) for i in range(config.engines)}
-        starters["harbor"] = lambda: _harbor(config, logs)
+        starters: dict[str, Callable[[], Service]] = {
+            f"engine{i}": _engine_starter(config, logs, i) for i in range(config.engines)
+        }
+        for server in config.harbors:
+            starters[f"harbor:{server.name}"] = _harbor_starter(server, stack.tasks_root, logs)
         services = _start_all(starters, started)
         stack.engines = [services[f"engine{i}"] for i in range(config.engines)]
-        stack.harbor = services["harbor"]
-        extra = ["--enable-rl"]
-        if config.faults > 0:
-            extra += ["--disable-retries", "--disable-circuit-breaker"]
-            _set_engine_faults(stack.engines, config.engine_error_rate, config.seed)
-        stack.smg = start_smg([e.url for e in stack.engines], logs, policy="manual", extra=extra)
-        started.append(stack.smg)
-        ray_started = True
-        stack.ray_address = _start_ray()
+        stack.harbors = {server.name: services[f"harbor:{server.name}"] for server in config.harbors}
+        if config.engine_faults:
+            stack.set_engine_faults(config.engine_faults)
+        if config.gateway:
+            stack.smg = start_smg([e.url for e in stack.engines], logs, extra=config.gateway_flags)
+            started.append(stack.smg)
+        if config.ray:
+            ray_touched = True
+            stack.ray_address, ray_started = _start_ray(config.reuse_ray)
         stack.write_manifest()
         yield stack
     finally:
         with _interrupts_deferred():
-            stopper = threading.Thread(target=_stop_all, args=(started,), name="rl360-demo-stop")
+            stopper = threading.Thread(target=_stop_all, args=(started,), name="rl360-stop")
             stopper.start()
             try:
-                if ray_started:
-                    _stop_ray()
+                if ray_touched:
+                    _stop_ray(ray_started)
             finally:
                 stopper.join()
+
+
+def _engine_starter(config: StackConfig, logs: Path, number: int) -> Callable[[], Service]:
+    return lambda: start_engine(logs, *config.engine_flags, name=f"engine{number}")
+
+
+def _harbor_starter(server: HarborServer, tasks_root: Path, logs: Path) -> Callable[[], Service]:
+    return lambda: start_harbor(logs, tasks_root, server.agent, *server.flags, name=server.name)
+
+
+def demo_stack_config(config: DemoConfig) -> StackConfig:
+    """The demo's stack: `--engines` seeded engines behind SMG with the RL fan-out, the quiz agent's
+    Harbor server, local Ray; with `--faults`, engine 503s that SMG does not retry."""
+    gateway_flags = ["--enable-rl"]
+    if config.faults > 0:
+        gateway_flags += ["--disable-retries", "--disable-circuit-breaker"]
+    harbor = HarborServer(
+        agent=QUIZ_AGENT,
+        flags=(
+            "--max-concurrent", str(max(8, config.tasks * config.attempts)),
+            "--trials-dir", str(config.out / "trials"),
+            "--keep-trials", "failed",
+            *DEMO_HARBOR_BUDGET,
+        ),
+    )  # fmt: skip
+    faults = {"error_rate": config.engine_error_rate, "seed": config.seed} if config.faults > 0 else None
+    return StackConfig(
+        out=config.out,
+        engines=config.engines,
+        engine_flags=("--seed", str(config.seed)),
+        engine_faults=faults,
+        gateway_flags=tuple(gateway_flags),
+        harbors=(harbor,),
+        tokenizer_dir=config.out / "tokenizer",
+        host_tools=DEMO_HOST_TOOLS,
+    )
+
+
+def demo_stack(config: DemoConfig) -> contextlib.AbstractContextManager[LocalStack]:
+    """Start everything the demo needs; stop all of it on exit, whatever the exit."""
+    return local_stack(demo_stack_config(config), "rl360 demo")

@@ -42,7 +42,16 @@ def free_port() -> int:
 
 
 class ServiceStartError(RuntimeError):
-    """A service exited or did not become ready in time; carries the tail of its log."""
+    """A service exited or did not become ready in time; carries the tail of its log.
+
+    `reason` is the one-line cause and `log_path` the service's log (the CLI prints both on one
+    line); the message adds the log's tail.
+    """
+
+    def __init__(self, reason: str, log_path: Path | None = None, log_tail: str = "") -> None:
+        super().__init__(f"{reason}; log:\n{log_tail}" if log_tail else reason)
+        self.reason = reason
+        self.log_path = log_path
 
 
 @dataclass
@@ -78,8 +87,9 @@ class Service:
         while time.monotonic() < deadline:
             if not self.alive():
                 raise ServiceStartError(
-                    f"{self.name} exited with {self.process.returncode} before it was ready; "
-                    f"log:\n{self.log_tail()}"
+                    f"{self.name} exited with {self.process.returncode} before it was ready",
+                    self.log_path,
+                    self.log_tail(),
                 )
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(self.url + path, timeout=2.0).status_code == 200:
@@ -87,7 +97,7 @@ class Service:
             time.sleep(0.1)
         self.stop()
         raise ServiceStartError(
-            f"{self.name} not ready on {self.url}{path} after {timeout_s}s; log:\n{self.log_tail()}"
+            f"{self.name} not ready on {self.url}{path} after {timeout_s}s", self.log_path, self.log_tail()
         )
 
     def stop(self) -> None:

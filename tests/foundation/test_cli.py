@@ -19,7 +19,7 @@ def test_help_lists_subcommands() -> None:
 
 def test_doctor_reports_every_check() -> None:
     checks = run_checks()
-    assert [c.name for c in checks] == ["python", "harbor", "ray", "smg", "bubblewrap", "chromium"]
+    assert [c.name for c in checks] == ["python", "harbor", "ray", "smg", "bubblewrap", "tmux", "chromium"]
     result = runner.invoke(app, ["doctor"])
     assert result.exit_code == (0 if all(c.ok for c in checks) else 1)
     for check in checks:

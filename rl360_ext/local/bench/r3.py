@@ -269,39 +269,35 @@ def _populate(pool: Any, sessions: int, system_prompt: str) -> list[str]:
 
 
 def bench_collection(routing: dict[str, Any], sessions: int = 24, repeats: int = 5) -> dict[str, Any]:
-    import ray
-
-    from rl360_ext.local.services import start_engine
+    from rl360_ext.local.stack import StackConfig, local_stack
     from rl360_ext.session.pool import SessionPool
-    from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
-    from rl360_ext.util.procs import running
 
     layers, experts, top_k = 24, 64, 8
     system_prompt = "You are a helpful coding agent. Run the tests and fix the bug. " * 150
     rows = []
-    with tempfile.TemporaryDirectory() as logs:
-        engine = start_engine(
-            Path(logs), "--layers", str(layers), "--experts", str(experts), "--top-k", str(top_k)
+    with tempfile.TemporaryDirectory() as work:
+        config = StackConfig(
+            out=Path(work),
+            engine_flags=("--layers", str(layers), "--experts", str(experts), "--top-k", str(top_k)),
+            gateway=False,
+            reuse_ray=True,
         )
-        with running(engine):
-            started_here = not ray.is_initialized()
-            if started_here:
-                ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-            try:
-                for actors in (1, 2):
-                    tokenizer = str(default_tokenizer_dir())
-                    pool = SessionPool(
-                        actors, engine.url, tokenizer, r3=True, host="127.0.0.1", actor_num_cpus=0.5
-                    )
-                    try:
-                        ids = _populate(pool, sessions, system_prompt)
-                        seconds, samples = _best(lambda p=pool, i=ids: p.collect(i), repeats)
-                        rows.append(_collect_row(actors, samples, seconds))
-                    finally:
-                        pool.shutdown()
-            finally:
-                if started_here:
-                    ray.shutdown()
+        with local_stack(config, "rl360 bench r3") as stack:
+            for actors in (1, 2):
+                pool = SessionPool(
+                    actors,
+                    stack.engines[0].url,
+                    str(stack.tokenizer_dir),
+                    r3=True,
+                    host="127.0.0.1",
+                    actor_num_cpus=0.5,
+                )
+                try:
+                    ids = _populate(pool, sessions, system_prompt)
+                    seconds, samples = _best(lambda p=pool, i=ids: p.collect(i), repeats)
+                    rows.append(_collect_row(actors, samples, seconds))
+                finally:
+                    pool.shutdown()
     return {
         "engine_shape": {"layers": layers, "experts": experts, "top_k": top_k},
         "rows": rows,
