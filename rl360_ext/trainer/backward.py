@@ -177,7 +177,9 @@ class TrainModel:
                 experts.append(_ExpertTape(rows, slots, u, s, up, h, y))
             x = x_mid + out
             tapes.append(
-                _LayerTape(x_in, attn_inv, a, q, k, v, lse, o, x_mid, ffn_inv, b, probs, chosen, gates, experts)
+                _LayerTape(
+                    x_in, attn_inv, a, q, k, v, lse, o, x_mid, ffn_inv, b, probs, chosen, gates, experts
+                )
             )
         first_row = first_target - 1
         x_rows = x[first_row:]
