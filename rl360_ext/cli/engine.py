@@ -36,6 +36,9 @@ def serve(
     faults: str = typer.Option(
         "", help="Fault injection, e.g. error_rate=0.1,latency_s=0.2,abort_rate=0.05,seed=1."
     ),
+    dtype: str = typer.Option(
+        "float64", help="The forward's arithmetic: float64, or float32 (differs from a float64 trainer)."
+    ),
 ) -> None:
     """Serve the tiny MoE engine with SGLang's native HTTP protocol."""
     import uvicorn
@@ -58,6 +61,7 @@ def serve(
         model_name=model_name,
         tokenizer_dir=str(tokenizer) if tokenizer else None,
         weights_path=str(weights) if weights else None,
+        dtype=dtype,
         faults=fault_config,
     )
     try:

@@ -48,6 +48,7 @@ class EngineConfig:
     model_name: str = "rl360-tiny-moe"
     tokenizer_dir: str | None = None
     weights_path: str | None = None
+    dtype: str = "float64"  # the forward's arithmetic: float64 or float32 (`--dtype`)
     faults: FaultConfig = field(default_factory=FaultConfig)
 
 
@@ -91,7 +92,7 @@ class TinyEngine:
         self.model_config = ModelConfig(
             vocab_size=vocab, layers=self.config.layers, experts=self.config.experts, top_k=self.config.top_k
         )
-        self.model = TinyMoEModel.from_seed(self.model_config, self.config.seed)
+        self.model = TinyMoEModel.from_seed(self.model_config, self.config.seed, self.config.dtype)
         if self.config.weights_path:
             self.model.weights = load_weights(self.config.weights_path, self.model_config)
         self.model_path = self.config.weights_path or f"{self.config.model_name}-seed{self.config.seed}"

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 DTYPE = np.float64
+COMPUTE_DTYPES = {"float64": np.float64, "float32": np.float32}  # `--dtype`: the forward's arithmetic
 ATTENTION_CHUNK = 256  # queries per attention block in long prefills (bounds memory)
 
 
@@ -213,21 +214,42 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 class TinyMoEModel:
-    """The model: weights plus the forward passes. Not thread-safe; the engine serializes calls."""
+    """The model: weights plus the forward passes. Not thread-safe; the engine serializes calls.
+
+    `dtype` is the forward's arithmetic: "float64" (the default) or "float32" (every matmul, norm
+    and softmax in float32, as a GPU engine's low precision differs from a trainer's). Weights and
+    the KV cache stay float64 arrays; in float32 mode the KV rows hold float32-rounded values.
+    """
 
     def __init__(
-        self, config: ModelConfig, weights: dict[str, np.ndarray] | None = None, seed: int = 0
+        self,
+        config: ModelConfig,
+        weights: dict[str, np.ndarray] | None = None,
+        seed: int = 0,
+        dtype: str = "float64",
     ) -> None:
+        if dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(COMPUTE_DTYPES)}, got {dtype!r}")
         self.config = config
+        self.dtype = np.dtype(COMPUTE_DTYPES[dtype])
         self.weights = weights if weights is not None else init_weights(config, seed)
         inv_freq = 1.0 / (
             config.rope_theta ** (np.arange(0, config.head_dim, 2, dtype=DTYPE) / config.head_dim)
         )
         self._inv_freq = inv_freq
 
+    @property
+    def weights(self) -> dict[str, np.ndarray]:
+        return self._weights
+
+    @weights.setter
+    def weights(self, value: dict[str, np.ndarray]) -> None:
+        self._weights = value
+        self._compute = value if self.dtype == DTYPE else {k: v.astype(self.dtype) for k, v in value.items()}
+
     @classmethod
-    def from_seed(cls, config: ModelConfig, seed: int) -> TinyMoEModel:
-        return cls(config, init_weights(config, seed))
+    def from_seed(cls, config: ModelConfig, seed: int, dtype: str = "float64") -> TinyMoEModel:
+        return cls(config, init_weights(config, seed), dtype=dtype)
 
     def load(self, path: str | Path) -> None:
         """Replace the weights with those in `path` (validated before anything changes)."""
@@ -236,14 +258,14 @@ class TinyMoEModel:
     def _rope(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Rotate [n, heads, head_dim] by position (half-split layout)."""
         angles = positions[:, None].astype(DTYPE) * self._inv_freq[None, :]
-        cos = np.cos(angles)[:, None, :]
-        sin = np.sin(angles)[:, None, :]
+        cos = np.cos(angles)[:, None, :].astype(self.dtype, copy=False)
+        sin = np.sin(angles)[:, None, :].astype(self.dtype, copy=False)
         half = x.shape[-1] // 2
         x1, x2 = x[..., :half], x[..., half:]
         return np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
     def _attention(self, layer: int, h: np.ndarray, kv: KVState, start: int) -> np.ndarray:
-        cfg, w = self.config, self.weights
+        cfg, w = self.config, self._compute
         n = h.shape[0]
         prefix = f"layers.{layer}."
         positions = np.arange(start, start + n)
@@ -255,21 +277,23 @@ class TinyMoEModel:
         keys = kv.keys[layer].transpose(0, 2, 1)  # [heads, head_dim, capacity] (a view)
         values = kv.values[layer]  # [heads, capacity, head_dim]
         q = q.transpose(1, 0, 2) * (1.0 / np.sqrt(cfg.head_dim))  # [heads, n, head_dim]
-        out = np.empty((n, cfg.heads, cfg.head_dim), DTYPE)
+        out = np.empty((n, cfg.heads, cfg.head_dim), self.dtype)
         for q0 in range(0, n, ATTENTION_CHUNK):
             q1 = min(n, q0 + ATTENTION_CHUNK)
             visible = start + q1  # keys the last query of this block may see
-            scores = np.matmul(q[:, q0:q1], keys[:, :, :visible])  # [heads, m, visible]
+            block_keys = keys[:, :, :visible].astype(self.dtype, copy=False)
+            scores = np.matmul(q[:, q0:q1], block_keys)  # [heads, m, visible]
             if q1 - q0 > 1:  # causal mask inside the block's own new positions
                 scores[:, :, start + q0 :] += _causal_bias(q1 - q0)
             scores -= scores.max(axis=-1, keepdims=True)
             np.exp(scores, out=scores)
             total_weight = scores.sum(axis=-1, keepdims=True)
-            out[q0:q1] = (np.matmul(scores, values[:, :visible]) / total_weight).transpose(1, 0, 2)
+            block_values = values[:, :visible].astype(self.dtype, copy=False)
+            out[q0:q1] = (np.matmul(scores, block_values) / total_weight).transpose(1, 0, 2)
         return out.reshape(n, cfg.heads * cfg.head_dim) @ w[prefix + "wo"]
 
     def _moe(self, layer: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        cfg, w = self.config, self.weights
+        cfg, w = self.config, self._compute
         prefix = f"layers.{layer}."
         router_probs = np.exp(_log_softmax(h @ w[prefix + "router"]))  # [n, experts]
         chosen = np.argsort(-router_probs, axis=-1, kind="stable")[:, : cfg.top_k]  # best first
@@ -290,7 +314,7 @@ class TinyMoEModel:
 
         `logits_for` is "last" (logits of the last new position only) or "all".
         """
-        cfg, w = self.config, self.weights
+        cfg, w = self.config, self._compute
         tokens = np.asarray(token_ids, dtype=np.int64)
         n = tokens.shape[0]
         if n == 0:

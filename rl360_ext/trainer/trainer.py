@@ -1,0 +1,349 @@
+"""The reference trainer's step: Miles' actor train loop for one rollout, on the tiny MoE model.
+
+Owns `TrainerConfig` (every setting, with Miles' flag names and defaults where Miles has them)
+and `Trainer`: weights and AdamW state, and `train_step(samples, rewards)`, which does what
+Miles' Megatron actor does with one rollout (radixark/miles 31f1ca96,
+`miles/backends/megatron_utils/actor.py` -> `model.train`):
+
+1. build the train data (`data.train_data`, Miles' `convert_samples_to_train_data`);
+2. score every sample with the current weights, forward only (Miles' `compute_log_prob`, with R3
+   replaying `rollout_routed_experts` when on): these are the old log-probs of PPO and the
+   `train_log_probs` of TIS; compare them with the rollout's log-probs and the model's own top-k
+   with the replayed one (the trust metrics, before any update);
+3. split the rollout into `steps_per_rollout` global batches (`--num-steps-per-rollout`) and each
+   into micro-batches of `micro_batch_size`; per micro-batch: forward, Miles' policy loss
+   (`loss.micro_batch_loss`: PPO-clip, TIS hook, pg-loss reducer hook, `loss_function`'s division
+   by the global batch's sample count), backward; per global batch: clip the gradient norm and
+   take one AdamW step.
+
+What it is not: Megatron. No tensor, pipeline, expert, data or context parallelism, no
+sequence packing, no mixed precision (float64 throughout), no KL or entropy terms (`kl_coef` 0,
+`entropy_coef` 0, RL360's recipe), no value model. Samples without a loss-masked-in token
+(infra samples) are not forwarded: their gradient is zero, and they still count in every
+normalizer exactly as in Miles.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import math
+import time
+from argparse import Namespace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rl360_ext.tiny_engine.model import ModelConfig, init_weights, load_weights, save_weights
+from rl360_ext.trainer.backward import Tape, TrainModel
+from rl360_ext.trainer.data import TrainData, train_data
+from rl360_ext.trainer.loss import micro_batch_loss, reducer_coefficients, sum_of_sample_mean
+from rl360_ext.trainer.optim import AdamW
+
+RL360_REDUCER = "rl360_ext.train.reducers.valid_sample_mean"
+RL360_TIS = "rl360_ext.train.tis.valid_token_tis"
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """Every setting of the reference trainer; the constructor rejects values it cannot run."""
+
+    lr: float = 3e-3
+    """AdamW learning rate (Miles' `--lr`; large because the model is tiny)."""
+    betas: tuple[float, float] = (0.9, 0.98)
+    """AdamW (beta1, beta2) (`--adam-beta1`, `--adam-beta2`)."""
+    adam_eps: float = 1e-8
+    """AdamW epsilon (`--adam-eps`)."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay (`--weight-decay`)."""
+    clip_grad: float = 1.0
+    """Global gradient-norm clip (`--clip-grad`, Miles' default 1.0); 0 turns it off."""
+    eps_clip: float = 0.2
+    """PPO lower clip range (`--eps-clip`; RL360's recipe 0.2)."""
+    eps_clip_high: float = 0.28
+    """PPO upper clip range (`--eps-clip-high`; RL360's recipe 0.28)."""
+    use_tis: bool = True
+    """Multiply the pg loss by truncated importance-sampling weights (`--use-tis`)."""
+    tis_clip: float = 2.0
+    """Upper TIS clamp (`--tis-clip`)."""
+    tis_clip_low: float = 0.0
+    """Lower TIS clamp (`--tis-clip-low`)."""
+    tis_function_path: str | None = RL360_TIS
+    """`--custom-tis-function-path`; None uses Miles' vanilla TIS."""
+    pg_loss_reducer_path: str | None = RL360_REDUCER
+    """`--custom-pg-loss-reducer-function-path`; None uses Miles' per-sample mean."""
+    calculate_per_token_loss: bool = False
+    """`--calculate-per-token-loss`: normalize by tokens instead of samples."""
+    use_rollout_logprobs: bool = False
+    """`--use-rollout-logprobs`: PPO's old log-probs are the rollout's, not the trainer's."""
+    steps_per_rollout: int = 1
+    """Optimizer steps per rollout (`--num-steps-per-rollout`): that many global batches."""
+    micro_batch_size: int | None = None
+    """Samples per micro-batch (`--micro-batch-size`); None puts each global batch in one."""
+    r3: bool = True
+    """R3: MoE layers replay `rollout_routed_experts` (`--use-rollout-routing-replay`)."""
+
+    def __post_init__(self) -> None:
+        for name in ("lr", "adam_eps", "tis_clip"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        for name in ("weight_decay", "clip_grad", "eps_clip", "eps_clip_high", "tis_clip_low"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.eps_clip >= 1:
+            raise ValueError(f"eps_clip must be < 1, got {self.eps_clip}")
+        if self.tis_clip_low > self.tis_clip:
+            raise ValueError(f"tis_clip_low ({self.tis_clip_low}) must be <= tis_clip ({self.tis_clip})")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        if self.steps_per_rollout < 1:
+            raise ValueError(f"steps_per_rollout must be >= 1, got {self.steps_per_rollout}")
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1 or None, got {self.micro_batch_size}")
+
+    def miles_args(self) -> Namespace:
+        """The `args` Miles' hooks read (TIS bounds, clip ranges, per-token flag)."""
+        return Namespace(
+            eps_clip=self.eps_clip,
+            eps_clip_high=self.eps_clip_high,
+            use_tis=self.use_tis,
+            tis_clip=self.tis_clip,
+            tis_clip_low=self.tis_clip_low,
+            calculate_per_token_loss=self.calculate_per_token_loss,
+            custom_tis_function_path=self.tis_function_path,
+            custom_pg_loss_reducer_function_path=self.pg_loss_reducer_path,
+            qkv_format="thd",
+        )
+
+
+def load_function(path: str) -> Callable[..., Any]:
+    """A dotted `module.attr`, as Miles' `load_function` reads hook flags."""
+    module, _, attr = path.rpartition(".")
+    if not module:
+        raise ValueError(f"a hook path must be module.function, got {path!r}")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass
+class _Scored:
+    log_probs: np.ndarray
+    tape: Tape
+
+
+def _chunks(positions: Sequence[int], parts: int) -> list[list[int]]:
+    """`positions` split into `parts` contiguous, nearly equal global batches (none empty)."""
+    parts = max(1, min(parts, len(positions)))
+    bounds = np.linspace(0, len(positions), parts + 1).round().astype(int)
+    return [list(positions[a:b]) for a, b in itertools.pairwise(bounds)]
+
+
+def _nanmean(values: Sequence[float]) -> float | None:
+    finite = [v for v in values if not math.isnan(v)]
+    return sum(finite) / len(finite) if finite else None
+
+
+class Trainer:
+    """Weights, optimizer state and the train step of the reference trainer."""
+
+    def __init__(
+        self, model_config: ModelConfig, weights: dict[str, np.ndarray], config: TrainerConfig | None = None
+    ) -> None:
+        self.model_config = model_config
+        self.config = config or TrainerConfig()
+        self.weights = {name: np.array(value, dtype=np.float64) for name, value in weights.items()}
+        self.model = TrainModel(model_config, self.weights)
+        self.optimizer = AdamW(
+            self.weights,
+            self.config.lr,
+            self.config.betas,
+            self.config.adam_eps,
+            self.config.weight_decay,
+        )
+        self.args = self.config.miles_args()
+        self.tis_function = (
+            load_function(self.config.tis_function_path) if self.config.tis_function_path else None
+        )
+        self.reducer_factory = (
+            load_function(self.config.pg_loss_reducer_path) if self.config.pg_loss_reducer_path else None
+        )
+        self.steps_done = 0
+
+    @classmethod
+    def from_seed(cls, model_config: ModelConfig, seed: int, config: TrainerConfig | None = None) -> Trainer:
+        """Start from the tiny engine's deterministic weights for `seed` (what `--seed` serves)."""
+        return cls(model_config, init_weights(model_config, seed), config)
+
+    @classmethod
+    def from_file(
+        cls, model_config: ModelConfig, path: str | Path, config: TrainerConfig | None = None
+    ) -> Trainer:
+        return cls(model_config, load_weights(path, model_config), config)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the weights as the `.npz` the tiny engine's `update_weights_from_disk` loads."""
+        return save_weights(path, self.model_config, self.weights)
+
+    # ---- scoring ------------------------------------------------------------------------------
+
+    def _forward(self, data: TrainData, i: int) -> _Scored:
+        replay = None
+        if self.config.r3 and data.rollout_routed_experts is not None:
+            replay = data.rollout_routed_experts[i]
+        first = data.total_lengths[i] - data.response_lengths[i]
+        log_probs, tape = self.model.forward(data.tokens[i], first, replay)
+        return _Scored(log_probs, tape)
+
+    def score(self, data: TrainData) -> tuple[list[_Scored | None], dict[str, float]]:
+        """Forward-only pass over the valid samples and the trust metrics it yields (before any update)."""
+        scored: list[_Scored | None] = []
+        diffs: list[np.ndarray] = []
+        agree = rows = 0
+        for i, valid in enumerate(data.valid):
+            if not valid:
+                scored.append(None)
+                continue
+            item = self._forward(data, i)
+            scored.append(item)
+            mask = data.loss_masks[i] > 0
+            if data.rollout_log_probs is not None:
+                diffs.append(np.abs(item.log_probs - data.rollout_log_probs[i])[mask])
+            recorded = None if data.rollout_routed_experts is None else data.rollout_routed_experts[i]
+            if recorded is not None:
+                same = np.sort(item.tape.own_routing, axis=-1) == np.sort(np.asarray(recorded), axis=-1)
+                agree += int(same.all(axis=-1).sum())
+                rows += same.shape[0] * same.shape[1]
+        metrics: dict[str, float] = {}
+        if diffs:
+            flat = np.concatenate(diffs)
+            if flat.size:
+                metrics["train/logprob_abs_diff_mean"] = float(flat.mean())
+                metrics["train/logprob_abs_diff_max"] = float(flat.max())
+        if rows:
+            metrics["train/routing_agreement"] = agree / rows
+        return scored, metrics
+
+    # ---- the step -----------------------------------------------------------------------------
+
+    def train_step(
+        self,
+        samples: Sequence[Any],
+        rewards: Sequence[float],
+        raw_rewards: Sequence[float] | None = None,
+    ) -> dict[str, float]:
+        """Train on one rollout's samples with the reward post-process hook's rewards; the metrics."""
+        started = time.perf_counter()
+        data = train_data(samples, rewards, raw_rewards)
+        valid = data.valid
+        metrics: dict[str, float] = {
+            "train/valid_samples": float(sum(valid)),
+            "train/masked_samples": float(len(data) - sum(valid)),
+        }
+        if not any(valid):
+            metrics["train/loss_scale"] = 0.0
+            metrics["train/time_s"] = time.perf_counter() - started
+            return metrics
+        scored, trust = self.score(data)
+        metrics.update(trust)
+        trainer_scored = [
+            s.log_probs if s is not None else np.zeros(n)
+            for s, n in zip(scored, data.response_lengths, strict=True)
+        ]
+        old = data.rollout_log_probs if self.config.use_rollout_logprobs else trainer_scored
+        if old is None:
+            raise ValueError("use_rollout_logprobs needs rollout_log_probs on every sample")
+        advantages = data.advantages()
+        losses, norms, scales, pg_clip, tis_clip = [], [], [], [], []
+        tis_hook: dict[str, list[float]] = {}
+        for batch_index, batch in enumerate(_chunks(list(range(len(data))), self.config.steps_per_rollout)):
+            grads = {name: np.zeros_like(value) for name, value in self.weights.items()}
+            per_token = self.config.calculate_per_token_loss
+            normalizer = (
+                float(sum(max(data.loss_masks[i].sum(), 1.0) for i in batch))
+                if per_token
+                else float(len(batch))
+            )
+            size = self.config.micro_batch_size or len(batch)
+            batch_loss = batch_scale = 0.0
+            for start in range(0, len(batch), size):
+                micro = batch[start : start + size]
+                current: list[_Scored | None] = []
+                for i in micro:
+                    if not valid[i]:
+                        current.append(None)
+                    elif batch_index == 0:
+                        current.append(scored[i])  # same weights as the scoring pass
+                    else:
+                        current.append(self._forward(data, i))
+                new = [
+                    c.log_probs if c is not None else np.zeros(data.response_lengths[i])
+                    for c, i in zip(current, micro, strict=True)
+                ]
+                result = micro_batch_loss(
+                    args=self.args,
+                    new_log_probs=new,
+                    old_log_probs=[old[i] for i in micro],
+                    trainer_scored_log_probs=[trainer_scored[i] for i in micro],
+                    rollout_log_probs=None
+                    if data.rollout_log_probs is None
+                    else [data.rollout_log_probs[i] for i in micro],
+                    advantages=[advantages[i] for i in micro],
+                    loss_masks=[data.loss_masks[i] for i in micro],
+                    response_lengths=[data.response_lengths[i] for i in micro],
+                    total_lengths=[data.total_lengths[i] for i in micro],
+                    denominators=[data.rollout_mask_sums[i] for i in micro],
+                    normalizer=normalizer,
+                    tis_function=self.tis_function,
+                    reducer_factory=self.reducer_factory,
+                )
+                for c, dlogprobs in zip(current, result.dlogprobs, strict=True):
+                    if c is not None:
+                        self.model.backward(c.tape, dlogprobs, grads)
+                batch_loss += result.loss
+                batch_scale += sum(result.coefficient_sums)
+                pg_clip += [r for r, i in zip(result.pg_clipfrac, micro, strict=True) if valid[i]]
+                tis_clip += [r for r, i in zip(result.tis_clipfrac, micro, strict=True) if valid[i]]
+                for key, value in result.tis_metrics.items():
+                    tis_hook.setdefault(key, []).append(value)
+            ideal = self._valid_only_scale([i for i in batch if valid[i]], data)
+            scales.append(batch_scale / ideal if ideal else 0.0)
+            norms.append(self.optimizer.step(grads, self.config.clip_grad or None))
+            losses.append(batch_loss)
+        self.steps_done += 1
+        metrics["train/pg_loss"] = float(np.mean(losses))
+        metrics["train/grad_norm"] = float(np.mean(norms))
+        metrics["train/loss_scale"] = float(np.mean(scales))
+        for name, values in (("train/pg_clipfrac", pg_clip), ("train/tis_clipfrac", tis_clip)):
+            mean = _nanmean(values)
+            if mean is not None:
+                metrics[name] = mean
+        for key, values in tis_hook.items():  # Miles sums micro-batches; mean over global batches
+            metrics[f"train/tis_hook/{key}"] = float(sum(values)) / len(losses)
+        metrics["train/optimizer_steps"] = float(len(norms))
+        metrics["train/tokens"] = float(sum(data.total_lengths[i] for i in range(len(data)) if valid[i]))
+        metrics["train/time_s"] = time.perf_counter() - started
+        return metrics
+
+    def _valid_only_scale(self, positions: list[int], data: TrainData) -> float:
+        """What the reducer's gradient scale sums to on the valid samples alone, as one global batch."""
+        if not positions:
+            return 0.0
+        masks = [data.loss_masks[i] for i in positions]
+        lengths = [data.response_lengths[i] for i in positions]
+        totals = [data.total_lengths[i] for i in positions]
+        per_token = self.config.calculate_per_token_loss
+        if self.reducer_factory is None:
+            reducer = sum_of_sample_mean(
+                totals, lengths, masks, per_token, denominators=[data.rollout_mask_sums[i] for i in positions]
+            )
+        else:
+            reducer = self.reducer_factory(totals, lengths, masks, per_token)
+        normalizer = float(sum(max(m.sum(), 1.0) for m in masks)) if per_token else float(len(positions))
+        return float(reducer_coefficients(reducer, lengths, masks).sum()) / normalizer
+
+    def config_dict(self) -> dict[str, Any]:
+        return asdict(self.config)
