@@ -265,6 +265,8 @@ def parse_generate_request(body: Any, vocab_size: int, encode) -> GenerateReques
         return_prompt_token_ids=_bool(body, "return_prompt_token_ids", False),
         stream=_bool(body, "stream", False),
     )
+    if request.top_logprobs_num > vocab_size:
+        raise RequestError("top_logprobs_num", f"must be <= the vocabulary size {vocab_size}")
     if request.logprob_start_len >= len(input_ids):
         raise RequestError("logprob_start_len", f"must be < the prompt length {len(input_ids)}")
     return request

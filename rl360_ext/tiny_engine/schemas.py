@@ -12,6 +12,9 @@ It does not speak HTTP (`server.py`).
 
 from __future__ import annotations
 
+import types
+import typing
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -164,3 +167,34 @@ class FaultsBody(BaseModel):
     latency_s: Annotated[float, Field(ge=0.0, le=MAX_LATENCY_S)] = 0.0
     abort_rate: Probability = 0.0
     seed: Annotated[int, BeforeValidator(_integral), Field(ge=0, le=MAX_SEED)] = 0
+
+
+def _nested_model(annotation: Any) -> type[BaseModel] | None:
+    """The BaseModel inside `X | None` / `Annotated[X, ...]`, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType, Annotated):
+        for arg in typing.get_args(annotation):
+            found = _nested_model(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def field_path(model: type[BaseModel] | None, loc: Sequence[str | int]) -> str:
+    """The dotted field a validation error's `loc` points at: model fields only, no list indices
+    or dict keys (`sampling_params.logit_bias`, not `sampling_params.logit_bias.17`); `body` when
+    the body itself is wrong."""
+    parts = [part for part in loc if isinstance(part, str)]
+    if parts and parts[0] == "body":
+        parts = parts[1:]
+    path: list[str] = []
+    for part in parts:
+        path.append(part)
+        fields = model.model_fields if model is not None else {}
+        if part not in fields:
+            break
+        model = _nested_model(fields[part].annotation)
+        if model is None:
+            break
+    return ".".join(path) or "body"

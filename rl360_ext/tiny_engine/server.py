@@ -24,6 +24,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from pydantic import BaseModel
 
 from rl360_ext.tiny_engine.engine import ENGINE_VERSION, TinyEngine
 from rl360_ext.tiny_engine.errors import EngineError, RequestError, Unauthorized
@@ -37,6 +38,7 @@ from rl360_ext.tiny_engine.schemas import (
     PauseGenerationBody,
     UpdateWeightsFromDiskBody,
     UpdateWeightVersionBody,
+    field_path,
 )
 
 MAX_CONCURRENT_REQUESTS = 256
@@ -44,6 +46,16 @@ DISCONNECT_POLL_S = 0.1
 OPEN_PATHS = ("/health", "/health_generate")  # reachable without the bearer token, as in SGLang
 
 logger = logging.getLogger(__name__)
+
+BODY_MODELS: dict[str, type[BaseModel]] = {
+    "/generate": GenerateBody,
+    "/update_weights_from_disk": UpdateWeightsFromDiskBody,
+    "/update_weight_version": UpdateWeightVersionBody,
+    "/pause_generation": PauseGenerationBody,
+    "/continue_generation": ContinueGenerationBody,
+    "/abort_request": AbortRequestBody,
+    "/rl360/faults": FaultsBody,
+}
 
 
 def json_response(body: Any, status: int = 200) -> Response:
@@ -55,15 +67,14 @@ def error_response(error: EngineError) -> Response:
     return json_response({"error": body}, error.status)
 
 
-def validation_error(err: RequestValidationError) -> RequestError:
-    """The first schema violation as a RequestError naming the field (list indices dropped)."""
-    first = err.errors()[0] if err.errors() else {"loc": ("body",), "msg": "invalid body"}
-    loc = [part for part in first.get("loc", ()) if isinstance(part, str)]
-    if loc and loc[0] == "body":
-        loc = loc[1:]
-    where = ".".join(str(part) for part in first.get("loc", ())[1:])
+def validation_error(err: RequestValidationError, model: type[BaseModel] | None) -> RequestError:
+    """The first schema violation as a RequestError naming the field (`schemas.field_path`)."""
+    errors = err.errors()
+    first = errors[0] if errors else {"loc": ("body",), "msg": "invalid body"}
+    loc = tuple(first.get("loc", ()))
+    where = ".".join(str(part) for part in loc[1:])
     detail = first.get("msg", "invalid value") + (f" (at {where})" if where else "")
-    return RequestError(".".join(loc) or "body", detail)
+    return RequestError(field_path(model, loc), detail)
 
 
 def _bearer_ok(request: Request, api_key: str) -> bool:
@@ -94,16 +105,18 @@ def create_app(engine: TinyEngine) -> FastAPI:
         return error_response(err)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid_body(_: Request, err: RequestValidationError) -> Response:
-        return error_response(validation_error(err))
+    async def _invalid_body(request: Request, err: RequestValidationError) -> Response:
+        return error_response(validation_error(err, BODY_MODELS.get(request.url.path)))
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, err: Exception) -> Response:
         logger.exception("tiny engine: %s %s failed", request.method, request.url.path)
         return error_response(EngineError(f"internal error: {type(err).__name__}"))
 
-    @app.api_route("/health", methods=["GET", "POST"])
-    @app.api_route("/health_generate", methods=["GET", "POST"])
+    @app.get("/health")
+    @app.post("/health")
+    @app.get("/health_generate")
+    @app.post("/health_generate")
     async def health() -> Response:
         return Response(status_code=200)
 
@@ -184,7 +197,8 @@ def create_app(engine: TinyEngine) -> FastAPI:
         engine.resume()
         return json_response({"success": True, "message": "Generation continued."})
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    @app.get("/flush_cache")
+    @app.post("/flush_cache")
     async def flush_cache() -> Response:
         await anyio.to_thread.run_sync(engine.flush_cache)
         return json_response({"success": True, "message": "Cache flushed."})
