@@ -2,7 +2,8 @@
 
 The CLI is the top layer: `rl360_ext/cli/<component>.py` holds each component's typer app
 (imported here only for the app, nothing heavy at module level); benchmarks are
-`rl360_ext/local/bench/<name>.py:main(as_json)`.
+`rl360_ext/local/bench/<name>.py:main(as_json)`, run under `signals_raise()` so a bench killed by
+SIGTERM (e.g. `timeout`) stops every process it started on the way out.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from rl360_ext.cli.harbor import app as harbor_app
 from rl360_ext.cli.session import app as session_app
 from rl360_ext.cli.templates import app as template_app
 from rl360_ext.util.progress import showing_progress
+from rl360_ext.util.signals import signals_raise
 
 app = typer.Typer(
     name="rl360",
@@ -69,7 +71,7 @@ def bench_engine(json: bool = typer.Option(False, "--json", help="Print JSON ins
     """Prefill and decode tokens/s of the tiny engine at its default size."""
     from rl360_ext.local.bench.engine import main
 
-    with showing_progress("rl360 bench engine"):
+    with signals_raise(), showing_progress("rl360 bench engine"):
         main(as_json=json)
 
 
@@ -100,7 +102,7 @@ def bench_r3(json: bool = typer.Option(False, "--json", help="Print JSON instead
     """R3 routing data: wire vs json/orjson, delta vs full routing bytes, pool collection."""
     from rl360_ext.local.bench.r3 import main
 
-    with showing_progress("rl360 bench r3"):
+    with signals_raise(), showing_progress("rl360 bench r3"):
         main(as_json=json)
 
 
@@ -109,7 +111,7 @@ def bench_template(json: bool = typer.Option(False, "--json", help="Print JSON i
     """Append-only checker cost at server start vs rendering each request once."""
     from rl360_ext.local.bench.template import main
 
-    with showing_progress("rl360 bench template"):
+    with signals_raise(), showing_progress("rl360 bench template"):
         main(as_json=json)
 
 
@@ -118,7 +120,7 @@ def bench_launch(json: bool = typer.Option(False, "--json", help="Print JSON ins
     """Simulated 8,192 sandbox starts: all at once vs waves, image-group pinning vs random placement."""
     from rl360_ext.local.bench.launch import main
 
-    with showing_progress("rl360 bench launch"):
+    with signals_raise(), showing_progress("rl360 bench launch"):
         main(as_json=json)
 
 
@@ -127,5 +129,5 @@ def bench_faults(json: bool = typer.Option(False, "--json", help="Print JSON ins
     """Fault matrix: every injected infra failure, its class, and proof its reward enters no mean."""
     from rl360_ext.local.bench.faults import main
 
-    with showing_progress("rl360 bench faults"):
+    with signals_raise(), showing_progress("rl360 bench faults"):
         main(as_json=json)

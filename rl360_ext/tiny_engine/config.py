@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import itertools
 import textwrap
 from dataclasses import dataclass, field, fields
 
@@ -80,7 +81,7 @@ def field_help(cls: type = EngineConfig) -> dict[str, str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
-    for node, following in zip(body, body[1:], strict=False):
+    for node, following in itertools.pairwise(body):
         if (
             isinstance(node, ast.AnnAssign)
             and isinstance(node.target, ast.Name)

@@ -14,11 +14,17 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
-
 from rl360_ext.tiny_engine.errors import FaultConfigError, ServiceUnavailable
 
-__all__ = ["MAX_LATENCY_S", "FaultConfig", "FaultConfigError", "FaultDraw", "FaultInjector", "ServiceUnavailable"]
+__all__ = [
+    "MAX_LATENCY_S",
+    "MAX_SEED",
+    "FaultConfig",
+    "FaultConfigError",
+    "FaultDraw",
+    "FaultInjector",
+    "ServiceUnavailable",
+]
 
 MAX_LATENCY_S = 600.0  # longest injected delay: a worker thread sleeps it, so it must be bounded
 MAX_SEED = 2**64 - 1
@@ -42,7 +48,9 @@ class FaultConfig:
             or not isinstance(latency, int | float)
             or not (math.isfinite(latency) and 0 <= latency <= MAX_LATENCY_S)
         ):
-            raise FaultConfigError("latency_s", f"must be a number in [0, {MAX_LATENCY_S:g}], got {latency!r}")
+            raise FaultConfigError(
+                "latency_s", f"must be a number in [0, {MAX_LATENCY_S:g}], got {latency!r}"
+            )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
             raise FaultConfigError("seed", f"must be an integer in [0, 2^64), got {self.seed!r}")
 
@@ -93,6 +101,8 @@ class FaultInjector:
     def configure(self, config: FaultConfig) -> None:
         with self._lock:
             self.config = config
+            import numpy as np  # here, not at import: `rl360 engine --help` reads FaultConfig
+
             self._rng = np.random.default_rng(config.seed)
 
     def draw(self, max_new_tokens: int) -> FaultDraw:

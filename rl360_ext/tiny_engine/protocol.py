@@ -184,7 +184,9 @@ def parse_sampling_params(raw: Any, vocab_size: int) -> SamplingParams:
         sampling_seed=_int(raw, "sampling_seed", None, where),
     )
     if params.sampling_seed is not None and not SEED_MIN <= params.sampling_seed <= SEED_MAX:
-        raise RequestError(where + "sampling_seed", f"must be a 64-bit signed integer, got {params.sampling_seed}")
+        raise RequestError(
+            where + "sampling_seed", f"must be a 64-bit signed integer, got {params.sampling_seed}"
+        )
     if params.temperature < 0:
         raise RequestError(where + "temperature", f"must be >= 0, got {params.temperature}")
     if not 0 < params.top_p <= 1:

@@ -98,7 +98,9 @@ def create_app(engine: TinyEngine) -> FastAPI:
         ) -> Response:
             if request.method == "OPTIONS" or request.url.path in OPEN_PATHS or _bearer_ok(request, api_key):
                 return await call_next(request)
-            return error_response(Unauthorized("a valid `Authorization: Bearer <api key>` header is required"))
+            return error_response(
+                Unauthorized("a valid `Authorization: Bearer <api key>` header is required")
+            )
 
     @app.exception_handler(EngineError)
     async def _engine_error(_: Request, err: EngineError) -> Response:

@@ -49,7 +49,7 @@ def test_negative_sampling_seed_is_a_seed_as_in_sglang(client: TestClient) -> No
 
 @pytest.mark.parametrize("value", ["1e308", "NaN", "Infinity", "-Infinity", "-1", "-1e-9", "601", "true"])
 def test_fault_latency_outside_its_bound_is_refused(client: TestClient, value: str) -> None:
-    response = _post_raw(client, "/rl360/faults", '{"latency_s": %s}' % value)
+    response = _post_raw(client, "/rl360/faults", '{"latency_s": ' + value + "}")
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == "latency_s"
     assert client.get("/rl360/faults").json()["latency_s"] == 0.0
@@ -86,7 +86,7 @@ def test_fault_config_refuses_unbounded_latency_directly() -> None:
 
 @pytest.mark.parametrize("value", [str(2**64), "1e30", "1e400", "32769", "4.5", '"8"'])
 def test_max_new_tokens_beyond_the_context_is_refused(client: TestClient, value: str) -> None:
-    text = '{"input_ids": [1, 2], "sampling_params": {"max_new_tokens": %s}}' % value
+    text = '{"input_ids": [1, 2], "sampling_params": {"max_new_tokens": ' + value + "}}"
     response = _post_raw(client, "/generate", text)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == "sampling_params.max_new_tokens"
@@ -191,7 +191,14 @@ def test_engine_config_is_the_source_of_the_serve_flags() -> None:
     docs = field_help(EngineConfig)
     result = CliRunner().invoke(app, ["engine", "serve", "--help"], terminal_width=400)
     assert result.exit_code == 0, result.output
-    for flag in ("--tokenizer", "--weights", "--kv-capacity", "--chunked-prefill-size", "--api-key", "--faults"):
+    for flag in (
+        "--tokenizer",
+        "--weights",
+        "--kv-capacity",
+        "--chunked-prefill-size",
+        "--api-key",
+        "--faults",
+    ):
         assert flag in result.output
     assert "SGLang's --chunked-prefill-size" in docs["chunked_prefill_size"]
     assert set(docs) == {f for f in EngineConfig.__dataclass_fields__}
