@@ -471,8 +471,8 @@ class TinyEngine:
             weights = load_weights(model_path, self.model_config)
         except FileNotFoundError as err:
             raise RequestError("model_path", str(err)) from err
-        except (ValueError, OSError, KeyError) as err:
-            raise RequestError("model_path", f"cannot load weights: {err}") from err
+        except Exception as err:  # any file that is not our .npz (empty, not a zip, ...) is the client's
+            raise RequestError("model_path", f"cannot load weights: {type(err).__name__}: {err}") from err
         with self._model_lock:
             self.model.weights = weights
             self.model_path = str(model_path)
