@@ -7,7 +7,8 @@ The CLI is the top layer: `rl360_ext/cli/<component>.py` holds each component's 
 A missing prerequisite never ends a command in a traceback: `Unavailable` (rl360_ext.util.prereqs),
 a service that could not start (`ServiceStartError`) and a Python package that is not installed
 (`ModuleNotFoundError` for a module outside rl360_ext) become one line on stderr and exit status 2,
-in every command (`PrerequisiteGroup`).
+in every command (`PrerequisiteGroup`). Benchmarks run under `signals_raise()`, so a bench
+killed by SIGTERM (e.g. `timeout`) stops every process it started on the way out.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from rl360_ext.cli.templates import app as template_app
 from rl360_ext.util.prereqs import EXIT_UNAVAILABLE, Unavailable, package_remedy
 from rl360_ext.util.procs import ServiceStartError
 from rl360_ext.util.progress import showing_progress
+from rl360_ext.util.signals import signals_raise
 
 
 def prerequisite_line(exc: BaseException, command: str) -> str | None:
@@ -163,7 +165,7 @@ def _bench_command(name: str, needs: Callable[[], None] | None) -> Callable[[boo
         if needs is not None:
             needs()
         main = importlib.import_module(f"rl360_ext.local.bench.{name}").main
-        with showing_progress(f"rl360 bench {name}"):
+        with signals_raise(), showing_progress(f"rl360 bench {name}"):
             main(as_json=json)
 
     return run

@@ -1,9 +1,17 @@
-"""`rl360 engine ...` commands (thin: parse flags, call into rl360_ext.tiny_engine)."""
+"""`rl360 engine ...` commands (thin: parse flags, call into rl360_ext.tiny_engine).
+
+`serve`'s flags are derived from `rl360_ext.tiny_engine.config.EngineConfig`: one flag per field,
+its default, bounds and help (the field's docstring) taken from the dataclass, so a new engine
+setting is one field there and nothing here.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import typing
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -18,59 +26,81 @@ EXPERTS = typer.Option(8, min=1, help="MoE experts per layer.")
 TOP_K = typer.Option(2, "--top-k", min=1, help="Experts routed per token.")
 
 
-@app.command()
-def serve(
-    host: str = typer.Option("127.0.0.1", help="Bind address."),
-    port: int = typer.Option(30000, help="Port."),
-    seed: int = SEED,
-    layers: int = LAYERS,
-    experts: int = EXPERTS,
-    top_k: int = TOP_K,
-    kv_capacity: int = typer.Option(65536, min=0, help="Prefix KV cache capacity in tokens (0 disables it)."),
-    context_length: int = typer.Option(32768, min=2, help="Maximum prompt + output tokens."),
-    tokenizer: Annotated[
-        Path | None, typer.Option(help="Tokenizer directory (default: the built-in one).")
-    ] = None,
-    weights: Annotated[Path | None, typer.Option(help="Start from weights saved by `save-weights`.")] = None,
-    model_name: str = typer.Option("rl360-tiny-moe", help="Served model name (/v1/models)."),
-    faults: str = typer.Option(
-        "", help="Fault injection, e.g. error_rate=0.1,latency_s=0.2,abort_rate=0.05,seed=1."
-    ),
-    dtype: str = typer.Option(
-        "float64", help="The forward's arithmetic: float64, or float32 (differs from a float64 trainer)."
-    ),
-) -> None:
+def _serve_options() -> list[inspect.Parameter]:
+    """One typer option per EngineConfig field: name, default, help and bounds from the dataclass."""
+    from rl360_ext.tiny_engine.config import EngineConfig, field_help
+
+    docs = field_help(EngineConfig)
+    hints = typing.get_type_hints(EngineConfig)
+    params = []
+    for item in dataclasses.fields(EngineConfig):
+        meta = item.metadata
+        flag = "--" + meta.get("flag", item.name).replace("_", "-")
+        if "parse" in meta:  # a structured value given as text (e.g. --faults k=v,...)
+            annotation: Any = str
+            default: Any = ""
+        elif meta.get("path"):
+            annotation, default = Path | None, None
+        else:
+            annotation = hints[item.name]
+            default = item.default
+        option = typer.Option(default, flag, help=docs.get(item.name, ""), min=meta.get("min"))
+        params.append(
+            inspect.Parameter(
+                item.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation
+            )
+        )
+    return params
+
+
+def _engine_config(values: dict[str, Any]) -> Any:
+    """EngineConfig from the parsed flags (text flags parsed, paths as strings)."""
+    from rl360_ext.tiny_engine.config import EngineConfig
+
+    kwargs: dict[str, Any] = {}
+    for item in dataclasses.fields(EngineConfig):
+        value = values[item.name]
+        flag = "--" + item.metadata.get("flag", item.name).replace("_", "-")
+        if "parse" in item.metadata:
+            try:
+                value = item.metadata["parse"](value)
+            except ValueError as err:
+                raise typer.BadParameter(str(err), param_hint=flag) from None
+        elif item.metadata.get("path") and value is not None:
+            value = str(value)
+        kwargs[item.name] = value
+    try:
+        return EngineConfig(**kwargs)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+
+
+def serve(**values: Any) -> None:
     """Serve the tiny MoE engine with SGLang's native HTTP protocol."""
     import uvicorn
 
-    from rl360_ext.tiny_engine.engine import EngineConfig, TinyEngine
-    from rl360_ext.tiny_engine.faults import FaultConfig
+    from rl360_ext.tiny_engine.engine import TinyEngine
     from rl360_ext.tiny_engine.server import create_app
 
-    try:
-        fault_config = FaultConfig.parse_flag(faults)
-    except ValueError as err:
-        raise typer.BadParameter(str(err), param_hint="--faults") from None
-    config = EngineConfig(
-        seed=seed,
-        layers=layers,
-        experts=experts,
-        top_k=top_k,
-        kv_capacity=kv_capacity,
-        context_length=context_length,
-        model_name=model_name,
-        tokenizer_dir=str(tokenizer) if tokenizer else None,
-        weights_path=str(weights) if weights else None,
-        dtype=dtype,
-        faults=fault_config,
-    )
+    config = _engine_config(values)
     try:
         engine = TinyEngine(config)
     except (ValueError, FileNotFoundError) as err:
         raise typer.BadParameter(str(err)) from None
-    size = f"{layers} layers, {experts} experts, top-{top_k}, vocab {engine.vocab_size}"
-    typer.echo(f"rl360 tiny engine ({size}, seed {seed}) on http://{host}:{port}", err=True)
-    uvicorn.run(create_app(engine), host=host, port=port, log_level="warning", access_log=False)
+    size = f"{config.layers} layers, {config.experts} experts, top-{config.top_k}, vocab {engine.vocab_size}"
+    chunk = config.prefill_chunk or "off"
+    token = ", bearer token required" if config.api_key else ""
+    typer.echo(
+        f"rl360 tiny engine ({size}, seed {config.seed}, chunked prefill {chunk}{token}) "
+        f"on http://{config.host}:{config.port}",
+        err=True,
+    )
+    uvicorn.run(create_app(engine), host=config.host, port=config.port, log_level="warning", access_log=False)
+
+
+serve.__signature__ = inspect.Signature(_serve_options())  # type: ignore[attr-defined]
+serve.__annotations__ = {p.name: p.annotation for p in serve.__signature__.parameters.values()}  # type: ignore[attr-defined]
+app.command()(serve)
 
 
 @app.command()

@@ -5,7 +5,10 @@ are several), each running a session server over HTTP on its node; creating a se
 actor its id hashes to; collecting merged samples concurrently from the actors that hold them
 (each actor encodes its samples in the wire format, the pool decodes them zero-copy); deleting
 sessions; shutdown. Session ids are unguessable (drawn here) so the ring spreads them evenly.
-It does not own session logic (`core.py`) or HTTP routes (`app.py`).
+It also owns where this process connects to Ray when the pool is the first to need it
+(`ensure_ray`): never from a thread that may exit, because Ray starts its head processes with a
+parent-death signal, which Linux sends when the *thread* that started them exits. It does not own
+session logic (`core.py`) or HTTP routes (`app.py`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import bisect
 import hashlib
 import secrets
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -21,12 +25,33 @@ from typing import Any
 from rl360_ext.session import wire
 from rl360_ext.session.merge import MergedSample
 from rl360_ext.session.service import ServiceOptions
+from rl360_ext.util.owner_thread import OwnerThread, on_lasting_thread
 
 VNODES_PER_SERVER = 64
 
 
 class SessionPoolError(RuntimeError):
     """A pool operation failed for some sessions; the message names them and says why."""
+
+
+_RAY_OWNER = OwnerThread("rl360-ray-owner")
+_RAY_INIT_LOCK = threading.Lock()
+
+
+def ensure_ray(**init_kwargs: Any) -> None:
+    """Connect this process to Ray (`ray.init(**init_kwargs)`) unless it already is.
+
+    On the main thread Ray is started right here; from any other thread it is started on one
+    long-lived daemon thread (`rl360-ray-owner`), so Ray outlives the thread that asked for it."""
+    import ray
+
+    def init() -> None:
+        with _RAY_INIT_LOCK:
+            if not ray.is_initialized():
+                ray.init(**init_kwargs)
+
+    if not ray.is_initialized():
+        on_lasting_thread(_RAY_OWNER, init)
 
 
 def _point(key: str) -> int:
@@ -137,8 +162,7 @@ class SessionPool:
 
         if not backend_url or not tokenizer_dir:
             raise ValueError("SessionPool needs backend_url and tokenizer_dir")
-        if not ray.is_initialized():
-            ray.init()
+        ensure_ray()
         self.options = ServiceOptions(
             backend_url=backend_url, tokenizer_dir=str(tokenizer_dir), r3=r3, **options
         )

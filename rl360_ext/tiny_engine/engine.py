@@ -2,8 +2,10 @@
 
 Owns running one validated `/generate` request to an SGLang-shaped response (text, output_ids,
 meta_info with finish_reason, cached_tokens, weight_version(s), logprobs, routed_experts), the
-scheduling between concurrent requests (one model step at a time under a lock, so requests
-interleave token by token), pause/continue (abort | retract | in_place), abort by rid, weight
+scheduling between concurrent requests (one model step at a time under a FIFO lock, so requests
+interleave token by token, and a long prompt is prefilled in chunks of `chunked_prefill_size`
+tokens with the lock handed on between chunks: a short request waits at most one chunk per step,
+never a whole long prefill), pause/continue (abort | retract | in_place), abort by rid, weight
 updates and versions, cache flushes and fault injection. Blocking: the server calls it from
 worker threads. It does not parse HTTP (`server.py`) or define the model (`model.py`).
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,9 @@ from tokenizers import Tokenizer
 
 from rl360_ext.templates.markup import TURN_END
 from rl360_ext.tiny_engine.cache import RadixKVCache
-from rl360_ext.tiny_engine.faults import FaultConfig, FaultInjector, ServiceUnavailable
+from rl360_ext.tiny_engine.config import EngineConfig
+from rl360_ext.tiny_engine.errors import ServiceUnavailable
+from rl360_ext.tiny_engine.faults import FaultConfig, FaultInjector
 from rl360_ext.tiny_engine.model import KVState, ModelConfig, TinyMoEModel, load_weights, log_softmax
 from rl360_ext.tiny_engine.protocol import GenerateRequest, RequestError, encode_routed_experts
 from rl360_ext.tiny_engine.sampling import StopChecker, adjusted_logits, sample_token
@@ -35,21 +40,45 @@ from rl360_ext.tiny_engine.tokenizer import build_tokenizer
 ENGINE_VERSION = "0.5.23-rl360tiny"
 PAUSE_MODES = ("abort", "retract", "in_place")
 DEFAULT_WEIGHT_VERSION = "default"
+SEED_MODULUS = 2**64  # a negative sampling_seed is its two's complement, as in SGLang
+__all__ = ["ENGINE_VERSION", "EngineConfig", "FairLock", "TinyEngine"]
 
 
-@dataclass
-class EngineConfig:
-    seed: int = 0
-    layers: int = 4
-    experts: int = 8
-    top_k: int = 2
-    kv_capacity: int = 65536
-    context_length: int = 32768
-    model_name: str = "rl360-tiny-moe"
-    tokenizer_dir: str | None = None
-    weights_path: str | None = None
-    dtype: str = "float64"  # the forward's arithmetic: float64 or float32 (`--dtype`)
-    faults: FaultConfig = field(default_factory=FaultConfig)
+class FairLock:
+    """A mutex handed to waiters in arrival order: a thread that releases it cannot barge back in.
+
+    `threading.Lock` is not fair: a prefill releasing it between chunks usually re-acquires it
+    before the waiting request's thread even wakes, which would undo chunked prefill.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._waiters: deque[threading.Lock] = deque()
+        self._held = False
+
+    def acquire(self) -> None:
+        with self._mutex:
+            if not self._held:
+                self._held = True
+                return
+            turn = threading.Lock()
+            turn.acquire()
+            self._waiters.append(turn)
+        turn.acquire()  # released by the holder's release(): the lock is handed over, still held
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._waiters:
+                self._waiters.popleft().release()
+            else:
+                self._held = False
+
+    def __enter__(self) -> FairLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 class _Aborted(Exception):
@@ -103,13 +132,19 @@ class TinyEngine:
         self.cache = RadixKVCache(self.config.kv_capacity)
         self.faults = FaultInjector(self.config.faults)
         self.weight_version = DEFAULT_WEIGHT_VERSION
-        self._model_lock = threading.Lock()
+        self._model_lock = FairLock()
         self._state = threading.Condition()
         self._paused_mode: str | None = None
         self._inflight: dict[str, _Run] = {}
         self._cache_epoch = 0
         self._sampling_rng = np.random.default_rng(self.config.seed + 7919)
-        self.counters = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0}
+        self.counters = {
+            "requests": 0,
+            "prompt_tokens": 0,
+            "cached_tokens": 0,
+            "completion_tokens": 0,
+            "prefill_chunks": 0,
+        }
 
     @staticmethod
     def _load_tokenizer(directory: str | None) -> Tokenizer:
@@ -137,11 +172,20 @@ class TinyEngine:
     # ---- generate -----------------------------------------------------------------------------
 
     def check_limits(self, request: GenerateRequest) -> None:
-        """Engine-specific validation (context length); raises RequestError."""
-        if len(request.input_ids) >= self.config.context_length:
+        """Engine-specific validation (context length); raises RequestError.
+
+        A prompt must leave room for one output token; `max_new_tokens` may not exceed the context
+        length (a larger value cannot be honoured by any prompt). Within that bound, output is cut
+        at the context length and finishes with `length`."""
+        context = self.config.context_length
+        if len(request.input_ids) >= context:
             raise RequestError(
-                "input_ids",
-                f"prompt has {len(request.input_ids)} tokens; context length is {self.config.context_length}",
+                "input_ids", f"prompt has {len(request.input_ids)} tokens; context length is {context}"
+            )
+        if request.sampling.max_new_tokens > context:
+            raise RequestError(
+                "sampling_params.max_new_tokens",
+                f"must be <= the context length {context}, got {request.sampling.max_new_tokens}",
             )
 
     def generate(self, request: GenerateRequest) -> dict[str, Any]:
@@ -169,7 +213,8 @@ class TinyEngine:
     def _run(self, run: _Run, abort_after: int | None) -> dict[str, Any]:
         params = run.request.sampling
         checker = StopChecker(params, self.eos_token_id, self.decode)
-        rng = np.random.default_rng(params.sampling_seed) if params.sampling_seed is not None else None
+        seed = params.sampling_seed
+        rng = np.random.default_rng(seed % SEED_MODULUS) if seed is not None else None
         max_new = min(params.max_new_tokens, self.config.context_length - len(run.request.input_ids))
         finish: dict[str, Any]
         try:
@@ -215,7 +260,11 @@ class TinyEngine:
                 raise _Aborted(run.abort_message)
 
     def _prefill(self, run: _Run) -> None:
-        """Forward every position not in the cache; the last position's logits give the next token."""
+        """Forward every position not in the cache; the last position's logits give the next token.
+
+        The positions go through the model `chunked_prefill_size` at a time, each chunk one turn
+        of the model lock; between chunks other requests step and an abort is honoured. Chunking
+        changes no result: each chunk attends to the KV the previous ones wrote."""
         request = run.request
         want_input_logprobs = (
             request.return_logprob and request.logprob_start_len >= 0 and run.input_logprobs is None
@@ -228,15 +277,31 @@ class TinyEngine:
             match = self.cache.match(tokens, limit)
             spare = len(run.tokens) - match.length + min(request.sampling.max_new_tokens, 2048) + 1
             kv = match.kv_state(spare) or KVState.empty(self.model_config, spare)
-            out = self.model.forward(
-                tokens[match.length :], kv, logits_for="all" if want_input_logprobs else "last"
-            )
-            run.kv, run.cache_epoch = kv, self._cache_epoch
-            run.routing = [match.routing, out.routing] if match.routing is not None else [out.routing]
-            run.cached_tokens += match.length
-            run.next_logits, run.next_logits_version = out.logits[-1], self.weight_version
+            run.cache_epoch = self._cache_epoch
+        chunk = self.config.prefill_chunk or len(tokens)
+        routing = [match.routing] if match.routing is not None else []
+        logits: list[np.ndarray] = []
+        for start in range(match.length, len(tokens), chunk):
+            if start > match.length:
+                self._raise_if_aborted(run)
+            with self._model_lock:
+                out = self.model.forward(
+                    tokens[start : start + chunk], kv, logits_for="all" if want_input_logprobs else "last"
+                )
+                version = self.weight_version
+                self.counters["prefill_chunks"] += 1
+            routing.append(out.routing)
+            logits.append(out.logits)
+        run.kv, run.routing = kv, routing
+        run.cached_tokens += match.length
+        run.next_logits, run.next_logits_version = logits[-1][-1], version
         if want_input_logprobs:
-            self._record_input_logprobs(run, match.length, out.logits)
+            self._record_input_logprobs(run, match.length, np.concatenate(logits, axis=0))
+
+    def _raise_if_aborted(self, run: _Run) -> None:
+        with self._state:
+            if run.abort_message is not None:
+                raise _Aborted(run.abort_message)
 
     def _record_input_logprobs(self, run: _Run, first_computed: int, logits: np.ndarray) -> None:
         """input_token_logprobs for prompt positions >= logprob_start_len (position 0 has none)."""
@@ -406,8 +471,8 @@ class TinyEngine:
             weights = load_weights(model_path, self.model_config)
         except FileNotFoundError as err:
             raise RequestError("model_path", str(err)) from err
-        except (ValueError, OSError, KeyError) as err:
-            raise RequestError("model_path", f"cannot load weights: {err}") from err
+        except Exception as err:  # any file that is not our .npz (empty, not a zip, ...) is the client's
+            raise RequestError("model_path", f"cannot load weights: {type(err).__name__}: {err}") from err
         with self._model_lock:
             self.model.weights = weights
             self.model_path = str(model_path)

@@ -1,8 +1,10 @@
 """Fault injection for the tiny engine: a fraction of 503s, added latency, and aborted generations.
 
-Owns the fault settings (validated), their seeded random draws per request, and the error type the
-server maps to HTTP 503. Used by tests of everything downstream (session servers, rollout hooks)
-that must tell an infrastructure failure from a policy failure. It does not run requests.
+Owns the fault settings (validated: rates in [0, 1], a finite latency of at most
+`MAX_LATENCY_S`, a seed in [0, 2^64)), and their seeded random draws per request. The errors
+(`ServiceUnavailable`, 503; `FaultConfigError`, 400) are in `errors.py`. Used by tests of
+everything downstream (session servers, rollout hooks) that must tell an infrastructure failure
+from a policy failure. It does not run requests.
 """
 
 from __future__ import annotations
@@ -12,19 +14,20 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
+from rl360_ext.tiny_engine.errors import FaultConfigError, ServiceUnavailable
 
+__all__ = [
+    "MAX_LATENCY_S",
+    "MAX_SEED",
+    "FaultConfig",
+    "FaultConfigError",
+    "FaultDraw",
+    "FaultInjector",
+    "ServiceUnavailable",
+]
 
-class ServiceUnavailable(RuntimeError):
-    """The engine refuses this request (injected fault); HTTP 503."""
-
-
-class FaultConfigError(ValueError):
-    """A bad fault setting; `field` names it."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
+MAX_LATENCY_S = 600.0  # longest injected delay: a worker thread sleeps it, so it must be bounded
+MAX_SEED = 2**64 - 1
 
 
 @dataclass(frozen=True)
@@ -37,14 +40,19 @@ class FaultConfig:
     def __post_init__(self) -> None:
         for name in ("error_rate", "abort_rate"):
             value = getattr(self, name)
-            if not (isinstance(value, int | float) and 0.0 <= value <= 1.0):
+            if isinstance(value, bool) or not (isinstance(value, int | float) and 0.0 <= value <= 1.0):
                 raise FaultConfigError(name, f"must be a number in [0, 1], got {value!r}")
-        if not (
-            isinstance(self.latency_s, int | float) and math.isfinite(self.latency_s) and self.latency_s >= 0
+        latency = self.latency_s
+        if (
+            isinstance(latency, bool)
+            or not isinstance(latency, int | float)
+            or not (math.isfinite(latency) and 0 <= latency <= MAX_LATENCY_S)
         ):
-            raise FaultConfigError("latency_s", f"must be a number >= 0, got {self.latency_s!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise FaultConfigError("seed", f"must be an integer, got {self.seed!r}")
+            raise FaultConfigError(
+                "latency_s", f"must be a number in [0, {MAX_LATENCY_S:g}], got {latency!r}"
+            )
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise FaultConfigError("seed", f"must be an integer in [0, 2^64), got {self.seed!r}")
 
     @classmethod
     def from_dict(cls, raw: Any) -> FaultConfig:
@@ -93,6 +101,8 @@ class FaultInjector:
     def configure(self, config: FaultConfig) -> None:
         with self._lock:
             self.config = config
+            import numpy as np  # here, not at import: `rl360 engine --help` reads FaultConfig
+
             self._rng = np.random.default_rng(config.seed)
 
     def draw(self, max_new_tokens: int) -> FaultDraw:

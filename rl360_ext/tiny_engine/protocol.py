@@ -1,7 +1,7 @@
 """SGLang native `/generate` request parsing and validation for the tiny engine (HTTP-agnostic).
 
-Owns turning a decoded JSON body into a validated `GenerateRequest` (or a `RequestError` that
-names the offending field, which the server maps to 400), the accepted sampling-parameter keys
+Owns turning a decoded JSON body into a validated `GenerateRequest` (or a `RequestError`, from
+`errors.py`, that names the offending field: HTTP 400), the accepted sampling-parameter keys
 (SGLang's set; unknown keys are rejected as SGLang does), and the routed-experts codec. It does not
 run requests (`engine.py`) or speak HTTP (`server.py`).
 """
@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from rl360_ext.tiny_engine.errors import RequestError
 
 # SGLang's SamplingParams keys. Keys outside this set -> 400 naming the key.
 SAMPLING_KEYS = frozenset(
@@ -59,15 +61,9 @@ UNSUPPORTED_TOP_LEVEL = {
     "return_sampling_mask": False,
 }
 DEFAULT_MAX_NEW_TOKENS = 128
-
-
-class RequestError(ValueError):
-    """A bad request; `field` names what was wrong (mapped to HTTP 400)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
+# SGLang 0.5.x puts sampling_seed in an int64 tensor and reinterprets it as uint64 for its seeded
+# Gumbel sampler (`seed.to(torch.uint64)`): any signed 64-bit value is a seed, -1 included.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass
@@ -187,6 +183,10 @@ def parse_sampling_params(raw: Any, vocab_size: int) -> SamplingParams:
         no_stop_trim=_bool(raw, "no_stop_trim", False, where),
         sampling_seed=_int(raw, "sampling_seed", None, where),
     )
+    if params.sampling_seed is not None and not SEED_MIN <= params.sampling_seed <= SEED_MAX:
+        raise RequestError(
+            where + "sampling_seed", f"must be a 64-bit signed integer, got {params.sampling_seed}"
+        )
     if params.temperature < 0:
         raise RequestError(where + "temperature", f"must be >= 0, got {params.temperature}")
     if not 0 < params.top_p <= 1:
@@ -267,6 +267,8 @@ def parse_generate_request(body: Any, vocab_size: int, encode) -> GenerateReques
         return_prompt_token_ids=_bool(body, "return_prompt_token_ids", False),
         stream=_bool(body, "stream", False),
     )
+    if request.top_logprobs_num > vocab_size:
+        raise RequestError("top_logprobs_num", f"must be <= the vocabulary size {vocab_size}")
     if request.logprob_start_len >= len(input_ids):
         raise RequestError("logprob_start_len", f"must be < the prompt length {len(input_ids)}")
     return request

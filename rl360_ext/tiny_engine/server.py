@@ -1,80 +1,86 @@
 """The tiny engine's HTTP adapter: SGLang's native endpoints (FastAPI), nothing else.
 
 Owns the routes (/generate, /health, /model_info, /server_info, /v1/models, /version, weight
-update, pause/continue, flush, abort, and the /rl360/faults admin endpoint), decoding JSON bodies,
-mapping `RequestError` to 400 (naming the field) and `ServiceUnavailable` to 503, and running
-blocking engine work in worker threads so /health stays responsive. Logic lives in `engine.py`.
+update, pause/continue, flush, abort, and the /rl360/faults admin endpoint), each body declared as
+a pydantic model (`schemas.py`, so /openapi.json documents it), the optional bearer token
+(`--api-key`: every route but /health, compared in constant time, as SGLang does), mapping the
+error tree (`errors.py`) to HTTP statuses in one handler (a body that fails its schema is a 400
+naming the field), and running blocking engine work in worker threads so /health stays
+responsive. Logic lives in `engine.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import orjson
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from pydantic import BaseModel
 
 from rl360_ext.tiny_engine.engine import ENGINE_VERSION, TinyEngine
-from rl360_ext.tiny_engine.faults import FaultConfig, FaultConfigError, ServiceUnavailable
-from rl360_ext.tiny_engine.protocol import RequestError, parse_generate_request
+from rl360_ext.tiny_engine.errors import EngineError, RequestError, Unauthorized
+from rl360_ext.tiny_engine.faults import FaultConfig
+from rl360_ext.tiny_engine.protocol import parse_generate_request
+from rl360_ext.tiny_engine.schemas import (
+    AbortRequestBody,
+    ContinueGenerationBody,
+    FaultsBody,
+    GenerateBody,
+    PauseGenerationBody,
+    UpdateWeightsFromDiskBody,
+    UpdateWeightVersionBody,
+    field_path,
+)
 
 MAX_CONCURRENT_REQUESTS = 256
 DISCONNECT_POLL_S = 0.1
+OPEN_PATHS = ("/health", "/health_generate")  # reachable without the bearer token, as in SGLang
+
+logger = logging.getLogger(__name__)
+
+BODY_MODELS: dict[str, type[BaseModel]] = {
+    "/generate": GenerateBody,
+    "/update_weights_from_disk": UpdateWeightsFromDiskBody,
+    "/update_weight_version": UpdateWeightVersionBody,
+    "/pause_generation": PauseGenerationBody,
+    "/continue_generation": ContinueGenerationBody,
+    "/abort_request": AbortRequestBody,
+    "/rl360/faults": FaultsBody,
+}
 
 
 def json_response(body: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
 
 
-def error_response(status: int, message: str, field: str | None = None) -> Response:
-    kind = "BadRequestError" if status == 400 else "ServiceUnavailableError" if status == 503 else "Error"
-    return json_response(
-        {"error": {"message": message, "type": kind, "param": field, "code": status}}, status
-    )
+def error_response(error: EngineError) -> Response:
+    body = {"message": str(error), "type": error.kind, "param": error.field, "code": error.status}
+    return json_response({"error": body}, error.status)
 
 
-async def _json_body(request: Request) -> Any:
-    """The decoded JSON body; a missing or malformed one is a 400 naming `body`."""
-    raw = await request.body()
-    if not raw.strip():
-        raise RequestError("body", "a JSON body is required")
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as err:
-        raise RequestError("body", f"malformed JSON: {err}") from None
+def validation_error(err: RequestValidationError, model: type[BaseModel] | None) -> RequestError:
+    """The first schema violation as a RequestError naming the field (`schemas.field_path`)."""
+    errors = err.errors()
+    first = errors[0] if errors else {"loc": ("body",), "msg": "invalid body"}
+    loc = tuple(first.get("loc", ()))
+    where = ".".join(str(part) for part in loc[1:])
+    detail = first.get("msg", "invalid value") + (f" (at {where})" if where else "")
+    return RequestError(field_path(model, loc), detail)
 
 
-def _object(body: Any, allowed: set[str]) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise RequestError("body", "must be a JSON object")
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise RequestError(unknown[0], "unknown field")
-    return body
-
-
-def _str_field(body: dict[str, Any], key: str, required: bool = False) -> str | None:
-    value = body.get(key)
-    if value is None:
-        if required:
-            raise RequestError(key, "is required")
-        return None
-    if not isinstance(value, str) or not value:
-        raise RequestError(key, "must be a non-empty string")
-    return value
-
-
-def _bool_field(body: dict[str, Any], key: str, default: bool) -> bool:
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise RequestError(key, f"must be a boolean, got {value!r}")
-    return value
+def _bearer_ok(request: Request, api_key: str) -> bool:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), api_key.encode())
 
 
 def create_app(engine: TinyEngine) -> FastAPI:
@@ -82,17 +88,37 @@ def create_app(engine: TinyEngine) -> FastAPI:
     app = FastAPI(title="rl360 tiny engine (SGLang protocol)", version=ENGINE_VERSION)
     limiter = anyio.CapacityLimiter(MAX_CONCURRENT_REQUESTS)
     created = int(time.time())
+    api_key = engine.config.api_key
 
-    @app.exception_handler(RequestError)
-    async def _bad_request(_: Request, err: RequestError) -> Response:
-        return error_response(400, str(err), err.field)
+    if api_key is not None:
 
-    @app.exception_handler(ServiceUnavailable)
-    async def _unavailable(_: Request, err: ServiceUnavailable) -> Response:
-        return error_response(503, str(err))
+        @app.middleware("http")
+        async def _require_token(
+            request: Request, call_next: Callable[[Request], Awaitable[Response]]
+        ) -> Response:
+            if request.method == "OPTIONS" or request.url.path in OPEN_PATHS or _bearer_ok(request, api_key):
+                return await call_next(request)
+            return error_response(
+                Unauthorized("a valid `Authorization: Bearer <api key>` header is required")
+            )
 
-    @app.api_route("/health", methods=["GET", "POST"])
-    @app.api_route("/health_generate", methods=["GET", "POST"])
+    @app.exception_handler(EngineError)
+    async def _engine_error(_: Request, err: EngineError) -> Response:
+        return error_response(err)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_body(request: Request, err: RequestValidationError) -> Response:
+        return error_response(validation_error(err, BODY_MODELS.get(request.url.path)))
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, err: Exception) -> Response:
+        logger.exception("tiny engine: %s %s failed", request.method, request.url.path)
+        return error_response(EngineError(f"internal error: {type(err).__name__}"))
+
+    @app.get("/health")
+    @app.post("/health")
+    @app.get("/health_generate")
+    @app.post("/health_generate")
     async def health() -> Response:
         return Response(status_code=200)
 
@@ -123,9 +149,8 @@ def create_app(engine: TinyEngine) -> FastAPI:
         return json_response({"object": "list", "data": [card]})
 
     @app.post("/generate")
-    async def generate(request: Request) -> Response:
-        body = await _json_body(request)
-        parsed = parse_generate_request(body, engine.vocab_size, engine.encode)
+    async def generate(body: GenerateBody, request: Request) -> Response:
+        parsed = parse_generate_request(body.to_dict(), engine.vocab_size, engine.encode)
         if parsed.stream:
             raise RequestError("stream", "streaming is not supported by the tiny engine")
         engine.check_limits(parsed)
@@ -140,75 +165,52 @@ def create_app(engine: TinyEngine) -> FastAPI:
         return json_response(work.result())
 
     @app.post("/update_weights_from_disk")
-    async def update_weights_from_disk(request: Request) -> Response:
-        body = _object(
-            await _json_body(request),
-            {
-                "model_path",
-                "load_format",
-                "weight_version",
-                "flush_cache",
-                "abort_all_requests",
-                "is_async",
-                "torch_empty_cache",
-                "keep_pause",
-                "recapture_cuda_graph",
-                "token_step",
-            },
-        )
-        model_path = _str_field(body, "model_path", required=True)
-        assert model_path is not None
-        weight_version = _str_field(body, "weight_version")
-        flush = _bool_field(body, "flush_cache", True)
-        if _bool_field(body, "abort_all_requests", False):
+    async def update_weights_from_disk(body: UpdateWeightsFromDiskBody) -> Response:
+        if body.abort_all_requests:
             engine.abort(abort_all=True, message="aborted by update_weights_from_disk(abort_all_requests)")
-        await anyio.to_thread.run_sync(engine.update_weights_from_disk, model_path, weight_version, flush)
+        flush = True if body.flush_cache is None else body.flush_cache
+        await anyio.to_thread.run_sync(
+            engine.update_weights_from_disk, body.model_path, body.weight_version, flush
+        )
         return json_response(
             {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
         )
 
     @app.post("/update_weight_version")
-    async def update_weight_version(request: Request) -> Response:
-        body = _object(
-            await _json_body(request), {"new_version", "weight_version", "abort_all_requests", "rid"}
-        )
-        new_version = _str_field(body, "new_version") or _str_field(body, "weight_version")
+    async def update_weight_version(body: UpdateWeightVersionBody) -> Response:
+        new_version = body.new_version or body.weight_version
         if new_version is None:
             raise RequestError("new_version", "is required")
-        if _bool_field(body, "abort_all_requests", True):
+        if body.abort_all_requests is not False:
             engine.abort(abort_all=True, message="aborted by update_weight_version")
         await anyio.to_thread.run_sync(engine.update_weight_version, new_version)
         return json_response({"success": True, "message": f"Weight version updated to {new_version}"})
 
     @app.post("/pause_generation")
-    async def pause_generation(request: Request) -> Response:
-        body = _object(await _json_body(request), {"mode", "rid"})
-        mode = _str_field(body, "mode") or "abort"  # SGLang's default; the body itself is required
+    async def pause_generation(body: PauseGenerationBody) -> Response:
+        mode = body.mode or "abort"  # SGLang's default; the body itself is required
         running = engine.pause(mode)
         return json_response(
             {"success": True, "message": f"Generation paused ({mode}).", "num_running": running}
         )
 
     @app.post("/continue_generation")
-    async def continue_generation(request: Request) -> Response:
-        _object(await _json_body(request), {"torch_empty_cache", "rid"})  # body required, as in SGLang
+    async def continue_generation(body: ContinueGenerationBody) -> Response:
         engine.resume()
         return json_response({"success": True, "message": "Generation continued."})
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    @app.get("/flush_cache")
+    @app.post("/flush_cache")
     async def flush_cache() -> Response:
         await anyio.to_thread.run_sync(engine.flush_cache)
         return json_response({"success": True, "message": "Cache flushed."})
 
     @app.post("/abort_request")
-    async def abort_request(request: Request) -> Response:
-        body = _object(await _json_body(request), {"rid", "abort_all", "finished_reason", "aborted_message"})
-        rid = _str_field(body, "rid")
-        abort_all = _bool_field(body, "abort_all", False)
-        if rid is None and not abort_all:
+    async def abort_request(body: AbortRequestBody) -> Response:
+        if body.rid is None and not body.abort_all:
             raise RequestError("rid", "give a rid or abort_all=true")
-        message = _str_field(body, "aborted_message") or "aborted by abort_request"
-        count = engine.abort(rid=rid, abort_all=abort_all, message=message)
+        message = body.aborted_message or "aborted by abort_request"
+        count = engine.abort(rid=body.rid, abort_all=bool(body.abort_all), message=message)
         return json_response({"success": True, "aborted": count})
 
     @app.get("/rl360/faults")
@@ -216,11 +218,8 @@ def create_app(engine: TinyEngine) -> FastAPI:
         return json_response({**engine.faults.config.to_dict(), "injected": dict(engine.faults.injected)})
 
     @app.post("/rl360/faults")
-    async def set_faults(request: Request) -> Response:
-        try:
-            config = FaultConfig.from_dict(await _json_body(request))
-        except FaultConfigError as err:
-            raise RequestError(err.field, str(err)) from None
+    async def set_faults(body: FaultsBody) -> Response:
+        config = FaultConfig.from_dict(body.model_dump())
         engine.set_faults(config)
         return json_response(config.to_dict())
 

@@ -2,28 +2,86 @@
 
 Owns process lifecycle for everything rl360 runs as a separate process (tiny engines, the SMG
 gateway, session servers, Harbor /run servers) in tests, benchmarks and `rl360 demo`, and finding
-executables. A stop
-sends SIGTERM to the process group, waits (SMG drains for 5-7 s on SIGTERM), then SIGKILLs, so
-nothing is left behind. It does not own what the services do.
+executables. A stop sends SIGTERM to the process group, waits (SMG drains for 5-7 s on SIGTERM),
+then SIGKILLs, so nothing is left behind.
+
+Nothing is left behind when the launcher dies either, however it dies: every service gets a
+parent-death signal (PR_SET_PDEATHSIG, SIGTERM) and is forked from a thread that lives as long as
+the process (the main thread, or the `rl360-procs-spawner` thread: Linux sends the signal when the
+forking *thread* exits); services still running at interpreter exit are stopped (atexit); and
+`rl360_ext.util.signals.signals_raise()` turns SIGTERM/SIGHUP into an exception, so a launcher
+killed by `timeout` unwinds through its `finally` blocks and stops what it started. It does not
+own what the services do.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+from rl360_ext.util.owner_thread import OwnerThread, on_lasting_thread
+
 LOOPBACK = "127.0.0.1"
+PR_SET_PDEATHSIG = 1
+_SPAWNER = OwnerThread("rl360-procs-spawner")
+_live: set[Service] = set()
+_live_lock = threading.Lock()
+
+
+def _load_prctl() -> Callable[[int, int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        prctl = libc.prctl
+        prctl.argtypes = (ctypes.c_int, ctypes.c_ulong)
+        prctl.restype = ctypes.c_int
+        return prctl
+    return None
+
+
+_PRCTL = _load_prctl()  # resolved before any fork: the child only calls it
+
+
+def die_with_parent(parent_pid: int) -> Callable[[], None] | None:
+    """A preexec_fn that makes the child get SIGTERM when its parent thread exits (Linux only).
+
+    If the parent is already gone when the child gets there, the child exits at once."""
+    if _PRCTL is None:
+        return None
+    prctl = _PRCTL
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+    return preexec
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    """Services nobody stopped (a launcher that exited without `running`) stop with the process."""
+    with _live_lock:
+        leftovers = list(_live)
+    for service in leftovers:
+        with contextlib.suppress(Exception):
+            service.stop()
 
 
 def find_executable(name: str) -> str | None:
@@ -54,7 +112,7 @@ class ServiceStartError(RuntimeError):
         self.log_path = log_path
 
 
-@dataclass
+@dataclass(eq=False)
 class Service:
     """One running process, its URL, and the log file its output goes to."""
 
@@ -102,6 +160,8 @@ class Service:
 
     def stop(self) -> None:
         """SIGTERM the process group, wait out the grace period, then SIGKILL it."""
+        with _live_lock:
+            _live.discard(self)
         if self.process.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
@@ -127,16 +187,23 @@ def start_service(
     """Start `argv` in its own process group with output to `log_dir/name.log`; wait for readiness."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            list(argv),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env={**os.environ, **(env or {})},
-        )
+
+    def spawn() -> subprocess.Popen[bytes]:
+        with log_path.open("wb") as log:
+            return subprocess.Popen(
+                list(argv),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, **(env or {})},
+                preexec_fn=die_with_parent(os.getpid()),
+            )
+
+    process = on_lasting_thread(_SPAWNER, spawn)
     service = Service(name, list(argv), port, log_path, process, stop_grace_s)
+    with _live_lock:
+        _live.add(service)
     try:
         service.wait_ready(ready_path, ready_timeout_s)
     except BaseException:

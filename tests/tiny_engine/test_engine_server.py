@@ -88,9 +88,12 @@ def test_context_length_is_enforced(fresh_engine: TinyEngine) -> None:
         fresh_engine.generate(GenerateRequest(list(range(8)), SamplingParams()))
     assert err.value.field == "input_ids"
     body = fresh_engine.generate(
-        GenerateRequest(list(range(5)), SamplingParams(max_new_tokens=50, ignore_eos=True))
+        GenerateRequest(list(range(5)), SamplingParams(max_new_tokens=8, ignore_eos=True))
     )
     assert body["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
+    with pytest.raises(RequestError) as err:
+        fresh_engine.generate(GenerateRequest(list(range(5)), SamplingParams(max_new_tokens=9)))
+    assert err.value.field == "sampling_params.max_new_tokens"
 
 
 def test_info_endpoints(client: TestClient, fresh_engine: TinyEngine) -> None:

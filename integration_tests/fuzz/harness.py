@@ -1,0 +1,136 @@
+"""A bounded schemathesis run against one live server, counting answers by status class.
+
+Owns reading a server's /openapi.json, generating cases for every operation in it (positive and
+negative data, `max_examples` each, within a time budget), sending them, and tallying the replies:
+cases, 2xx, 4xx, 5xx, transport errors, and the first few 5xx for the failure message. Whatever
+operations the schema lists are fuzzed, so a route that gains a request model is picked up the
+next run with no change here; `body_schemas` says which operations document a body. A `reset`
+callback undoes what a case changed that would block the next ones (a pause, injected faults).
+It starts no server (the fixtures in `conftest.py` do).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis import GenerationMode
+
+REQUEST_TIMEOUT_S = 30.0
+
+
+@dataclass
+class FuzzReport:
+    """What one server answered."""
+
+    server: str
+    operations: list[str] = field(default_factory=list)
+    body_schemas: list[str] = field(default_factory=list)
+    bodyless: list[str] = field(default_factory=list)
+    cases: int = 0
+    ok: int = 0
+    client_errors: int = 0
+    server_errors: int = 0
+    transport_errors: int = 0
+    by_status: dict[int, int] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    out_of_time: bool = False
+
+    def record(self, label: str, status: int | None, detail: str) -> None:
+        self.cases += 1
+        if status is None:
+            self.transport_errors += 1
+            self._fail(f"{label}: no response ({detail})")
+            return
+        self.by_status[status] = self.by_status.get(status, 0) + 1
+        if status >= 500:
+            self.server_errors += 1
+            self._fail(f"{label} -> {status}: {detail}")
+        elif status >= 400:
+            self.client_errors += 1
+        else:
+            self.ok += 1
+
+    def _fail(self, text: str) -> None:
+        if len(self.failures) < 10:
+            self.failures.append(text[:600])
+
+    def summary(self) -> str:
+        return (
+            f"{self.server}: {self.cases} cases over {len(self.operations)} operations "
+            f"({len(self.body_schemas)} with a body schema), {self.ok} 2xx, {self.client_errors} 4xx, "
+            f"{self.server_errors} 5xx, {self.transport_errors} no reply, {self.seconds:.0f} s"
+            + (" (time budget reached)" if self.out_of_time else "")
+        )
+
+
+def _has_body(operation: Any) -> bool:
+    return bool(operation.definition.raw.get("requestBody"))
+
+
+def fuzz_server(
+    name: str,
+    base_url: str,
+    *,
+    max_examples: int = 50,
+    budget_s: float = 300.0,
+    reset: Callable[[str], None] | None = None,
+    skip: Callable[[str], bool] | None = None,
+    headers: dict[str, str] | None = None,
+) -> FuzzReport:
+    """Fuzz every operation of the server at `base_url`; `reset(label)` runs after each case."""
+    schema = schemathesis.openapi.from_url(base_url + "/openapi.json", wait_for_schema=30)
+    report = FuzzReport(name)
+    started = time.monotonic()
+    session = requests.Session()
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        label = f"{operation.method.upper()} {operation.path}"
+        if skip is not None and skip(label):
+            continue
+        report.operations.append(label)
+        if operation.method.upper() in ("POST", "PUT", "PATCH"):
+            (report.body_schemas if _has_body(operation) else report.bodyless).append(label)
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            try:
+                strategy = operation.as_strategy(generation_mode=mode)
+            except Exception as exc:  # an operation with nothing to negate has no negative cases
+                if mode is GenerationMode.NEGATIVE:
+                    continue
+                raise AssertionError(f"{name}: cannot generate cases for {label}: {exc}") from exc
+
+            @settings(
+                max_examples=max_examples,
+                deadline=None,
+                database=None,
+                phases=[Phase.generate],
+                suppress_health_check=list(HealthCheck),
+                derandomize=True,
+            )
+            @given(case=strategy)
+            def run(case: Any, label: str = label) -> None:
+                if time.monotonic() - started > budget_s:
+                    report.out_of_time = True
+                    return
+                try:
+                    response = case.call(
+                        base_url=base_url, session=session, headers=headers, timeout=REQUEST_TIMEOUT_S
+                    )
+                except requests.RequestException as exc:
+                    report.record(label, None, f"{type(exc).__name__}: {exc}")
+                else:
+                    detail = f"{case.as_curl_command()} -> {response.text[:300]}"
+                    report.record(label, response.status_code, detail)
+                finally:
+                    if reset is not None:
+                        reset(label)
+
+            run()
+    report.seconds = time.monotonic() - started
+    return report
