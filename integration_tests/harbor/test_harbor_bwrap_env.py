@@ -15,6 +15,7 @@ from harbor.models.trial.paths import TrialPaths
 
 from rl360_ext.harbor.envs.bwrap import BwrapEnvironment, MemoryLimitExceededError
 from rl360_ext.harbor.envs.limits import cgroups_usable, pids_in_namespace
+from integration_tests.harbor.conftest import sandbox_root
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +36,7 @@ def make_env(
         session_id=f"probe__{os.getpid()}__{len(os.listdir(tmp_path))}",
         trial_paths=trial_paths,
         task_env_config=EnvironmentConfig(network_mode=NetworkMode.NO_NETWORK, cpus=1, memory_mb=memory_mb),
-        sandbox_root=str(tmp_path / "sandboxes"),
+        sandbox_root=str(sandbox_root(tmp_path)),
         **options,
     )
 
@@ -66,7 +67,7 @@ async def test_only_the_task_dirs_are_writable(env: BwrapEnvironment) -> None:
     for path in ("/usr/probe", "/etc/probe", "/probe", "/root/probe", "/var/probe"):
         assert (await env.exec(f"touch {path}")).return_code != 0, path
     assert (await env.exec("test -e /work || test -e /root/.bashrc")).return_code != 0  # host files stay out
-    assert (env.trial_paths.verifier_dir / "probe").exists()  # /logs/verifier is the trial's dir
+    assert not (env.trial_paths.verifier_dir / "probe").exists()  # no trial dir is mounted
 
 
 async def test_no_network_no_capabilities_no_host_environment(env: BwrapEnvironment) -> None:
