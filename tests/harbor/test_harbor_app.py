@@ -11,21 +11,21 @@ import pytest
 
 from rl360_ext.harbor.admission import Reservation
 from rl360_ext.harbor.app import create_app
-from rl360_ext.harbor.budget import BudgetPolicy
-from rl360_ext.harbor.runner import EnvironmentSpec, RunRequest, ServerSettings, TrialRunner
+from rl360_ext.harbor.runner import RunRequest, ServerSettings, TrialRunner
 from rl360_ext.local.fixtures import tasks_root as example_tasks_root
 
-POLICY = BudgetPolicy(environment_setup_s=5, agent_setup_s=1, max_verifier_s=5, margin_s=1, min_agent_s=1)
+POLICY = {"env_setup_s": 5, "agent_setup_s": 1, "max_verifier_s": 5, "margin_s": 1, "min_agent_s": 1}
 
 
-def make_runner(tmp_path: Path, max_concurrent: int = 4) -> TrialRunner:
+def make_runner(tmp_path: Path, max_concurrent: int = 4, **settings: object) -> TrialRunner:
     return TrialRunner(
         ServerSettings(
-            tasks_root=example_tasks_root(),
+            tasks_root=settings.pop("tasks_root", example_tasks_root()),  # type: ignore[arg-type]
             trials_dir=tmp_path / "trials",
-            environment=EnvironmentSpec.parse("bwrap", {"sandbox_root": str(tmp_path / "sandboxes")}),
+            env_kwarg=(f"sandbox_root={tmp_path / 'sandboxes'}",),
             max_concurrent=max_concurrent,
-            budget=POLICY,
+            **POLICY,  # type: ignore[arg-type]
+            **settings,  # type: ignore[arg-type]
         )
     )
 
