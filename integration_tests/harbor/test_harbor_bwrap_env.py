@@ -13,9 +13,9 @@ from harbor.environments.base import SandboxBuildFailedError
 from harbor.models.task.config import EnvironmentConfig, NetworkMode
 from harbor.models.trial.paths import TrialPaths
 
+from integration_tests.harbor.conftest import sandbox_root
 from rl360_ext.harbor.envs.bwrap import BwrapEnvironment, MemoryLimitExceededError
 from rl360_ext.harbor.envs.limits import cgroups_usable, pids_in_namespace
-from integration_tests.harbor.conftest import sandbox_root
 
 pytestmark = pytest.mark.integration
 

@@ -163,6 +163,10 @@ class _CancellingServer(uvicorn.Server):
 def serve(runner: TrialRunner, token: str | None, host: str, port: int, log_level: str) -> None:
     """Serve the app until SIGTERM/SIGINT; in-flight attempts then answer `cancelled`."""
     config = uvicorn.Config(
-        create_app(runner, token), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=_GRACEFUL_S
+        create_app(runner, token),
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=_GRACEFUL_S,
     )
     _CancellingServer(config, runner).run()

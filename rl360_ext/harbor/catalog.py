@@ -61,12 +61,16 @@ class TaskCatalog:
 
     def resolve(self, name: str) -> Path:
         if len(name) > MAX_TASK_NAME:
-            raise TaskPathRejected(_FIELD, f"task name is {len(name)} characters long; at most {MAX_TASK_NAME}")
+            raise TaskPathRejected(
+                _FIELD, f"task name is {len(name)} characters long; at most {MAX_TASK_NAME}"
+            )
         if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
             raise TaskPathRejected(_FIELD, f"task name contains a control character: {name!r}")
         relative = PurePosixPath(name)
         if not name or relative.is_absolute() or ".." in relative.parts or "\\" in name:
-            raise TaskPathRejected(_FIELD, f"task must be a relative path inside the tasks root, got {name!r}")
+            raise TaskPathRejected(
+                _FIELD, f"task must be a relative path inside the tasks root, got {name!r}"
+            )
         try:
             path = (self.root / relative).resolve()
             if path != self.root and self.root not in path.parents:

@@ -152,7 +152,9 @@ class TrialRunner:
         root = self.environment.kwargs.get("sandbox_root")
         removed = bwrap.clean_stale(Path(root) if root else None)
         if removed:
-            _log.warning("removed %d sandbox leftovers of a server that is gone: %s", len(removed), removed[:10])
+            _log.warning(
+                "removed %d sandbox leftovers of a server that is gone: %s", len(removed), removed[:10]
+            )
         return removed
 
     def _on_admission_change(self) -> None:
@@ -190,12 +192,15 @@ class TrialRunner:
             raise ServerShuttingDown("task", "the server is shutting down and takes no new attempts")
         deadline, largest = request.deadline_s, self.settings.max_deadline_s
         if not math.isfinite(deadline) or not 0 < deadline <= largest:
-            raise FieldInvalid("deadline_s", f"deadline_s must be > 0 and <= {largest:g} seconds, got {deadline!r}")
+            raise FieldInvalid(
+                "deadline_s", f"deadline_s must be > 0 and <= {largest:g} seconds, got {deadline!r}"
+            )
         task = self.catalog.load(request.task)
         entry = self.agents.get(request.agent)
         if entry is None:
             raise AgentNotAllowed(
-                "agent", f"agent {request.agent!r} is not one this server runs ({', '.join(self.agents.names)})"
+                "agent",
+                f"agent {request.agent!r} is not one this server runs ({', '.join(self.agents.names)})",
             )
         if reserved := agents.reserved_kwargs(request.agent_kwargs):
             raise AgentKwargReserved(
@@ -242,7 +247,12 @@ class TrialRunner:
         }
 
     async def _attempt(
-        self, request: RunRequest, task: TaskInfo, spec: agents.AgentEntry, placement: Placement, received: float
+        self,
+        request: RunRequest,
+        task: TaskInfo,
+        spec: agents.AgentEntry,
+        placement: Placement,
+        received: float,
     ) -> outcome.Outcome:
         policy = self.budget
         wait_s = budget.max_queue_s(policy, request.deadline_s, task.environment_setup_s, task.verifier_s)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import itertools
 import json
 import math
 from dataclasses import dataclass, field, fields
@@ -99,7 +100,9 @@ class ServerSettings:
             if low is not None and value is not None and value < low:
                 raise ValueError(f"--{flag_name(item.name)} must be >= {low}, got {value}")
         if self.keep_trials not in KEEP_TRIALS:
-            raise ValueError(f"--keep-trials must be one of {', '.join(KEEP_TRIALS)}, got {self.keep_trials!r}")
+            raise ValueError(
+                f"--keep-trials must be one of {', '.join(KEEP_TRIALS)}, got {self.keep_trials!r}"
+            )
         if (self.capacity_cpus is None) != (self.capacity_memory_mb is None):
             raise ValueError("give both --capacity-cpus and --capacity-memory-mb, or neither")
         if not self.node_labels:
@@ -135,7 +138,9 @@ class ServerSettings:
 
     @property
     def budget(self) -> BudgetPolicy:
-        return BudgetPolicy(self.env_setup_s, self.agent_setup_s, self.max_verifier_s, self.margin_s, self.min_agent_s)
+        return BudgetPolicy(
+            self.env_setup_s, self.agent_setup_s, self.max_verifier_s, self.margin_s, self.min_agent_s
+        )
 
     def bearer_token(self) -> str | None:
         """The token from --token-file (first line), else --token / RL360_HARBOR_TOKEN."""
@@ -160,7 +165,7 @@ def field_help(cls: type = ServerSettings) -> dict[str, str]:
     tree = ast.parse(inspect.getsource(cls))
     body = tree.body[0].body  # type: ignore[attr-defined]
     helps: dict[str, str] = {}
-    for node, following in zip(body, body[1:], strict=False):
+    for node, following in itertools.pairwise(body):
         if (
             isinstance(node, ast.AnnAssign)
             and isinstance(node.target, ast.Name)

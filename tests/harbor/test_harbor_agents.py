@@ -16,6 +16,7 @@ def entry(name: str) -> agents.AgentEntry:
     assert found is not None
     return found
 
+
 SETTINGS = agents.ModelSettings(
     base_url="http://127.0.0.1:9/sessions/abc/v1",
     model="policy",
@@ -80,7 +81,9 @@ def test_a_request_never_imports_what_it_names(monkeypatch: pytest.MonkeyPatch) 
     assert TABLE.get("os:system") is None and imported == []
 
 
-@pytest.mark.parametrize("key", ["logs_dir", "model_name", "extra_env", "load_trajectory", "task_dir", "mcp_servers"])
+@pytest.mark.parametrize(
+    "key", ["logs_dir", "model_name", "extra_env", "load_trajectory", "task_dir", "mcp_servers"]
+)
 def test_harbor_s_own_kwargs_are_reserved(key: str) -> None:
     assert agents.reserved_kwargs({key: 1, "max_turns": 2}) == [key]
     with pytest.raises(ValueError, match=key):

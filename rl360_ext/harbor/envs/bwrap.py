@@ -342,7 +342,9 @@ class BwrapEnvironment(BaseEnvironment):
             return
         except (OSError, ValueError) as exc:
             raise SandboxBuildFailedError(f"environment/setup.sh cannot be read: {exc}") from exc
-        result = await self._run(["/bin/bash", "-s"], stdin=script, cwd=self.workdir, env=self._merge_env(None))
+        result = await self._run(
+            ["/bin/bash", "-s"], stdin=script, cwd=self.workdir, env=self._merge_env(None)
+        )
         if result.return_code != 0:
             tail = (result.stderr or result.stdout or "")[-1000:]
             raise SandboxBuildFailedError(f"environment/setup.sh exited {result.return_code}: {tail}")
@@ -593,7 +595,9 @@ class BwrapEnvironment(BaseEnvironment):
         with nofollow.opened_dir(root, relative) as fd:
             nofollow.copy_tree_out(fd, target, budget, keep)
         if budget.skipped:
-            _log.warning("sandbox %s: not copied out of %s: %s", self.session_id, source_dir, budget.skipped[:20])
+            _log.warning(
+                "sandbox %s: not copied out of %s: %s", self.session_id, source_dir, budget.skipped[:20]
+            )
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
         await asyncio.to_thread(self._download_dir, source_dir, Path(target_dir))
@@ -611,7 +615,9 @@ class BwrapEnvironment(BaseEnvironment):
 
         def keep(relative: PurePosixPath) -> bool:
             name = relative.as_posix()
-            return name in protected or bool(filter_paths_by_patterns([name], include=include, exclude=exclude))
+            return name in protected or bool(
+                filter_paths_by_patterns([name], include=include, exclude=exclude)
+            )
 
         await asyncio.to_thread(self._download_dir, source_dir, Path(target_dir), keep)
 

@@ -100,8 +100,9 @@ def _open_child_dir(parent_fd: int, name: str, create: bool, owner: Owner | None
     raise UnsafePath(f"{name!r} keeps changing while it is opened")
 
 
-def open_dir(root: Path, relative: PurePosixPath = PurePosixPath(), *, create: bool = False,
-             owner: Owner | None = None) -> int:
+def open_dir(
+    root: Path, relative: PurePosixPath = PurePosixPath(), *, create: bool = False, owner: Owner | None = None
+) -> int:
     """A descriptor of `root/relative`, opened one component at a time without following links.
     `root` itself is host-owned; with `create`, missing directories are made (owned by `owner`)
     and links or files in the way are removed first."""
@@ -118,8 +119,9 @@ def open_dir(root: Path, relative: PurePosixPath = PurePosixPath(), *, create: b
 
 
 @contextlib.contextmanager
-def opened_dir(root: Path, relative: PurePosixPath = PurePosixPath(), *, create: bool = False,
-               owner: Owner | None = None) -> Iterator[int]:
+def opened_dir(
+    root: Path, relative: PurePosixPath = PurePosixPath(), *, create: bool = False, owner: Owner | None = None
+) -> Iterator[int]:
     fd = open_dir(root, relative, create=create, owner=owner)
     try:
         yield fd
@@ -165,7 +167,9 @@ def read_regular(path: Path, limit: int, dir_fd: int | None = None) -> bytes:
         os.close(fd)
 
 
-def _write_from(dir_fd: int, name: str, writer: Callable[[int], None], mode: int, owner: Owner | None) -> None:
+def _write_from(
+    dir_fd: int, name: str, writer: Callable[[int], None], mode: int, owner: Owner | None
+) -> None:
     for _ in range(_CREATE_ATTEMPTS):
         remove_entry(dir_fd, name)
         try:
@@ -182,7 +186,9 @@ def _write_from(dir_fd: int, name: str, writer: Callable[[int], None], mode: int
     raise UnsafePath(f"{name!r} keeps being replaced while it is written")
 
 
-def write_bytes(dir_fd: int, name: str, data: bytes, *, mode: int = 0o644, owner: Owner | None = None) -> None:
+def write_bytes(
+    dir_fd: int, name: str, data: bytes, *, mode: int = 0o644, owner: Owner | None = None
+) -> None:
     """Create `name` in `dir_fd` with `data`, replacing whatever was there (a planted link is
     removed, never followed)."""
 
@@ -220,8 +226,9 @@ def copy_file_in(source: Path, dir_fd: int, name: str, *, owner: Owner | None = 
         os.close(source_fd)
 
 
-def copy_tree_in(source: Path, dir_fd: int, *, owner: Owner | None = None,
-                 keep: Callable[[Path], bool] | None = None) -> None:
+def copy_tree_in(
+    source: Path, dir_fd: int, *, owner: Owner | None = None, keep: Callable[[Path], bool] | None = None
+) -> None:
     """Copy a host directory's files and directories into the sandbox directory `dir_fd`. Links
     and special files in the source are skipped; `keep` filters source paths."""
     for entry in sorted(os.scandir(source), key=lambda e: e.name):
@@ -243,8 +250,9 @@ def _host_dir(target: Path) -> int:
     return os.open(target, _DIR_FLAGS)
 
 
-def copy_tree_out(dir_fd: int, target: Path, budget: CopyBudget,
-                  keep: Callable[[PurePosixPath], bool] | None = None) -> None:
+def copy_tree_out(
+    dir_fd: int, target: Path, budget: CopyBudget, keep: Callable[[PurePosixPath], bool] | None = None
+) -> None:
     """Copy the regular files and directories under the sandbox directory `dir_fd` to the host
     directory `target`. Links, devices, FIFOs and sockets are skipped; files over the budget's
     caps are skipped and listed in `budget.skipped`; `keep` filters relative paths."""
@@ -255,8 +263,14 @@ def copy_tree_out(dir_fd: int, target: Path, budget: CopyBudget,
         os.close(target_fd)
 
 
-def _copy_out(dir_fd: int, target_fd: int, relative: PurePosixPath, budget: CopyBudget,
-              keep: Callable[[PurePosixPath], bool] | None, depth: int) -> None:
+def _copy_out(
+    dir_fd: int,
+    target_fd: int,
+    relative: PurePosixPath,
+    budget: CopyBudget,
+    keep: Callable[[PurePosixPath], bool] | None,
+    depth: int,
+) -> None:
     for name in sorted(os.listdir(dir_fd)):
         rel = relative / name
         try:
