@@ -164,3 +164,45 @@ async def test_the_environment_definition_is_setup_sh(tmp_path: Path) -> None:
         await broken.start(force_build=False)
     await broken.stop(delete=True)
     assert not broken.sandbox_dir.exists()
+
+
+async def test_end_phase_kills_what_the_phase_left_and_keeps_its_files(env: BwrapEnvironment) -> None:
+    started = await env.exec(
+        "echo kept > /app/kept; nohup setsid sh -c 'while :; do date > /tmp/beat; sleep 0.01; done' "
+        ">/dev/null 2>&1 & tmux new-session -d -s left"
+    )
+    assert started.return_code == 0, started.stderr
+    before = env._pidns
+    await env.end_phase()
+    assert before is not None and pids_in_namespace(before) == []
+    after = await env.exec("cat /app/kept; ps -eo args | grep -c -e '[w]hile :' -e '[t]mux'")
+    assert after.stdout.split() == ["kept", "0"], after.stderr
+    beat = await env.exec("stat -c %Y /tmp/beat; sleep 0.3; stat -c %Y.%s /tmp/beat")
+    assert beat.return_code == 0  # the file stays, nobody writes it any more
+
+
+async def test_the_sandbox_is_an_unprivileged_user_in_its_own_namespaces(env: BwrapEnvironment) -> None:
+    os.environ["RL360_PROBE_SECRET"] = "do-not-leak"
+    try:
+        await env.end_phase()  # a fresh holder started while the secret is in our environment
+        probe = await env.exec(
+            "id -u; cat /proc/self/uid_map; grep CapEff /proc/self/status; tr '\\0' '\\n' < /proc/1/environ; "
+            "python3 -c \"import os; os.open('/proc/sys/kernel/core_pattern', os.O_WRONLY)\" 2>&1 | tail -1; "
+            "grep ' /proc/sys ' /proc/self/mountinfo | cut -d' ' -f6; "
+            "unshare --user --map-root-user true 2>&1 | head -1; ls -n /app/seed.txt | cut -d' ' -f3"
+        )
+    finally:
+        del os.environ["RL360_PROBE_SECRET"]
+    lines = probe.stdout.splitlines()
+    assert lines[0] == "1000" and lines[1].split()[0] == "1000"  # uid 0 is not mapped at all
+    host_view = Path(f"/proc/{env._init_pid}/uid_map").read_text().split()
+    assert host_view == ["1000", "65534", "1"]  # sandbox uid 1000 is host uid 65534
+    assert lines[2] == "CapEff:\t0000000000000000"
+    assert lines[3] == "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    assert "Permission denied" in lines[4] or "Read-only" in lines[4]
+    assert lines[5].startswith("ro,")
+    assert "unshare failed" in lines[6]
+    assert lines[7] == "1000"  # uploaded files belong to the sandbox user
+    assert "do-not-leak" not in probe.stdout
+    host_owner = os.stat(env.sandbox_dir / "app" / "seed.txt").st_uid
+    assert host_owner == 65534

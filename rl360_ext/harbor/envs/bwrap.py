@@ -10,7 +10,8 @@ Design (the sandboxed code is hostile: the policy wrote it)
 - Identity: the server runs as root; bwrap is started as an unprivileged host uid
   (`sandbox_uid`, default 65534) with a scrubbed environment (PATH only: `/proc/1/environ` shows
   nothing of the server's), in its own user namespace where the sandbox user is uid/gid 1000.
-  No capability, no uid 0 inside, a fresh `/proc` with `/proc/sys` read-only, `no_new_privs`.
+  No capability, no uid 0 inside, no further user namespaces (`--disable-userns`), a fresh
+  `/proc` with `/proc/sys` read-only, `no_new_privs`.
 - `start` launches `bwrap --unshare-all` around a holder process (`sleep infinity`). The holder
   keeps the sandbox's user, mount, PID, IPC, UTS and network namespaces alive, so state that
   lives in processes survives between commands (terminus-2's tmux server).
@@ -256,6 +257,7 @@ class BwrapEnvironment(BaseEnvironment):
             "--new-session",
             "--unshare-all",
             "--unshare-user",
+            "--disable-userns",  # no nested user namespace: no "root" of its own to probe the kernel with
             "--uid",
             str(SANDBOX_UID),
             "--gid",
