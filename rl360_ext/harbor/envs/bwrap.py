@@ -247,6 +247,9 @@ class BwrapEnvironment(BaseEnvironment):
     def _bwrap_argv(self, info_fd: int) -> list[str]:
         uid = self.options.sandbox_uid
         argv = [
+            "/usr/bin/env",
+            "-i",  # bwrap is PID 1 inside: its environ is readable there; nothing of ours may be in it
+            f"PATH={SANDBOX_PATH}",
             "/usr/bin/setpriv",
             f"--reuid={uid}",
             f"--regid={uid}",
@@ -361,7 +364,8 @@ class BwrapEnvironment(BaseEnvironment):
                 stderr=asyncio.subprocess.PIPE,
                 pass_fds=(write_fd,),
                 start_new_session=True,
-                env={"PATH": SANDBOX_PATH},  # bwrap is PID 1 inside: its environ is readable there
+                env={"PATH": SANDBOX_PATH},
+                cwd="/",
             )
         finally:
             os.close(write_fd)
@@ -503,6 +507,7 @@ class BwrapEnvironment(BaseEnvironment):
                 stdout=out,
                 stderr=err,
                 env=self._process_env(env),
+                cwd="/",  # the server's cwd would reach the sandbox as PWD
                 start_new_session=True,
             )
             try:
