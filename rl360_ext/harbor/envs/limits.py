@@ -13,7 +13,10 @@ noticing when the memory limit was hit, and killing every process of the sandbox
   sandbox's PID namespace every `poll_s` and kills them all once the sum exceeds the limit.
   A fast allocation can overshoot the limit for up to one poll interval.
 
-It does not own starting the sandbox or deciding what a hit limit means for the trial.
+Each sandbox cgroup is named `rl360-sbx.<server pid>.<server start time>.<sandbox>`, so a server
+that starts after another was SIGKILLed removes that server's leftovers (`clean_stale_cgroups`)
+and never a live server's. It does not own starting the sandbox or deciding what a hit limit
+means for the trial.
 """
 
 from __future__ import annotations
@@ -310,30 +313,43 @@ def _cgroup_dirs() -> list[Path]:
     return dirs
 
 
+def sandbox_cgroups() -> list[Path]:
+    """Every sandbox cgroup (any server's) under this process's own cgroup."""
+    found = []
+    for parent in _cgroup_dirs():
+        with contextlib.suppress(OSError):
+            found += [
+                Path(entry.path)
+                for entry in os.scandir(parent)
+                if entry.name.startswith(CGROUP_PREFIX) and entry.is_dir(follow_symlinks=False)
+            ]
+    return found
+
+
+def cgroup_owner(path: Path) -> str:
+    """The owner tag in a sandbox cgroup's name (`rl360-sbx.<pid>.<start>.<sandbox>`)."""
+    pid, _, rest = path.name[len(CGROUP_PREFIX) :].partition(".")
+    return f"{pid}.{rest.partition('.')[0]}"
+
+
 def clean_stale_cgroups() -> list[str]:
     """Kill the processes of, and remove, sandbox cgroups under this process's cgroup whose
     server (named by the owner tag in the cgroup's name) is gone; returns the removed paths."""
     removed = []
-    for parent in _cgroup_dirs():
-        with contextlib.suppress(OSError):
-            for entry in os.scandir(parent):
-                if not entry.name.startswith(CGROUP_PREFIX) or not entry.is_dir(follow_symlinks=False):
-                    continue
-                pid, _, rest = entry.name[len(CGROUP_PREFIX) :].partition(".")
-                if owner_alive(f"{pid}.{rest.partition('.')[0]}"):
-                    continue
-                path = Path(entry.path)
-                deadline = time.monotonic() + 5.0
-                while time.monotonic() < deadline:
-                    with contextlib.suppress(OSError, ValueError):
-                        kill_pids([int(p) for p in (path / "cgroup.procs").read_text().split()])
-                    try:
-                        path.rmdir()
-                    except OSError:
-                        time.sleep(0.05)
-                        continue
-                    removed.append(str(path))
-                    break
+    for path in sandbox_cgroups():
+        if owner_alive(cgroup_owner(path)):
+            continue
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                kill_pids([int(p) for p in (path / "cgroup.procs").read_text().split()])
+            try:
+                path.rmdir()
+            except OSError:
+                time.sleep(0.05)
+                continue
+            removed.append(str(path))
+            break
     return removed
 
 
