@@ -13,6 +13,7 @@ from harbor.environments.base import SandboxBuildFailedError
 from harbor.models.task.config import EnvironmentConfig, NetworkMode
 from harbor.models.trial.paths import TrialPaths
 
+from integration_tests.harbor.conftest import sandbox_root
 from rl360_ext.harbor.envs.bwrap import BwrapEnvironment, MemoryLimitExceededError
 from rl360_ext.harbor.envs.limits import cgroups_usable, pids_in_namespace
 
@@ -35,7 +36,7 @@ def make_env(
         session_id=f"probe__{os.getpid()}__{len(os.listdir(tmp_path))}",
         trial_paths=trial_paths,
         task_env_config=EnvironmentConfig(network_mode=NetworkMode.NO_NETWORK, cpus=1, memory_mb=memory_mb),
-        sandbox_root=str(tmp_path / "sandboxes"),
+        sandbox_root=str(sandbox_root(tmp_path)),
         **options,
     )
 
@@ -66,7 +67,7 @@ async def test_only_the_task_dirs_are_writable(env: BwrapEnvironment) -> None:
     for path in ("/usr/probe", "/etc/probe", "/probe", "/root/probe", "/var/probe"):
         assert (await env.exec(f"touch {path}")).return_code != 0, path
     assert (await env.exec("test -e /work || test -e /root/.bashrc")).return_code != 0  # host files stay out
-    assert (env.trial_paths.verifier_dir / "probe").exists()  # /logs/verifier is the trial's dir
+    assert not (env.trial_paths.verifier_dir / "probe").exists()  # no trial dir is mounted
 
 
 async def test_no_network_no_capabilities_no_host_environment(env: BwrapEnvironment) -> None:
@@ -163,3 +164,44 @@ async def test_the_environment_definition_is_setup_sh(tmp_path: Path) -> None:
         await broken.start(force_build=False)
     await broken.stop(delete=True)
     assert not broken.sandbox_dir.exists()
+
+
+async def test_end_phase_kills_what_the_phase_left_and_keeps_its_files(env: BwrapEnvironment) -> None:
+    started = await env.exec(
+        "echo kept > /app/kept; nohup setsid sh -c 'while :; do date > /tmp/beat; sleep 0.01; done' "
+        ">/dev/null 2>&1 & tmux new-session -d -s left"
+    )
+    assert started.return_code == 0, started.stderr
+    before = env._pidns
+    await env.end_phase()
+    assert before is not None and pids_in_namespace(before) == []
+    after = await env.exec("cat /app/kept; ps -eo args | grep -c -e '[w]hile :' -e '[t]mux'")
+    assert after.stdout.split() == ["kept", "0"], after.stderr
+    beat = await env.exec("stat -c %Y /tmp/beat; sleep 0.3; stat -c %Y.%s /tmp/beat")
+    assert beat.return_code == 0  # the file stays, nobody writes it any more
+
+
+async def test_the_sandbox_is_an_unprivileged_user_in_its_own_namespaces(env: BwrapEnvironment) -> None:
+    os.environ["RL360_PROBE_SECRET"] = "do-not-leak"
+    try:
+        await env.end_phase()  # a fresh holder started while the secret is in our environment
+        environ = (await env.exec("tr '\\0' '\\n' < /proc/1/environ")).stdout.split()
+        everything = (await env.exec("cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline; env")).stdout
+    finally:
+        del os.environ["RL360_PROBE_SECRET"]
+    assert environ == ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+    assert "do-not-leak" not in everything and "/work" not in everything
+
+    async def out(command: str) -> str:
+        return (await env.exec(command)).stdout.strip()
+
+    assert await out("id -u") == "1000" and (await out("cat /proc/self/uid_map")).split()[0] == "1000"
+    host_view = Path(f"/proc/{env._init_pid}/uid_map").read_text().split()
+    assert host_view == ["1000", "65534", "1"]  # sandbox uid 1000 is host uid 65534; uid 0 is unmapped
+    assert await out("grep CapEff /proc/self/status") == "CapEff:\t0000000000000000"
+    sysctl = "import os; os.open('/proc/sys/kernel/core_pattern', os.O_WRONLY)"
+    assert "Error" in await out(f'python3 -c "{sysctl}" 2>&1 | tail -1')
+    assert (await out("grep ' /proc/sys ' /proc/self/mountinfo | cut -d' ' -f6")).startswith("ro")
+    assert "unshare failed" in await out("unshare --user --map-root-user true 2>&1")
+    assert await out("stat -c %u /app/seed.txt") == "1000"  # uploads belong to the sandbox user
+    assert os.stat(env.sandbox_dir / "app" / "seed.txt").st_uid == 65534

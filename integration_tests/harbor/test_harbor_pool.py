@@ -44,13 +44,13 @@ def cluster() -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def pool(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from rl360_ext.harbor.pool import HarborPool
-    from rl360_ext.harbor.runner import EnvironmentSpec, ServerSettings
+    from rl360_ext.harbor.settings import ServerSettings
 
     settings = ServerSettings(
         tasks_root=tasks_root(),
         trials_dir=tmp_path_factory.mktemp("harbor-pool"),
-        environment=EnvironmentSpec.parse("bwrap"),
-        agent="oracle",
+        env="bwrap",
+        default_agent="oracle",
         max_concurrent=4,
         keep_trials="none",
     )

@@ -1,16 +1,22 @@
-"""Which Harbor agent a /run attempt uses and how it is pointed at the session's OpenAI URL.
+"""Which Harbor agents a /run server runs, fixed at start, and how they are pointed at the session.
 
-Owns turning an agent spec (a Harbor built-in name such as `oracle`, `nop`, `terminus-2`, or a
-`module.path:Class` import path) plus the request's model settings into Harbor's `AgentConfig`.
-Utility agents (oracle, nop) get no model. terminus-2 gets `openai/<model>` through LiteLLM with
-`api_base` = the session's base URL, the request's temperature/top_p/max tokens, its context
-length, and no terminal recording (no asciinema in a sandbox without network). Import-path agents
-(such as rl360's demo agent) get the rl360 agent kwargs `api_base`, `api_model`,
-`sampling_params`, `max_seq_len`. It does not own running agents.
+Owns the server's agent table (`AgentTable`): the names clients may put in `/run`'s `agent`,
+each bound when the server starts to a Harbor built-in (the defaults: `oracle`, `nop`,
+`terminus-2`) or to a `module.path:Class` the operator named with `--agent NAME=module:Class`
+(imported and checked then). A request's `agent` is only ever looked up in that table: no
+client-named module is imported. Also owns turning an entry plus the request's model settings
+into Harbor's `AgentConfig`: utility agents (oracle, nop) get no model; terminus-2 gets
+`openai/<model>` through LiteLLM with `api_base` = the session's base URL, the request's
+temperature/top_p/max tokens, its context length, and no terminal recording; import-path agents
+(such as rl360's demo agent) get the rl360 kwargs `api_base`, `api_model`, `sampling_params`,
+`max_seq_len`. A request's `agent_kwargs` win over rl360's kwargs but may not set a key Harbor
+passes itself (`HARBOR_AGENT_KWARGS`: logs_dir, model_name, ...). It does not own running agents.
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,12 +27,75 @@ from harbor.utils.import_path import import_class
 
 UTILITY_AGENTS = frozenset({AgentName.ORACLE.value, AgentName.NOP.value})
 TERMINUS_2 = AgentName.TERMINUS_2.value
+DEFAULT_AGENTS = (AgentName.ORACLE.value, AgentName.NOP.value, TERMINUS_2)
 DEMO_AGENT = "rl360_ext.local.agents:BashToolAgent"
 PLACEHOLDER_API_KEY = "rl360-session"  # session servers do not check keys; LiteLLM insists on one
+# Keys Harbor's agent factory and trial pass to an agent's constructor themselves: a client
+# value would collide (TypeError) or silently redirect Harbor (logs_dir, load_trajectory, ...).
+HARBOR_AGENT_KWARGS = frozenset(
+    {name for name in inspect.signature(BaseAgent.__init__).parameters if name not in ("self", "kwargs")}
+    | {"task_dir", "trial_paths", "agent_timeout_sec", "override_setup_timeout_sec", "registry_spec"}
+)
 
 
 class UnknownAgent(ValueError):
-    """The agent spec is neither a Harbor agent name nor an importable `module.path:Class`."""
+    """An `--agent` given at start is neither a Harbor agent name nor an importable agent class."""
+
+
+@dataclass(frozen=True)
+class AgentEntry:
+    """One agent a server runs: the name clients use and what Harbor builds for it."""
+
+    name: str
+    harbor_name: str | None = None
+    import_path: str | None = None
+
+    @property
+    def needs_model(self) -> bool:
+        return self.harbor_name not in UTILITY_AGENTS
+
+
+def _import_checked(path: str) -> None:
+    try:
+        import_class(path, base=BaseAgent, label="agent")
+    except (ValueError, TypeError, ImportError) as exc:
+        raise UnknownAgent(f"agent {path!r} cannot be imported: {exc}") from exc
+
+
+def parse_entry(spec: str) -> AgentEntry:
+    """An entry from an `--agent` value: NAME=module.path:Class, a Harbor agent name, or
+    module.path:Class (named by its path). Imports and checks the class now."""
+    name, sep, target = spec.partition("=")
+    if not sep:
+        name = target = spec
+    if not name or not target:
+        raise UnknownAgent(f"--agent expects NAME=module.path:Class or a Harbor agent name, got {spec!r}")
+    if ":" in target:
+        _import_checked(target)
+        return AgentEntry(name=name, import_path=target)
+    if target not in AgentName.values():
+        raise UnknownAgent(f"agent {target!r} is not a Harbor agent name or a module.path:Class")
+    return AgentEntry(name=name, harbor_name=target)
+
+
+class AgentTable:
+    """The agents a server runs, fixed when it starts; `default` is used when a request names none."""
+
+    def __init__(self, specs: Iterable[str] = (), default: str | None = None) -> None:
+        entries = [parse_entry(name) for name in DEFAULT_AGENTS]
+        given = [parse_entry(spec) for spec in specs]
+        self._entries = {entry.name: entry for entry in [*entries, *given]}
+        self.default = default or (given[0].name if given else AgentName.ORACLE.value)
+        if self.default not in self._entries:
+            raise UnknownAgent(f"default agent {self.default!r} is not one of {self.names}")
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def get(self, name: str | None) -> AgentEntry | None:
+        """The entry for a request's `agent` (None: the default), or None when there is none."""
+        return self._entries.get(self.default if name is None else name)
 
 
 @dataclass(frozen=True)
@@ -37,21 +106,9 @@ class ModelSettings:
     max_seq_len: int | None
 
 
-def validate_agent(spec: str) -> str:
-    """The spec, if Harbor can build it; raises UnknownAgent naming what is wrong."""
-    if ":" in spec:
-        try:
-            import_class(spec, base=BaseAgent, label="agent")
-        except (ValueError, TypeError, ImportError) as exc:
-            raise UnknownAgent(f"agent {spec!r} cannot be imported: {exc}") from exc
-        return spec
-    if spec not in AgentName.values():
-        raise UnknownAgent(f"agent {spec!r} is not a Harbor agent name or a module.path:Class")
-    return spec
-
-
-def needs_model(spec: str) -> bool:
-    return spec not in UTILITY_AGENTS
+def reserved_kwargs(extra_kwargs: dict[str, Any]) -> list[str]:
+    """The keys of a request's agent_kwargs that Harbor sets itself."""
+    return sorted(key for key in extra_kwargs if key in HARBOR_AGENT_KWARGS)
 
 
 def _terminus_kwargs(settings: ModelSettings, max_turns: int | None) -> dict[str, Any]:
@@ -81,28 +138,33 @@ def _terminus_kwargs(settings: ModelSettings, max_turns: int | None) -> dict[str
 
 
 def agent_config(
-    spec: str,
+    entry: AgentEntry,
     settings: ModelSettings,
     max_turns: int | None,
     extra_kwargs: dict[str, Any],
     timeout_s: float,
     setup_timeout_s: float,
 ) -> AgentConfig:
-    """Harbor's AgentConfig for one attempt; `extra_kwargs` (the request's agent_kwargs) win."""
-    is_import = ":" in spec
+    """Harbor's AgentConfig for one attempt; `extra_kwargs` (the request's agent_kwargs) win over
+    rl360's kwargs. Raises ValueError for a reserved key or a model agent without a model."""
+    if reserved := reserved_kwargs(extra_kwargs):
+        raise ValueError(f"agent_kwargs may not set {', '.join(reserved)}: Harbor sets them itself")
     common: dict[str, Any] = {
         "override_timeout_sec": timeout_s,
         "override_setup_timeout_sec": setup_timeout_s,
-        ("import_path" if is_import else "name"): spec,
     }
-    if not needs_model(spec):
+    if entry.import_path is not None:
+        common["import_path"] = entry.import_path
+    else:
+        common["name"] = entry.harbor_name
+    if not entry.needs_model:
         return AgentConfig(**common, kwargs=dict(extra_kwargs))
     if settings.base_url is None or settings.model is None:
-        raise ValueError(f"agent {spec!r} needs base_url and model")
-    if spec == TERMINUS_2:
+        raise ValueError(f"agent {entry.name!r} needs base_url and model")
+    if entry.harbor_name == TERMINUS_2:
         kwargs = _terminus_kwargs(settings, max_turns)
         return AgentConfig(**common, model_name=f"openai/{settings.model}", kwargs={**kwargs, **extra_kwargs})
-    if is_import:
+    if entry.import_path is not None:
         kwargs = {
             "api_base": settings.base_url,
             "api_model": settings.model,

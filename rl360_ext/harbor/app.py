@@ -1,24 +1,36 @@
-"""The Harbor /run server's HTTP adapter (FastAPI). Thin: schemas, auth, error mapping.
+"""The Harbor /run server's HTTP adapter (FastAPI). Thin: schemas, auth, error mapping, shutdown.
 
 Owns the wire schema of `POST /run`, `POST /flush`, `GET /health`, `GET /metrics`; the optional
-bearer token, checked on every route (with a token the unauthenticated docs routes are off);
-and turning `RunRejected` into a 4xx whose body names the request field, in FastAPI's own
-validation-error shape. Everything else is `rl360_ext.harbor.runner.TrialRunner`.
+bearer token, checked on every route with a constant-time comparison (with a token the
+unauthenticated docs routes are off); turning a `rl360_ext.harbor.errors.HarborRequestError`
+into its status with a body that names the request field, in FastAPI's own validation-error
+shape (schema errors too, with inputs such as NaN written so the body is valid JSON); and
+`serve`, which on SIGTERM first cancels every attempt in flight (each client gets its
+`failure_cause: cancelled` answer) and only then lets uvicorn close connections. Everything
+else is `rl360_ext.harbor.runner.TrialRunner`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import secrets
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+import uvicorn
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 
-from rl360_ext.harbor.runner import RunRejected, RunRequest, TrialRunner
+from rl360_ext.harbor.catalog import MAX_TASK_NAME
+from rl360_ext.harbor.errors import FieldInvalid, HarborRequestError, Unauthorized
+from rl360_ext.harbor.runner import RunRequest, TrialRunner
+
+_GRACEFUL_S = 5
 
 
 class RunBody(BaseModel):
@@ -26,16 +38,26 @@ class RunBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    task: str = Field(min_length=1, description="Task directory, relative to the server's --tasks-root.")
-    deadline_s: float = Field(gt=0, description="The client's remaining deadline for this attempt, seconds.")
+    task: str = Field(
+        min_length=1,
+        max_length=MAX_TASK_NAME,
+        description="Task directory, relative to the server's --tasks-root.",
+    )
+    deadline_s: float = Field(
+        gt=0,
+        allow_inf_nan=False,
+        description="The client's remaining deadline for this attempt, seconds (at most --max-deadline-s).",
+    )
     base_url: str | None = Field(default=None, description="The session's OpenAI base URL (…/v1).")
     model: str | None = Field(default=None, min_length=1, description="Model name to send to base_url.")
     sampling_params: dict[str, Any] = Field(default_factory=dict)
     session_id: str | None = None
     session_server_instance_id: str | None = Field(default=None, description="Key for POST /flush.")
     max_seq_len: int | None = Field(default=None, gt=0)
-    agent: str | None = Field(default=None, description="Harbor agent name or module.path:Class.")
-    agent_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra agent kwargs (win).")
+    agent: str | None = Field(default=None, description="One of the agents the server was started with.")
+    agent_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Extra agent kwargs (win over rl360's; Harbor's own are refused)."
+    )
 
 
 class FlushBody(BaseModel):
@@ -44,11 +66,37 @@ class FlushBody(BaseModel):
     session_server_instance_id: str = Field(min_length=1)
 
 
-def _field_error(status: int, field: str, message: str) -> JSONResponse:
+def _field_error(error: HarborRequestError) -> JSONResponse:
     return JSONResponse(
-        status_code=status,
-        content={"detail": [{"loc": ["body", field], "msg": message, "type": "value_error"}]},
+        status_code=error.status,
+        content={"detail": [{"loc": ["body", error.field], "msg": str(error), "type": error.kind}]},
     )
+
+
+def _json_safe(value: Any) -> Any:
+    """A validation error's input as JSON can carry it (NaN, Infinity and bytes become text)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return repr(value)
+
+
+def _schema_error(exc: RequestValidationError) -> JSONResponse:
+    detail = [
+        {
+            "loc": list(error.get("loc", ())),
+            "msg": str(error.get("msg", "")),
+            "type": str(error.get("type", "value_error")),
+            "input": _json_safe(error.get("input")),
+        }
+        for error in exc.errors()
+    ]
+    return JSONResponse(status_code=FieldInvalid.status, content={"detail": detail})
 
 
 def create_app(runner: TrialRunner, token: str | None = None) -> FastAPI:
@@ -57,25 +105,30 @@ def create_app(runner: TrialRunner, token: str | None = None) -> FastAPI:
             return
         header = request.headers.get("authorization", "")
         scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip(), token):
-            raise HTTPException(status_code=401, detail="missing or wrong bearer token")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), token.encode()):
+            raise Unauthorized("authorization", "missing or wrong bearer token")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
-        await runner.flush_all()
+        await runner.shutdown()
 
     docs = {} if token is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(
         title="rl360 Harbor /run server", dependencies=[Depends(require_token)], lifespan=lifespan, **docs
     )
 
+    @app.exception_handler(HarborRequestError)
+    async def refused(request: Request, exc: HarborRequestError) -> JSONResponse:
+        return _field_error(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _schema_error(exc)
+
     @app.post("/run")
     async def run(body: RunBody) -> Any:
-        try:
-            return await runner.run(RunRequest(**body.model_dump()))
-        except RunRejected as exc:
-            return _field_error(exc.status, exc.field, str(exc))
+        return await runner.run(RunRequest(**body.model_dump()))
 
     @app.post("/flush")
     async def flush(body: FlushBody) -> dict[str, Any]:
@@ -90,3 +143,30 @@ def create_app(runner: TrialRunner, token: str | None = None) -> FastAPI:
         return Response(runner.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+class _CancellingServer(uvicorn.Server):
+    """uvicorn, but on SIGTERM/SIGINT the runner cancels its attempts before connections close,
+    so every in-flight /run answers `failure_cause: cancelled` instead of being cut off."""
+
+    def __init__(self, config: uvicorn.Config, runner: TrialRunner) -> None:
+        super().__init__(config)
+        self.runner = runner
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()  # no new connections while the attempts are cancelled
+        await self.runner.shutdown()
+        await super().shutdown(sockets)
+
+
+def serve(runner: TrialRunner, token: str | None, host: str, port: int, log_level: str) -> None:
+    """Serve the app until SIGTERM/SIGINT; in-flight attempts then answer `cancelled`."""
+    config = uvicorn.Config(
+        create_app(runner, token),
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=_GRACEFUL_S,
+    )
+    _CancellingServer(config, runner).run()

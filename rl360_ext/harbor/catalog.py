@@ -1,7 +1,10 @@
 """Tasks a /run server may run: resolve a request's task name under --tasks-root and read its limits.
 
-Owns the rule that a task is a directory below the tasks root (a relative name; absolute paths,
-`..` and symlinks leading out of the root are rejected), and what rl360 reads from a Harbor task
+Owns the rule that a task is a directory below the tasks root (a relative name of at most
+`MAX_TASK_NAME` characters without control characters; absolute paths, `..` and symlinks
+leading out of the root are rejected), that nothing inside a task leaves it (a symlink whose
+target is outside the task directory, or a FIFO/device/socket, makes the task invalid, naming
+the path, every time it loads), and what rl360 reads from a Harbor task
 before admission: its image group (for pinning), its resource reservation and the time limits
 the deadline budget must respect. Harbor's own `Task` class parses and validates task.toml.
 It does not own running the task.
@@ -10,6 +13,8 @@ It does not own running the task.
 from __future__ import annotations
 
 import math
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -17,18 +22,12 @@ from harbor.environments.definition import environment_content_hash
 from harbor.models.task.task import Task
 
 from rl360_ext.harbor.admission import Reservation
+from rl360_ext.harbor.errors import TaskInvalid, TaskNotFound, TaskPathRejected
 
+__all__ = ["MAX_TASK_NAME", "TaskCatalog", "TaskInfo", "TaskInvalid", "TaskNotFound", "TaskPathRejected"]
 
-class TaskNotFound(LookupError):
-    """No task directory with a task.toml under the tasks root has this name."""
-
-
-class TaskPathRejected(ValueError):
-    """The task name leaves the tasks root."""
-
-
-class TaskInvalid(ValueError):
-    """The task directory exists but Harbor cannot load it."""
+MAX_TASK_NAME = 255
+_FIELD = "task"
 
 
 @dataclass(frozen=True)
@@ -61,18 +60,49 @@ class TaskCatalog:
         self._cache: dict[Path, tuple[float, TaskInfo]] = {}
 
     def resolve(self, name: str) -> Path:
+        if len(name) > MAX_TASK_NAME:
+            raise TaskPathRejected(
+                _FIELD, f"task name is {len(name)} characters long; at most {MAX_TASK_NAME}"
+            )
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+            raise TaskPathRejected(_FIELD, f"task name contains a control character: {name!r}")
         relative = PurePosixPath(name)
         if not name or relative.is_absolute() or ".." in relative.parts or "\\" in name:
-            raise TaskPathRejected(f"task must be a relative path inside the tasks root, got {name!r}")
-        path = (self.root / relative).resolve()
-        if path != self.root and self.root not in path.parents:
-            raise TaskPathRejected(f"task {name!r} resolves outside the tasks root")
-        if not (path / "task.toml").is_file():
-            raise TaskNotFound(f"no task {name!r} under the tasks root")
+            raise TaskPathRejected(
+                _FIELD, f"task must be a relative path inside the tasks root, got {name!r}"
+            )
+        try:
+            path = (self.root / relative).resolve()
+            if path != self.root and self.root not in path.parents:
+                raise TaskPathRejected(_FIELD, f"task {name!r} resolves outside the tasks root")
+            found = (path / "task.toml").is_file()
+        except OSError as exc:
+            raise TaskPathRejected(_FIELD, f"task {name!r} is not a usable path: {exc.strerror}") from exc
+        if not found:
+            raise TaskNotFound(_FIELD, f"no task {name!r} under the tasks root")
         return path
+
+    @staticmethod
+    def check_contained(name: str, path: Path) -> None:
+        """Raise TaskInvalid, naming the path, for a link whose target leaves the task directory
+        or a file that is neither regular, a directory nor a link."""
+        for directory, dirnames, filenames in os.walk(path):
+            for entry in (*dirnames, *filenames):
+                full = Path(directory) / entry
+                relative = full.relative_to(path).as_posix()
+                mode = os.lstat(full).st_mode
+                if stat.S_ISLNK(mode):
+                    target = full.resolve()
+                    if target != path and path not in target.parents:
+                        raise TaskInvalid(
+                            _FIELD, f"task {name!r}: {relative} is a link that leaves the task directory"
+                        )
+                elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                    raise TaskInvalid(_FIELD, f"task {name!r}: {relative} is not a regular file or directory")
 
     def load(self, name: str) -> TaskInfo:
         path = self.resolve(name)
+        self.check_contained(name, path)
         mtime = (path / "task.toml").stat().st_mtime
         cached = self._cache.get(path)
         if cached is not None and cached[0] == mtime:
@@ -80,7 +110,7 @@ class TaskCatalog:
         try:
             task = Task(path)
         except (OSError, ValueError) as exc:
-            raise TaskInvalid(f"task {name!r} is not a valid Harbor task: {exc}") from exc
+            raise TaskInvalid(_FIELD, f"task {name!r} is not a valid Harbor task: {exc}") from exc
         environment = task.config.environment
         reservation = Reservation(
             cpus=float(environment.cpus) if environment.cpus is not None else self.default_reservation.cpus,

@@ -29,10 +29,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from rl360_ext.harbor.envs.nofollow import read_regular
 from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.verdict import TrialFacts, Verdict, judge
 
 MESSAGE_LIMIT = 2000
+REWARD_FILE_LIMIT = 1 << 20  # a reward file is a number or a flat dict; anything larger is not one
 VERIFIER_EXIT_FILE = "rl360-verifier-exit.json"  # written by rl360_ext.harbor.verifier, read here
 
 
@@ -89,15 +91,23 @@ def _plain(cause: Cause | None) -> str | None:
     return None if cause is None else cause.value
 
 
-def read_verifier_rewards(verifier_dir: Path) -> dict[str, float] | None:
-    """The rewards in reward.json (preferred, as Harbor does) or reward.txt, or None if absent/unparsable."""
-    json_path, text_path = verifier_dir / "reward.json", verifier_dir / "reward.txt"
+def _read_reward_file(path: Path) -> bytes | None:
+    """A reward file's bytes: a regular file, never through a link, at most REWARD_FILE_LIMIT."""
     try:
-        if json_path.is_file():
-            parsed = json.loads(json_path.read_text())
+        return read_regular(path, REWARD_FILE_LIMIT)
+    except FileNotFoundError:
+        return None
+
+
+def read_verifier_rewards(verifier_dir: Path) -> dict[str, float] | None:
+    """The rewards in reward.json (preferred, as Harbor does) or reward.txt, or None if absent,
+    unparsable, a link, not a regular file or larger than REWARD_FILE_LIMIT."""
+    try:
+        if (raw := _read_reward_file(verifier_dir / "reward.json")) is not None:
+            parsed = json.loads(raw)
             values = parsed if isinstance(parsed, dict) else None
-        elif text_path.is_file():
-            values = {"reward": float(text_path.read_text())}
+        elif (raw := _read_reward_file(verifier_dir / "reward.txt")) is not None:
+            values = {"reward": float(raw)}
         else:
             return None
     except (OSError, ValueError):

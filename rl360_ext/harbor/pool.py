@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rl360_ext.harbor.runner import ServerSettings
+from rl360_ext.harbor.settings import ServerSettings
 
 PLACEMENTS = ("spread", "image_groups")
 HEALTH_TIMEOUT_S = 10.0

@@ -4,9 +4,13 @@ Owns the attempt's life: resolve the task and agent, wait for admission (concurr
 reservations) no longer than the deadline allows, split what is left into phase budgets, build
 Harbor's TrialConfig (agent/verifier/environment timeouts = those budgets, the reservation and
 placement handed to the environment), run `Trial.create(...).run()`, and classify the result
-through `rl360_ext.harbor.outcome`. `flush(instance_id)` cancels every queued or running attempt
-of a session server instance; Harbor stops their sandboxes on cancellation. HTTP-agnostic: the
-FastAPI app only translates requests and errors. It does not own Harbor's trial internals.
+through `rl360_ext.harbor.outcome`. Between the agent phase and the verifier it has the
+environment kill every process the agent left (`end_phase`, when the environment has one).
+`flush(instance_id)` cancels every queued or running attempt of a session server instance;
+Harbor stops their sandboxes on cancellation; `shutdown` refuses new attempts and cancels all
+(each answers `failure_cause: cancelled`). Refused requests raise `rl360_ext.harbor.errors`
+classes naming the field. HTTP-agnostic: the FastAPI app only translates requests and errors.
+It does not own Harbor's trial internals.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import shutil
 import time
 import uuid
@@ -44,9 +49,12 @@ from rl360_ext.harbor.admission import (
     RollingStart,
     StartGate,
 )
-from rl360_ext.harbor.catalog import TaskCatalog, TaskInfo, TaskInvalid, TaskNotFound, TaskPathRejected
+from rl360_ext.harbor.catalog import TaskCatalog, TaskInfo
+from rl360_ext.harbor.envs import bwrap
 from rl360_ext.harbor.envs.bwrap import IMPORT_PATH as BWRAP_IMPORT_PATH
+from rl360_ext.harbor.errors import AgentKwargReserved, AgentNotAllowed, FieldInvalid, ServerShuttingDown
 from rl360_ext.harbor.metrics import RunMetrics
+from rl360_ext.harbor.settings import ServerSettings
 from rl360_ext.harbor.verifier import IMPORT_PATH as VERIFIER_IMPORT_PATH
 from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.harbor_exceptions import AGENT_TIMEOUT_ERROR
@@ -55,15 +63,6 @@ FLUSH_WAIT_S = 60.0
 # An agent that ran out of its budget is cut off by us, not judged: skip grading, keep no reward.
 _ERROR_POLICY = {AGENT_TIMEOUT_ERROR: ErrorPolicyOverride(should_grade=False, has_valid_reward=False)}
 _log = logging.getLogger(__name__)
-
-
-class RunRejected(ValueError):
-    """The request cannot be run as given; `field` names the request field at fault."""
-
-    def __init__(self, field: str, message: str, status: int = 422) -> None:
-        super().__init__(message)
-        self.field = field
-        self.status = status
 
 
 @dataclass(frozen=True)
@@ -107,23 +106,6 @@ class EnvironmentSpec:
 
 
 @dataclass
-class ServerSettings:
-    tasks_root: Path
-    trials_dir: Path
-    environment: EnvironmentSpec
-    agent: str = "oracle"
-    max_concurrent: int = 64
-    rolling_start_size: int | None = None
-    rolling_start_interval_s: float = 1.0
-    capacity: Reservation | None = None
-    default_reservation: Reservation = field(default_factory=lambda: Reservation(cpus=1.0, memory_mb=2048))
-    node_labels: tuple[str, ...] = ("local",)
-    budget: budget.BudgetPolicy = field(default_factory=budget.BudgetPolicy)
-    max_turns: int | None = None
-    keep_trials: str = "failed"  # all | failed | none
-
-
-@dataclass
 class RunRequest:
     """A validated /run request (the HTTP schema lives in rl360_ext.harbor.app)."""
 
@@ -144,22 +126,41 @@ class TrialRunner:
     passes one that takes slots from the pool-wide limiter)."""
 
     def __init__(self, settings: ServerSettings, start_gate: Gate | None = None) -> None:
+        """Raises ValueError (naming the flag) or FileNotFoundError for settings it cannot run."""
         self.settings = settings
+        self.environment = EnvironmentSpec.parse(
+            settings.env, settings.parse_env_kwargs(), settings.placement_kwarg
+        )
+        self.agents = agents.AgentTable(settings.agent, settings.default_agent)
+        self.budget = settings.budget
         self.catalog = TaskCatalog(settings.tasks_root, settings.default_reservation)
         self.metrics = RunMetrics()
         pacing = gate = None
         if settings.rolling_start_size is not None:
-            pacing = RollingStart(settings.rolling_start_size, settings.rolling_start_interval_s)
-            gate = RollingStart(settings.rolling_start_size, settings.rolling_start_interval_s)
+            pacing = RollingStart(settings.rolling_start_size, settings.rolling_start_interval)
+            gate = RollingStart(settings.rolling_start_size, settings.rolling_start_interval)
             gate.on_wave_closed = self.metrics.starts_per_wave.observe
         self.start_gate: Gate | None = start_gate or (StartGate(gate) if gate is not None else None)
         self.admission = Admission(settings.max_concurrent, pacing, settings.capacity)
         self.admission.on_change = self._on_admission_change
         self.pinning = ImagePinning(settings.node_labels)
         self.peak_running = 0
+        self.shutting_down = False
         self._inflight: dict[str, set[asyncio.Task[outcome.Outcome]]] = defaultdict(set)
         settings.trials_dir.mkdir(parents=True, exist_ok=True)
-        agents.validate_agent(settings.agent)
+        self.cleaned_at_start = self._clean_stale()
+
+    def _clean_stale(self) -> list[str]:
+        """What a killed server (SIGKILL: no teardown) left of its sandboxes and cgroups."""
+        if self.environment.name != "bwrap":
+            return []
+        root = self.environment.kwargs.get("sandbox_root")
+        removed = bwrap.clean_stale(Path(root) if root else None)
+        if removed:
+            _log.warning(
+                "removed %d sandbox leftovers of a server that is gone: %s", len(removed), removed[:10]
+            )
+        return removed
 
     def _on_admission_change(self) -> None:
         self.peak_running = max(self.peak_running, self.admission.running)
@@ -175,43 +176,52 @@ class TrialRunner:
             "max_concurrent": settings.max_concurrent,
             "rolling_start": {
                 "size": settings.rolling_start_size,
-                "interval_s": settings.rolling_start_interval_s,
+                "interval_s": settings.rolling_start_interval,
             },
             "reserved": asdict(self.admission.reserved()),
             "capacity": asdict(settings.capacity) if settings.capacity is not None else None,
             "in_flight": {key or "-": len(tasks) for key, tasks in self._inflight.items() if tasks},
-            "environment": settings.environment.name,
-            "agent": settings.agent,
+            "environment": self.environment.name,
+            "agent": self.agents.default,
+            "agents": self.agents.names,
+            "shutting_down": self.shutting_down,
             "node_labels": list(settings.node_labels),
             "tasks_root": str(self.catalog.root),
         }
 
     # -- validation -----------------------------------------------------------------------------
 
-    def _check(self, request: RunRequest) -> tuple[TaskInfo, str]:
-        try:
-            task = self.catalog.load(request.task)
-        except TaskPathRejected as exc:
-            raise RunRejected("task", str(exc), 400) from exc
-        except TaskNotFound as exc:
-            raise RunRejected("task", str(exc), 404) from exc
-        except TaskInvalid as exc:
-            raise RunRejected("task", str(exc), 422) from exc
-        spec = request.agent or self.settings.agent
-        try:
-            agents.validate_agent(spec)
-        except agents.UnknownAgent as exc:
-            raise RunRejected("agent", str(exc)) from exc
-        if agents.needs_model(spec):
+    def _check(self, request: RunRequest) -> tuple[TaskInfo, agents.AgentEntry]:
+        """The task and agent of a request; raises a HarborRequestError naming the bad field."""
+        if self.shutting_down:
+            raise ServerShuttingDown("task", "the server is shutting down and takes no new attempts")
+        deadline, largest = request.deadline_s, self.settings.max_deadline_s
+        if not math.isfinite(deadline) or not 0 < deadline <= largest:
+            raise FieldInvalid(
+                "deadline_s", f"deadline_s must be > 0 and <= {largest:g} seconds, got {deadline!r}"
+            )
+        task = self.catalog.load(request.task)
+        entry = self.agents.get(request.agent)
+        if entry is None:
+            raise AgentNotAllowed(
+                "agent",
+                f"agent {request.agent!r} is not one this server runs ({', '.join(self.agents.names)})",
+            )
+        if reserved := agents.reserved_kwargs(request.agent_kwargs):
+            raise AgentKwargReserved(
+                "agent_kwargs", f"agent_kwargs may not set {', '.join(reserved)}: Harbor sets them itself"
+            )
+        if entry.needs_model:
             for name in ("base_url", "model"):
                 if not getattr(request, name):
-                    raise RunRejected(name, f"{name} is required for agent {spec!r}")
-        return task, spec
+                    raise FieldInvalid(name, f"{name} is required for agent {entry.name!r}")
+        return task, entry
 
     # -- running --------------------------------------------------------------------------------
 
     async def run(self, request: RunRequest) -> dict[str, Any]:
-        """Run one attempt; raises RunRejected for bad input, otherwise always returns a response."""
+        """Run one attempt; raises a HarborRequestError for bad input, otherwise always returns a
+        response (a cancelled attempt answers `failure_cause: cancelled`)."""
         received, received_at = time.monotonic(), time.time()
         task, spec = self._check(request)
         placement = self.pinning.place(task.image_group)
@@ -236,15 +246,20 @@ class TrialRunner:
             **result.as_dict(),
             "placement": {"node_label": placement.node_label, "image_group": placement.image_group},
             "task": request.task,
-            "agent": spec,
+            "agent": spec.name,
             "session_id": request.session_id,
             "session_server_instance_id": request.session_server_instance_id,
         }
 
     async def _attempt(
-        self, request: RunRequest, task: TaskInfo, spec: str, placement: Placement, received: float
+        self,
+        request: RunRequest,
+        task: TaskInfo,
+        spec: agents.AgentEntry,
+        placement: Placement,
+        received: float,
     ) -> outcome.Outcome:
-        policy = self.settings.budget
+        policy = self.budget
         wait_s = budget.max_queue_s(policy, request.deadline_s, task.environment_setup_s, task.verifier_s)
         wait_s -= time.monotonic() - received
         if wait_s < 0:
@@ -276,7 +291,7 @@ class TrialRunner:
             self.admission.release(ticket)
 
     def _insufficient(self, request: RunRequest, task: TaskInfo, queue_s: float) -> outcome.Outcome:
-        policy = self.settings.budget
+        policy = self.budget
         needed = budget.fixed_cost_s(policy, task.environment_setup_s, task.verifier_s) + policy.min_agent_s
         message = (
             f"deadline {request.deadline_s:.1f}s minus {queue_s:.1f}s queued leaves less than the "
@@ -296,7 +311,7 @@ class TrialRunner:
         self,
         request: RunRequest,
         task: TaskInfo,
-        spec: str,
+        spec: agents.AgentEntry,
         placement: Placement,
         plan: budget.TrialBudget,
         agent_s: float,
@@ -318,7 +333,7 @@ class TrialRunner:
             trial_name=f"{task.path.name[:40]}__{short}",
             trials_dir=self.settings.trials_dir,
             agent=agent,
-            environment=self.settings.environment.config(task.reservation, placement),
+            environment=self.environment.config(task.reservation, placement),
             verifier=VerifierConfig(import_path=VERIFIER_IMPORT_PATH, override_timeout_sec=plan.verifier_s),
             environment_build_timeout_multiplier=plan.environment_setup_s
             / max(task.environment_setup_s, 1e-9),
@@ -329,7 +344,7 @@ class TrialRunner:
         self,
         request: RunRequest,
         task: TaskInfo,
-        spec: str,
+        spec: agents.AgentEntry,
         placement: Placement,
         plan: budget.TrialBudget,
         agent_s: float,
@@ -346,6 +361,9 @@ class TrialRunner:
             async with scope:
                 trial = await Trial.create(config)
                 trial.add_hook(TrialEvent.ENVIRONMENT_START, self._on_sandbox_start)
+                end_phase = _phase_ender(trial)
+                trial.add_hook(TrialEvent.AGENT_END, end_phase)
+                trial.add_hook(TrialEvent.VERIFICATION_START, end_phase)
                 result = outcome.classify(await trial.run(), trial_dir)
         except TimeoutError as exc:
             if not scope.expired():
@@ -406,9 +424,26 @@ class TrialRunner:
         }
 
     async def flush_all(self) -> None:
-        """Cancel everything in flight (server shutdown)."""
-        for instance_id in list(self._inflight):
-            await self.flush(instance_id)
+        """Cancel everything in flight, concurrently across instances."""
+        await asyncio.gather(*(self.flush(instance_id) for instance_id in list(self._inflight)))
+
+    async def shutdown(self) -> None:
+        """Refuse new attempts, cancel every queued or running one (each answers `failure_cause:
+        cancelled`) and wait (bounded) until their sandboxes are stopped."""
+        self.shutting_down = True
+        await self.flush_all()
+
+
+def _phase_ender(trial: Trial) -> Any:
+    """A hook that has the trial's environment kill what the last phase left running."""
+
+    async def end_phase(event: TrialHookEvent) -> None:
+        environment = getattr(trial, "agent_environment", None)
+        ender = getattr(environment, "end_phase", None)
+        if ender is not None:
+            await ender()
+
+    return end_phase
 
 
 def _uncancel() -> None:

@@ -11,21 +11,21 @@ import pytest
 
 from rl360_ext.harbor.admission import Reservation
 from rl360_ext.harbor.app import create_app
-from rl360_ext.harbor.budget import BudgetPolicy
-from rl360_ext.harbor.runner import EnvironmentSpec, RunRequest, ServerSettings, TrialRunner
+from rl360_ext.harbor.runner import RunRequest, ServerSettings, TrialRunner
 from rl360_ext.local.fixtures import tasks_root as example_tasks_root
 
-POLICY = BudgetPolicy(environment_setup_s=5, agent_setup_s=1, max_verifier_s=5, margin_s=1, min_agent_s=1)
+POLICY = {"env_setup_s": 5, "agent_setup_s": 1, "max_verifier_s": 5, "margin_s": 1, "min_agent_s": 1}
 
 
-def make_runner(tmp_path: Path, max_concurrent: int = 4) -> TrialRunner:
+def make_runner(tmp_path: Path, max_concurrent: int = 4, **settings: object) -> TrialRunner:
     return TrialRunner(
         ServerSettings(
-            tasks_root=example_tasks_root(),
+            tasks_root=settings.pop("tasks_root", example_tasks_root()),  # type: ignore[arg-type]
             trials_dir=tmp_path / "trials",
-            environment=EnvironmentSpec.parse("bwrap", {"sandbox_root": str(tmp_path / "sandboxes")}),
+            env_kwarg=(f"sandbox_root={tmp_path / 'sandboxes'}",),
             max_concurrent=max_concurrent,
-            budget=POLICY,
+            **POLICY,  # type: ignore[arg-type]
+            **settings,  # type: ignore[arg-type]
         )
     )
 
@@ -150,3 +150,64 @@ async def test_flush_cancels_queued_attempts_of_that_instance_only(tmp_path: Pat
     runner.admission.release(occupied)
     assert runner.health()["in_flight"] == {} and runner.admission.queue_depth == 0
     assert (await runner.flush("nobody"))["cancelled"] == 0
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "field"),
+    [
+        ('{"task": "fix-mean", "deadline_s": NaN}', 422, "deadline_s"),
+        ('{"task": "fix-mean", "deadline_s": Infinity}', 422, "deadline_s"),
+        ('{"task": "fix-mean", "deadline_s": -Infinity}', 422, "deadline_s"),
+        ('{"task": "fix-mean", "deadline_s": 1e308}', 422, "deadline_s"),
+        ('{"task": "fix-mean", "deadline_s": 86401}', 422, "deadline_s"),
+        ('{"task": "fix\\u0000mean", "deadline_s": 60}', 400, "task"),
+        ('{"task": "fix-mean\\n", "deadline_s": 60}', 400, "task"),
+        ('{"task": "' + "a" * 300 + '", "deadline_s": 60}', 422, "task"),
+        ('{"task": "' + "a/" * 127 + "a" + '", "deadline_s": 60}', 404, "task"),
+        ('{"task": "fix-mean", "deadline_s": 60, "agent": "os:system"}', 422, "agent"),
+        ('{"task": "fix-mean", "deadline_s": 60, "agent_kwargs": {"logs_dir": "/etc"}}', 422, "agent_kwargs"),
+        ('{"task": "fix-mean", "deadline_s": 60, "agent_kwargs": {"model_name": "x"}}', 422, "agent_kwargs"),
+    ],
+)
+async def test_hostile_values_get_a_4xx_naming_the_field(
+    tmp_path: Path, raw: str, status: int, field: str
+) -> None:
+    async with client(make_runner(tmp_path)) as http:
+        response = await http.post("/run", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == status, response.text
+    assert field_of(response) == field
+    assert "agent_kwarg_reserved" in response.text or field != "agent_kwargs"
+
+
+async def test_a_client_named_module_is_never_imported(tmp_path: Path) -> None:
+    import sys
+
+    async with client(make_runner(tmp_path)) as http:
+        response = await http.post(
+            "/run", json={"task": "fix-mean", "deadline_s": 60, "agent": "antigravity:X"}
+        )
+    assert response.status_code == 422 and "oracle" in response.json()["detail"][0]["msg"]
+    assert "antigravity" not in sys.modules
+
+
+async def test_a_stopping_server_takes_no_new_attempts(tmp_path: Path) -> None:
+    runner = make_runner(tmp_path)
+    await runner.shutdown()
+    async with client(runner) as http:
+        response = await http.post("/run", json={"task": "fix-mean", "deadline_s": 60})
+    assert response.status_code == 503 and response.json()["detail"][0]["type"] == "shutting_down"
+
+
+async def test_shutdown_answers_every_queued_attempt_cancelled(tmp_path: Path) -> None:
+    runner = make_runner(tmp_path, max_concurrent=1)
+    occupied = await runner.admission.acquire(Reservation(1, 1), timeout_s=1)
+    waiting = [
+        asyncio.create_task(
+            runner.run(RunRequest(task="fix-mean", deadline_s=600, session_server_instance_id=key))
+        )
+        for key in ("A", "B", None)
+    ]
+    await asyncio.sleep(0.1)
+    await runner.shutdown()
+    runner.admission.release(occupied)
+    assert [r["failure_cause"] for r in await asyncio.gather(*waiting)] == ["cancelled"] * 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -77,3 +78,43 @@ def test_defaults_and_image_group_fallbacks(root: Path) -> None:
         toml.read_text().replace("[environment]\n", '[environment]\ndocker_image = "python:3.12"\n')
     )
     assert TaskCatalog(root, DEFAULT).load("fix-mean").image_group == "python:3.12"
+
+
+@pytest.mark.parametrize(
+    ("link", "target"),
+    [
+        ("environment/app", "host-dir"),
+        ("environment/setup.sh", "host-file"),
+        ("solution/solve.sh", "host-file"),
+        ("tests/deep/x", "host-dir"),
+    ],
+)
+def test_a_link_that_leaves_the_task_is_refused_naming_it(
+    root: Path, tmp_path: Path, link: str, target: str
+) -> None:
+    (tmp_path / "host-dir").mkdir()
+    (tmp_path / "host-file").write_text("echo host secret\n")
+    catalog = TaskCatalog(root, DEFAULT)
+    catalog.load("fix-mean")  # cached first: the check still runs on every load
+    path = root / "fix-mean" / link
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        path.unlink() if path.is_file() else shutil.rmtree(path)
+    path.symlink_to(tmp_path / target)
+    with pytest.raises(TaskInvalid, match=f"{link} is a link that leaves the task directory"):
+        catalog.load("fix-mean")
+
+
+def test_links_inside_the_task_are_allowed_and_special_files_refused(root: Path) -> None:
+    task = root / "fix-mean"
+    (task / "environment" / "alias.py").symlink_to(task / "environment" / "app" / "stats.py")
+    TaskCatalog(root, DEFAULT).load("fix-mean")
+    os.mkfifo(task / "tests" / "pipe")
+    with pytest.raises(TaskInvalid, match="tests/pipe is not a regular file"):
+        TaskCatalog(root, DEFAULT).load("fix-mean")
+
+
+@pytest.mark.parametrize("name", ["fix\0mean", "fix-mean\n", "x" * 256, "a\x7f"])
+def test_control_characters_and_long_names_are_rejected(root: Path, name: str) -> None:
+    with pytest.raises(TaskPathRejected):
+        TaskCatalog(root, DEFAULT).load(name)

@@ -1,22 +1,37 @@
 """A Harbor environment on bubblewrap: one long-lived local sandbox per trial, no container engine.
 
-Owns starting, entering, limiting and tearing down one sandbox, and moving files in and out.
-It does not own task semantics or scoring. Select it with
+Owns starting, entering, limiting and tearing down one sandbox, moving files in and out without
+following anything the sandbox planted, and cleaning what a killed server left behind. It does
+not own task semantics or scoring. Select it with
 `EnvironmentConfig(import_path="rl360_ext.harbor.envs.bwrap:BwrapEnvironment")`
 (`rl360 harbor serve --env bwrap`).
 
-Design
+Design (the sandboxed code is hostile: the policy wrote it)
+- Identity: the server runs as root; bwrap is started as an unprivileged host uid
+  (`sandbox_uid`, default 65534) with a scrubbed environment (PATH only: `/proc/1/environ` shows
+  nothing of the server's), in its own user namespace where the sandbox user is uid/gid 1000.
+  No capability, no uid 0 inside, no further user namespaces (`--disable-userns`), a fresh
+  `/proc` with `/proc/sys` read-only, `no_new_privs`.
 - `start` launches `bwrap --unshare-all` around a holder process (`sleep infinity`). The holder
-  keeps the sandbox's mount, PID, IPC, UTS and network namespaces alive for the whole trial, so
-  state that lives in processes survives between commands (terminus-2's tmux server).
-- `exec` enters those namespaces with `nsenter`, changes root to the sandbox's root, drops every
-  capability (bounding set emptied, no_new_privs) with `setpriv`, then runs `bash -c`. Each
-  command runs in its own host process group, killed on timeout or cancellation; processes a
-  command leaves behind (daemons, tmux) stay in the sandbox until `stop`.
+  keeps the sandbox's user, mount, PID, IPC, UTS and network namespaces alive, so state that
+  lives in processes survives between commands (terminus-2's tmux server).
+- `exec` enters the mount, UTS, IPC, network and PID namespaces with `nsenter` as root (bwrap
+  nests its user namespaces, so only an ancestor can enter those), changes root to the sandbox's
+  root, drops to the sandbox's host uid, enters the sandbox's user namespace, sets
+  `no_new_privs` and runs `bash -c` as uid 1000. Every command runs as that one user, whatever
+  `user` Harbor asks for. Each command runs in its own host process group, killed on timeout or
+  cancellation.
+- `end_phase` kills every process of the sandbox (the holder is PID 1 of its namespace: the
+  kernel kills the rest and no fork survives) and starts a fresh holder over the same
+  directories. The /run server calls it when the agent phase ends and again when the verifier
+  starts, so nothing an agent left running can touch the verifier's files.
 - Filesystem: host /usr read-only (with the /bin, /lib, /lib64, /sbin links), a curated read-only
   /etc, a private /proc and /dev. Writable: /app, /logs (with /logs/agent, /logs/verifier,
-  /logs/artifacts bind-mounted to the trial directory, so Harbor reads rewards straight from
-  it), /tests, /solution, /tmp, and the task's workdir; each is a per-trial host directory.
+  /logs/artifacts), /tests, /solution, /tmp and the task's workdir; each is a per-trial host
+  directory owned by `sandbox_uid`. No trial directory is bind-mounted: Harbor downloads the
+  log directories through `download_dir`, which copies regular files only (capped), opened
+  with O_NOFOLLOW one component at a time (`rl360_ext.harbor.envs.nofollow`). Uploads replace
+  what is in the way and never write through a link.
 - Network: none (a private network namespace with loopback only). A task whose
   `[environment] network_mode` is "public" gets the host network only when the server allows it
   (`allow_network=true`); otherwise it runs offline. "allowlist" is rejected (not enforceable).
@@ -25,19 +40,18 @@ Design
   limit makes the next `exec` raise `MemoryLimitExceededError`, which Harbor's error policy
   treats as "do not grade, no valid reward".
 - Environment definition: there is no image to build. `environment/app/` (if present) is copied
-  into /app, then `environment/setup.sh` (if present) runs inside the sandbox as root with the
-  task's env and network policy; a non-zero exit fails the start (`SandboxBuildFailedError`).
-  `environment/Dockerfile`, `docker-compose.yaml` and `[environment] docker_image` are ignored:
-  the host's /usr is the image.
-- Teardown: `stop` SIGKILLs the holder (the kernel then kills every process of the PID
-  namespace), waits until none is left, removes the cgroup and, with `delete`, the sandbox's
-  host directories.
+  into /app, then `environment/setup.sh` (if present) runs inside the sandbox as the sandbox
+  user with the task's env and network policy; a non-zero exit fails the start
+  (`SandboxBuildFailedError`). Links in the task are never followed (the catalog refuses links
+  that leave the task directory). `environment/Dockerfile`, `docker-compose.yaml` and
+  `[environment] docker_image` are ignored: the host's /usr is the image.
+- Teardown: `stop` SIGKILLs the holder, waits until no process of the PID namespace is left,
+  removes the cgroup and, with `delete`, the sandbox's host directories. Each sandbox directory
+  and cgroup is tagged with its server's pid and start time; `clean_stale` (run when a server
+  starts) removes those whose server is gone (after a SIGKILL).
 
-Threat model (honest): this is for development and CI, not for hostile code at scale. The
-sandboxed code shares the host kernel (no seccomp filter, no user-namespace remapping when the
-server runs as root: sandbox root is host uid 0 without capabilities), sees the host's /usr,
-and can exhaust resources the limits do not cover (disk space, PIDs when no cgroup is
-available). Host-side file transfers refuse to follow symlinks planted inside the sandbox.
+Not promised: CPU time beyond the reservation's quota, disk space, inodes, PIDs without a
+cgroup; the sandboxed code shares the host kernel (no seccomp filter) and sees the host's /usr.
 """
 
 from __future__ import annotations
@@ -45,10 +59,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
-import pwd
 import shutil
 import signal
+import stat
 import tempfile
 import time
 from collections.abc import Sequence
@@ -59,13 +74,26 @@ from harbor.environments.base import BaseEnvironment, ExecResult, SandboxBuildFa
 from harbor.environments.capabilities import EnvironmentCapabilities, EnvironmentResourceCapabilities
 from harbor.environments.options import EnvironmentOptions
 from harbor.models.task.config import NetworkMode
+from harbor.utils.path_filter import filter_paths_by_patterns
 from pydantic import Field
 
-from rl360_ext.harbor.envs.limits import SandboxLimits, make_limits, pids_in_namespace
+from rl360_ext.harbor.envs import nofollow
+from rl360_ext.harbor.envs.limits import (
+    SandboxLimits,
+    clean_stale_cgroups,
+    make_limits,
+    owner_alive,
+    owner_tag,
+    pids_in_namespace,
+)
 
 IMPORT_PATH = "rl360_ext.harbor.envs.bwrap:BwrapEnvironment"
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SANDBOX_UID = 1000  # the sandbox user inside its user namespace
+DEFAULT_HOST_UID = 65534  # the unprivileged host uid the sandbox runs as (nobody)
+OWNER_FILE = ".rl360-owner"  # in each sandbox dir (host-only): the tag of the server that made it
 _WRITABLE_DIRS = ("/app", "/logs", "/tests", "/solution", "/tmp")
+_LOG_DIRS = ("logs/agent", "logs/verifier", "logs/artifacts")
 _ETC_FILES = (
     "passwd",
     "group",
@@ -90,6 +118,8 @@ _ETC_FILES = (
     "login.defs",
 )
 _READY_TIMEOUT_S = 30.0
+_SETUP_SCRIPT_CAP = 1 << 20
+_log = logging.getLogger(__name__)
 
 
 class MemoryLimitExceededError(RuntimeError):
@@ -98,72 +128,45 @@ class MemoryLimitExceededError(RuntimeError):
 
 
 class BwrapOptions(EnvironmentOptions):
-    auto_mounting: bool = Field(default=True, description="Bind the trial's log dirs into the sandbox.")
     sandbox_root: str | None = Field(default=None, description="Host dir for per-trial sandbox dirs.")
     allow_network: bool = Field(default=False, description="Give 'public' network tasks the host network.")
     node_label: str | None = Field(default=None, description="Placement label (logged; one local node).")
     limits: Literal["auto", "cgroup", "watchdog"] = Field(
         default="auto", description="How to enforce limits."
     )
+    sandbox_uid: int = Field(
+        default=DEFAULT_HOST_UID, ge=1, description="Unprivileged host uid (and gid) the sandbox runs as."
+    )
+    max_file_mb: int = Field(default=64, ge=1, description="Largest file copied out of a sandbox.")
+    max_copy_mb: int = Field(default=256, ge=1, description="Bytes copied out of a sandbox per download.")
+    max_copy_files: int = Field(default=10_000, ge=1, description="Files copied out per download.")
 
 
 def bwrap_executable() -> str | None:
     return shutil.which("bwrap")
 
 
-def _inside(root: Path, candidate: Path) -> bool:
-    return candidate == root or root in candidate.parents
+def default_sandbox_root() -> Path:
+    return Path(tempfile.gettempdir()) / "rl360-sandboxes"
 
 
-def _safe_dir(root: Path, relative: PurePosixPath) -> Path:
-    """The host directory `root/relative`, created as needed; symlinks and files in the way are
-    removed (the sandbox planted them), never followed."""
-    current = root
-    for part in relative.parts:
-        current = current / part
-        if current.is_symlink() or (current.exists() and not current.is_dir()):
-            current.unlink()
-        current.mkdir(exist_ok=True)
-    return current
-
-
-def _safe_target(root: Path, relative: PurePosixPath) -> Path:
-    """A host path under `root` for a file transfer into the sandbox, with no symlink on the way."""
-    if not relative.parts:
-        return root
-    target = _safe_dir(root, relative.parent) / relative.name
-    if target.is_symlink():
-        target.unlink()
-    return target
-
-
-def _copy_tree_in(source: Path, root: Path, relative: PurePosixPath) -> None:
-    for path in sorted(source.rglob("*")):
-        rel = relative / path.relative_to(source).as_posix()
-        if path.is_symlink() or not (path.is_dir() or path.is_file()):
-            continue
-        target = _safe_target(root, rel)
-        if path.is_dir():
-            if target.exists() and not target.is_dir():
-                target.unlink()
-            target.mkdir(exist_ok=True)
-        else:
-            if target.is_dir():
-                shutil.rmtree(target)
-            shutil.copy2(path, target)
-
-
-def _copy_tree_out(source: Path, target: Path) -> None:
-    target.mkdir(parents=True, exist_ok=True)
-    for path in sorted(source.rglob("*")):
-        if path.is_symlink() or not (path.is_dir() or path.is_file()):
-            continue
-        out = target / path.relative_to(source)
-        if path.is_dir():
-            out.mkdir(parents=True, exist_ok=True)
-        else:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, out)
+def clean_stale(sandbox_root: Path | None = None) -> list[str]:
+    """Remove sandbox directories and cgroups whose server is gone (killed without teardown);
+    returns what was removed. Directories of live servers, and untagged ones, are kept."""
+    root = sandbox_root or default_sandbox_root()
+    removed = clean_stale_cgroups()
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(root):
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                tag = nofollow.read_regular(Path(entry.path) / OWNER_FILE, 256).decode().strip()
+            except (OSError, ValueError):
+                continue
+            if not owner_alive(tag):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.path)
+    return removed
 
 
 class BwrapEnvironment(BaseEnvironment):
@@ -176,11 +179,14 @@ class BwrapEnvironment(BaseEnvironment):
         self._pidns: int | None = None
         self._limits: SandboxLimits = SandboxLimits()
         self._stopped = False
-        kwargs.setdefault("auto_mounting", True)  # the sandbox binds the trial's log dirs
         super().__init__(*args, **kwargs)
-        root = Path(self.options.sandbox_root or Path(tempfile.gettempdir()) / "rl360-sandboxes")
+        if self._host_mounts:
+            raise ValueError("the bwrap environment binds no host directories; remove the mounts")
+        root = Path(self.options.sandbox_root) if self.options.sandbox_root else default_sandbox_root()
         self.sandbox_dir = root / self.session_id
         self.workdir = self.task_env_config.workdir or "/app"
+        uid = self.options.sandbox_uid
+        self.owner: nofollow.Owner = (uid, uid)
 
     @staticmethod
     def type() -> str:
@@ -188,18 +194,25 @@ class BwrapEnvironment(BaseEnvironment):
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
-        return EnvironmentCapabilities(disable_internet=True, mounted=True)
+        # mounted=False: nothing of the trial directory is visible in the sandbox; Harbor copies
+        # the log directories out through download_dir.
+        return EnvironmentCapabilities(disable_internet=True, mounted=False)
 
     @classmethod
     def resource_capabilities(cls) -> EnvironmentResourceCapabilities:
         return EnvironmentResourceCapabilities(cpu_limit=True, memory_limit=True, fractional_cpus=True)
 
     def _validate_definition(self) -> None:
-        if not self.environment_dir.is_dir():
-            raise FileNotFoundError(f"task environment directory not found: {self.environment_dir}")
+        try:
+            info = os.lstat(self.environment_dir)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"task environment directory not found: {self.environment_dir}") from exc
+        if not stat.S_ISDIR(info.st_mode):
+            raise FileNotFoundError(f"{self.environment_dir} is not a directory")
         setup = self.environment_dir / "setup.sh"
-        if setup.exists() and not setup.is_file():
-            raise FileNotFoundError(f"{setup} is not a file")
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISREG(os.lstat(setup).st_mode):
+                raise FileNotFoundError(f"{setup} is not a regular file")
 
     @property
     def limits_mode(self) -> str:
@@ -217,9 +230,6 @@ class BwrapEnvironment(BaseEnvironment):
         workdir = PurePosixPath(self.workdir)
         if not any(workdir == m or m in workdir.parents for m in mounts):
             mounts[workdir] = self.sandbox_dir / "workdir"
-        for mount in self._mounts:
-            if mount["type"] == "bind":
-                mounts[PurePosixPath(mount["target"])] = Path(mount["source"])
         return sorted(mounts.items(), key=lambda item: len(item[0].parts), reverse=True)
 
     def _host_path(self, sandbox_path: str) -> tuple[Path, PurePosixPath]:
@@ -235,11 +245,26 @@ class BwrapEnvironment(BaseEnvironment):
         )
 
     def _bwrap_argv(self, info_fd: int) -> list[str]:
+        uid = self.options.sandbox_uid
         argv = [
+            "/usr/bin/env",
+            "-i",  # bwrap is PID 1 inside: its environ is readable there; nothing of ours may be in it
+            f"PATH={SANDBOX_PATH}",
+            "/usr/bin/setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            "--",
             bwrap_executable() or "bwrap",
             "--die-with-parent",
             "--new-session",
             "--unshare-all",
+            "--unshare-user",
+            "--disable-userns",  # no nested user namespace: no "root" of its own to probe the kernel with
+            "--uid",
+            str(SANDBOX_UID),
+            "--gid",
+            str(SANDBOX_UID),
             "--cap-drop",
             "ALL",
             "--hostname",
@@ -259,9 +284,8 @@ class BwrapEnvironment(BaseEnvironment):
         for name in _ETC_FILES:
             if (Path("/etc") / name).exists():
                 argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
-        argv += ["--proc", "/proc", "--dev", "/dev"]
+        argv += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev"]
         for target, source in reversed(self._writable_mounts()):
-            source.mkdir(parents=True, exist_ok=True)
             argv += ["--bind", str(source), str(target)]
         argv += ["--remount-ro", "/dev", "--remount-ro", "/"]  # only the binds above stay writable
         argv += [
@@ -278,33 +302,57 @@ class BwrapEnvironment(BaseEnvironment):
 
     # -- lifecycle ------------------------------------------------------------------------------
 
+    def _make_dirs(self) -> None:
+        self.sandbox_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
+        for directory in (self.sandbox_dir.parent, *self.sandbox_dir.parent.parents):
+            if not os.stat(directory).st_mode & stat.S_IXOTH:
+                raise SandboxBuildFailedError(
+                    f"{directory} is not searchable by others: bwrap runs as uid "
+                    f"{self.options.sandbox_uid} and must reach sandbox_root {self.sandbox_dir.parent}"
+                )
+        if self.sandbox_dir.exists():
+            shutil.rmtree(self.sandbox_dir, ignore_errors=True)
+        self.sandbox_dir.mkdir(mode=0o711)
+        (self.sandbox_dir / OWNER_FILE).write_text(owner_tag())
+        for _, source in self._writable_mounts():
+            relative = PurePosixPath(source.relative_to(self.sandbox_dir).as_posix())
+            os.close(nofollow.open_dir(self.sandbox_dir, relative, create=True, owner=self.owner))
+        for name in _LOG_DIRS:
+            os.close(nofollow.open_dir(self.sandbox_dir, PurePosixPath(name), create=True, owner=self.owner))
+        os.chmod(self.sandbox_dir / "tmp", 0o1777)
+
     async def start(self, force_build: bool) -> None:
         if bwrap_executable() is None:
             raise SandboxBuildFailedError("bubblewrap is not installed (apt-get install bubblewrap)")
-        if self.sandbox_dir.exists():
-            shutil.rmtree(self.sandbox_dir, ignore_errors=True)
-        self.sandbox_dir.mkdir(parents=True)
-        for name in ("app", "tmp", "tests", "solution", "logs"):
-            (self.sandbox_dir / name).mkdir(exist_ok=True)
-            (self.sandbox_dir / name).chmod(0o1777 if name == "tmp" else 0o777)
+        if os.geteuid() != 0:
+            raise SandboxBuildFailedError(
+                "the bwrap environment runs as root: it maps the sandbox to an unprivileged uid"
+            )
+        await asyncio.to_thread(self._make_dirs)
         app_seed = self.environment_dir / "app"
-        if app_seed.is_dir():
-            _copy_tree_in(app_seed, self.sandbox_dir / "app", PurePosixPath())
+        if app_seed.is_dir() and not app_seed.is_symlink():
+            with nofollow.opened_dir(self.sandbox_dir, PurePosixPath("app")) as app_fd:
+                await asyncio.to_thread(nofollow.copy_tree_in, app_seed, app_fd, owner=self.owner)
         self._limits = make_limits(
             self.options.limits,
-            f"rl360-{self.session_id}"[:200],
+            f"{owner_tag()}.{self.session_id}",
             self.task_env_config.cpus,
             self.task_env_config.memory_mb,
         )
         await self._launch()
         setup = self.environment_dir / "setup.sh"
-        if setup.is_file():
-            result = await self._run(
-                ["/bin/bash", "-s"], stdin=setup.read_bytes(), cwd=self.workdir, env=self._merge_env(None)
-            )
-            if result.return_code != 0:
-                tail = (result.stderr or result.stdout or "")[-1000:]
-                raise SandboxBuildFailedError(f"environment/setup.sh exited {result.return_code}: {tail}")
+        try:
+            script = nofollow.read_regular(setup, _SETUP_SCRIPT_CAP)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            raise SandboxBuildFailedError(f"environment/setup.sh cannot be read: {exc}") from exc
+        result = await self._run(
+            ["/bin/bash", "-s"], stdin=script, cwd=self.workdir, env=self._merge_env(None)
+        )
+        if result.return_code != 0:
+            tail = (result.stderr or result.stdout or "")[-1000:]
+            raise SandboxBuildFailedError(f"environment/setup.sh exited {result.return_code}: {tail}")
 
     async def _launch(self) -> None:
         read_fd, write_fd = os.pipe()
@@ -316,6 +364,8 @@ class BwrapEnvironment(BaseEnvironment):
                 stderr=asyncio.subprocess.PIPE,
                 pass_fds=(write_fd,),
                 start_new_session=True,
+                env={"PATH": SANDBOX_PATH},
+                cwd="/",
             )
         finally:
             os.close(write_fd)
@@ -349,13 +399,12 @@ class BwrapEnvironment(BaseEnvironment):
             self.options.node_label,
         )
 
-    async def stop(self, delete: bool) -> None:
-        if self._stopped:
-            return
-        self._stopped = True
+    async def _kill_sandbox(self) -> None:
+        """SIGKILL the sandbox's PID 1 (the kernel then kills its whole PID namespace, and no
+        process in it can fork any more) and wait until none is left."""
         if self._init_pid is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self._init_pid, signal.SIGKILL)  # the kernel then kills the whole PID namespace
+                os.kill(self._init_pid, signal.SIGKILL)
         if self._holder is not None:
             try:  # bwrap reaps its sandbox init and exits by itself
                 await asyncio.wait_for(self._holder.wait(), timeout=2.0)
@@ -365,6 +414,23 @@ class BwrapEnvironment(BaseEnvironment):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._holder.wait(), timeout=10.0)
         await asyncio.to_thread(self._reap)
+        self._init_pid = self._holder = None
+
+    async def end_phase(self) -> None:
+        """Kill every process the sandbox runs and start a fresh holder over the same files: what
+        one phase left running (an agent's background writer) cannot reach the next."""
+        if self._stopped or self._init_pid is None:
+            return
+        await self._kill_sandbox()
+        self._limits.detach()
+        await self._launch()
+
+    async def stop(self, delete: bool) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        await self._kill_sandbox()
+        self._limits.close()
         if delete:
             await asyncio.to_thread(shutil.rmtree, self.sandbox_dir, True)
 
@@ -375,38 +441,36 @@ class BwrapEnvironment(BaseEnvironment):
                 if not pids_in_namespace(self._pidns):
                     break
                 time.sleep(0.02)
-        self._limits.close()
 
     # -- commands -------------------------------------------------------------------------------
 
-    def _user_args(self, user: str | int | None) -> list[str]:
-        if user is None or user in ("root", 0, "0"):
-            return []
-        if isinstance(user, int) or str(user).isdigit():
-            uid = gid = int(user)
-        else:
-            entry = pwd.getpwnam(str(user))
-            uid, gid = entry.pw_uid, entry.pw_gid
-        return [f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
-
-    def _enter_argv(self, inner: Sequence[str], cwd: str, user: str | int | None) -> list[str]:
+    def _enter_argv(self, inner: Sequence[str], cwd: str) -> list[str]:
         if self._init_pid is None or self._stopped:
             raise RuntimeError(f"sandbox {self.session_id} is not running")
-        namespaces = ["--mount", "--uts", "--ipc", "--net", "--pid"]
-        if os.geteuid() != 0:
-            namespaces += ["--user", "--preserve-credentials"]
+        uid = self.options.sandbox_uid
         return self._limits.wrap(
             [
                 "nsenter",
                 f"--target={self._init_pid}",
-                *namespaces,
+                "--mount",
+                "--uts",
+                "--ipc",
+                "--net",
+                "--pid",
                 "--root",
                 "--wd",
                 "--",
                 "/usr/bin/setpriv",
-                *self._user_args(user),
-                "--bounding-set=-all",
-                "--inh-caps=-all",
+                f"--reuid={uid}",
+                f"--regid={uid}",
+                "--clear-groups",
+                "--",
+                "/usr/bin/nsenter",
+                "--target=1",
+                "--user",
+                "--preserve-credentials",
+                "--",
+                "/usr/bin/setpriv",
                 "--no-new-privs",
                 "--",
                 "/usr/bin/env",
@@ -433,17 +497,17 @@ class BwrapEnvironment(BaseEnvironment):
         env: dict[str, str] | None,
         stdin: bytes | None = None,
         timeout_sec: float | None = None,
-        user: str | int | None = None,
     ) -> ExecResult:
         """Run `inner` in the sandbox. Output goes to files, so a command that leaves a daemon
         holding its stdout returns when the command itself exits (as `docker exec` does)."""
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             process = await asyncio.create_subprocess_exec(
-                *self._enter_argv(inner, cwd, user),
+                *self._enter_argv(inner, cwd),
                 stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
                 env=self._process_env(env),
+                cwd="/",  # the server's cwd would reach the sandbox as PWD
                 start_new_session=True,
             )
             try:
@@ -483,55 +547,86 @@ class BwrapEnvironment(BaseEnvironment):
         timeout_sec: int | None = None,
         user: str | int | None = None,
     ) -> ExecResult:
+        """Run `command` with bash in the sandbox as the sandbox user (`user` is not honoured:
+        there is one unprivileged user)."""
         try:
             return await self._run(
                 ["/bin/bash", "-c", command],
                 cwd=cwd or self.workdir,
                 env=self._merge_env(env),
                 timeout_sec=timeout_sec,
-                user=self._resolve_user(user),
             )
         except TimeoutError as exc:
             raise TimeoutError(f"Command timed out after {timeout_sec} seconds") from exc
 
     # -- files ----------------------------------------------------------------------------------
 
-    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+    def _budget(self) -> nofollow.CopyBudget:
+        return nofollow.CopyBudget(
+            max_file_bytes=self.options.max_file_mb * 2**20,
+            max_total_bytes=self.options.max_copy_mb * 2**20,
+            max_files=self.options.max_copy_files,
+        )
+
+    def _upload_file(self, source: Path, target_path: str) -> None:
         root, relative = self._host_path(target_path)
-        target = _safe_target(root, relative)
-        if target.is_dir():
-            shutil.rmtree(target)
-        await asyncio.to_thread(shutil.copy2, Path(source_path), target)
+        if not relative.parts:
+            raise IsADirectoryError(f"{target_path} is a sandbox directory, not a file path")
+        with nofollow.opened_dir(root, relative.parent, create=True, owner=self.owner) as fd:
+            nofollow.copy_file_in(source, fd, relative.name, owner=self.owner)
+
+    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        await asyncio.to_thread(self._upload_file, Path(source_path), target_path)
+
+    def _upload_dir(self, source: Path, target_dir: str) -> None:
+        root, relative = self._host_path(target_dir)
+        with nofollow.opened_dir(root, relative, create=True, owner=self.owner) as fd:
+            nofollow.copy_tree_in(source, fd, owner=self.owner)
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
-        root, relative = self._host_path(target_dir)
-        _safe_dir(root, relative)
-        await asyncio.to_thread(_copy_tree_in, Path(source_dir), root, relative)
+        await asyncio.to_thread(self._upload_dir, Path(source_dir), target_dir)
 
-    def _readable(self, sandbox_path: str) -> Path:
-        root, relative = self._host_path(sandbox_path)
-        real_root = root.resolve()
-        real = (root / relative).resolve()
-        if not _inside(real_root, real):
-            raise PermissionError(f"{sandbox_path} leaves its sandbox directory through a symlink")
-        return real
+    def _download_file(self, source_path: str, target: Path) -> None:
+        root, relative = self._host_path(source_path)
+        if not relative.parts:
+            raise IsADirectoryError(f"{source_path} is a sandbox directory, not a file")
+        with nofollow.opened_dir(root, relative.parent) as fd:
+            nofollow.copy_file_out(fd, relative.name, target, self.options.max_file_mb * 2**20)
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
-        source = self._readable(source_path)
-        if not source.is_file():
-            raise FileNotFoundError(f"{source_path} is not a file in the sandbox")
-        if source == Path(target_path).resolve():
-            return
-        Path(target_path).parent.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(shutil.copy2, source, Path(target_path))
+        await asyncio.to_thread(self._download_file, source_path, Path(target_path))
+
+    def _download_dir(self, source_dir: str, target: Path, keep: Any = None) -> None:
+        root, relative = self._host_path(source_dir)
+        budget = self._budget()
+        with nofollow.opened_dir(root, relative) as fd:
+            nofollow.copy_tree_out(fd, target, budget, keep)
+        if budget.skipped:
+            _log.warning(
+                "sandbox %s: not copied out of %s: %s", self.session_id, source_dir, budget.skipped[:20]
+            )
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
-        source = self._readable(source_dir)
-        if not source.is_dir():
-            raise FileNotFoundError(f"{source_dir} is not a directory in the sandbox")
-        if source == Path(target_dir).resolve():
-            return  # a bind mount of the target itself: already on the host
-        await asyncio.to_thread(_copy_tree_out, source, Path(target_dir))
+        await asyncio.to_thread(self._download_dir, source_dir, Path(target_dir))
+
+    async def download_dir_filtered(
+        self,
+        *,
+        source_dir: str,
+        target_dir: Path | str,
+        include: Sequence[str] | None = None,
+        exclude: Sequence[str] | None = None,
+        protect: Sequence[str] | None = None,
+    ) -> None:
+        protected = set(protect or ())
+
+        def keep(relative: PurePosixPath) -> bool:
+            name = relative.as_posix()
+            return name in protected or bool(
+                filter_paths_by_patterns([name], include=include, exclude=exclude)
+            )
+
+        await asyncio.to_thread(self._download_dir, source_dir, Path(target_dir), keep)
 
 
 def _read_back(file: Any) -> str:

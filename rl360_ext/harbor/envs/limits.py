@@ -13,7 +13,10 @@ noticing when the memory limit was hit, and killing every process of the sandbox
   sandbox's PID namespace every `poll_s` and kills them all once the sum exceeds the limit.
   A fast allocation can overshoot the limit for up to one poll interval.
 
-It does not own starting the sandbox or deciding what a hit limit means for the trial.
+Each sandbox cgroup is named `rl360-sbx.<server pid>.<server start time>.<sandbox>`, so a server
+that starts after another was SIGKILLed removes that server's leftovers (`clean_stale_cgroups`)
+and never a live server's. It does not own starting the sandbox or deciding what a hit limit
+means for the trial.
 """
 
 from __future__ import annotations
@@ -32,7 +35,30 @@ _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _JOIN_SCRIPT = (
     'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
 )
+CGROUP_PREFIX = "rl360-sbx."  # + owner tag + "." + sandbox name: what clean_stale_cgroups looks for
 _cpu_cursor = itertools.count()
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()[19]
+
+
+def owner_tag(pid: int | None = None) -> str:
+    """`pid.starttime` of a process (default: this one): names what it owns, reusable-pid safe."""
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}.{_start_time(pid)}"
+
+
+def owner_alive(tag: str) -> bool:
+    """Whether the process a tag names still runs (a malformed tag counts as alive: keep it)."""
+    pid, _, start = tag.partition(".")
+    if not pid.isdigit() or not start:
+        return True
+    return _start_time(int(pid)) == start
 
 
 def _is_zombie(pid: str) -> bool:
@@ -98,6 +124,9 @@ class SandboxLimits:
 
     def kill_all(self) -> None:
         """SIGKILL every process under these limits."""
+
+    def detach(self) -> None:
+        """The sandbox's processes are gone and a new holder will `attach`; limits stay."""
 
     def close(self) -> None:
         """Release what the limits created (after the sandbox is gone)."""
@@ -252,9 +281,13 @@ class WatchdogLimits(SandboxLimits):
             kill_pids(pids)
             time.sleep(0.02)
 
-    def close(self) -> None:
+    def detach(self) -> None:
         if self._task is not None:
             self._task.cancel()
+            self._task = None
+
+    def close(self) -> None:
+        self.detach()
 
 
 def cgroups_usable() -> bool:
@@ -267,6 +300,59 @@ def cgroups_usable() -> bool:
     return True
 
 
+def _cgroup_dirs() -> list[Path]:
+    """This process's own cgroup directories (v2, or the v1 memory and cpu controllers)."""
+    own = _own_cgroup_paths()
+    if (CGROUP_ROOT / "cgroup.controllers").exists() and "" in own:
+        return [CGROUP_ROOT / own[""].lstrip("/")]
+    dirs = []
+    for controller, path in own.items():
+        if controller == "memory" or controller == "cpu" or controller.startswith("cpu,"):
+            mount = CGROUP_ROOT / ("memory" if controller == "memory" else "cpu")
+            dirs.append(mount / path.lstrip("/"))
+    return dirs
+
+
+def sandbox_cgroups() -> list[Path]:
+    """Every sandbox cgroup (any server's) under this process's own cgroup."""
+    found = []
+    for parent in _cgroup_dirs():
+        with contextlib.suppress(OSError):
+            found += [
+                Path(entry.path)
+                for entry in os.scandir(parent)
+                if entry.name.startswith(CGROUP_PREFIX) and entry.is_dir(follow_symlinks=False)
+            ]
+    return found
+
+
+def cgroup_owner(path: Path) -> str:
+    """The owner tag in a sandbox cgroup's name (`rl360-sbx.<pid>.<start>.<sandbox>`)."""
+    pid, _, rest = path.name[len(CGROUP_PREFIX) :].partition(".")
+    return f"{pid}.{rest.partition('.')[0]}"
+
+
+def clean_stale_cgroups() -> list[str]:
+    """Kill the processes of, and remove, sandbox cgroups under this process's cgroup whose
+    server (named by the owner tag in the cgroup's name) is gone; returns the removed paths."""
+    removed = []
+    for path in sandbox_cgroups():
+        if owner_alive(cgroup_owner(path)):
+            continue
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                kill_pids([int(p) for p in (path / "cgroup.procs").read_text().split()])
+            try:
+                path.rmdir()
+            except OSError:
+                time.sleep(0.05)
+                continue
+            removed.append(str(path))
+            break
+    return removed
+
+
 def make_limits(mode: str, name: str, cpus: float | None, memory_mb: int | None) -> SandboxLimits:
     """Limits for one sandbox; `mode` is "auto", "cgroup" or "watchdog"."""
     if mode not in ("auto", "cgroup", "watchdog"):
@@ -274,7 +360,7 @@ def make_limits(mode: str, name: str, cpus: float | None, memory_mb: int | None)
     if mode == "watchdog" or (cpus is None and memory_mb is None):
         return WatchdogLimits(cpus, memory_mb)
     try:
-        return CgroupLimits(name, cpus, memory_mb)
+        return CgroupLimits(f"{CGROUP_PREFIX}{name}"[:200], cpus, memory_mb)
     except OSError:
         if mode == "cgroup":
             raise

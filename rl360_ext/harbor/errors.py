@@ -1,0 +1,76 @@
+"""The Harbor /run server's errors: one base class, each subclass carrying its HTTP status.
+
+Owns how a refused request is described: which request field is at fault and which status the
+HTTP adapter answers with. Everything the server refuses raises a `HarborRequestError`
+subclass; the adapter (`rl360_ext.harbor.app`) turns it into FastAPI's validation-error shape
+`{"detail": [{"loc": ["body", field], "msg": ..., "type": ...}]}` with `status`. Nothing else
+in the server names a status code. It does not own what happens to an accepted attempt (that is
+an outcome with a `failure_cause`, always HTTP 200).
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import ClassVar
+
+
+class HarborRequestError(ValueError):
+    """A request the server refuses; `field` names the request field at fault."""
+
+    status: ClassVar[HTTPStatus] = HTTPStatus.UNPROCESSABLE_ENTITY
+    kind: ClassVar[str] = "value_error"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class FieldInvalid(HarborRequestError):
+    """A field's value is out of its range or does not fit the server's rules (422)."""
+
+
+class TaskPathRejected(HarborRequestError):
+    """The task name is not a relative path inside the tasks root (400)."""
+
+    status = HTTPStatus.BAD_REQUEST
+    kind = "path_rejected"
+
+
+class TaskNotFound(HarborRequestError):
+    """No task with this name under the tasks root (404)."""
+
+    status = HTTPStatus.NOT_FOUND
+    kind = "not_found"
+
+
+class TaskInvalid(HarborRequestError):
+    """The task exists but cannot be run: Harbor cannot load it, or a link in it leaves its
+    directory (422)."""
+
+    kind = "task_invalid"
+
+
+class AgentNotAllowed(HarborRequestError):
+    """The agent is not one the server was started with (422)."""
+
+    kind = "agent_not_allowed"
+
+
+class AgentKwargReserved(HarborRequestError):
+    """`agent_kwargs` sets a key Harbor or rl360 sets itself (422)."""
+
+    kind = "agent_kwarg_reserved"
+
+
+class ServerShuttingDown(HarborRequestError):
+    """The server is stopping and takes no new attempts (503)."""
+
+    status = HTTPStatus.SERVICE_UNAVAILABLE
+    kind = "shutting_down"
+
+
+class Unauthorized(HarborRequestError):
+    """The bearer token is missing or wrong (401)."""
+
+    status = HTTPStatus.UNAUTHORIZED
+    kind = "unauthorized"
