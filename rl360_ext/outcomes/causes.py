@@ -127,13 +127,15 @@ FAILURE_TO_INFRA: dict[Cause, Cause] = {
 # Harbor's coarse causes: a specific exception type, when the server names one, reads finer.
 COARSE_CAUSES = (frozenset(FAILURE_TO_INFRA) - {Cause.RUN_REJECTED}) | {Cause.UNCLASSIFIED}
 
-# What only the client sees: its own clock and connection, the server's refusal, the session
-# (and, through it, the engine and the turns it aborted).
+# The causes a client may name itself, for what only it sees: its own clock and connection, the
+# server's refusal or a server that crashed before a verdict (HTTP 500, no JSON), the session (and,
+# through it, the engine and the turns it aborted). Every other cause comes in a server's verdict.
 CLIENT_CAUSES = frozenset(
     {
         Cause.CLIENT_DEADLINE,
         Cause.TRANSPORT_ERROR,
         Cause.RUN_REJECTED,
+        Cause.HARBOR_INTERNAL_ERROR,
         Cause.SESSION_VANISHED,
         Cause.NO_ENGINE_AVAILABLE,
         Cause.ABORTED,

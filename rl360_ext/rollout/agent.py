@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from rl360_ext.outcomes.causes import FAILURE_TO_INFRA, Cause, infra_class
+from rl360_ext.outcomes.causes import CLIENT_CAUSES, FAILURE_TO_INFRA, Cause, infra_class
 from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, FAILURE_CAUSE, PHASE_TIMINGS, REWARD_SOURCE
 from rl360_ext.outcomes.verdict import attempt_class
 from rl360_ext.rollout.config import AgentConfig, flag_name
@@ -137,8 +137,11 @@ def result_metadata(response: Mapping[str, Any], agent_timeout_policy: str = "sc
 def failure_metadata(
     cause: Cause, message: str, exception_type: str | None = None, elapsed_s: float | None = None
 ) -> dict[str, Any]:
-    """The agent function's dict when no usable `/run` answer arrived: no reward, the client's cause."""
+    """The agent function's dict when no usable `/run` answer arrived: no reward, the client's cause
+    (one of `CLIENT_CAUSES`; any other cause is the server's to give, so it is refused here)."""
     cause = Cause(cause)
+    if cause not in CLIENT_CAUSES:
+        raise ValueError(f"{cause!r} is not a client-side cause; the server's verdict carries it")
     return {
         "reward": None,
         "rewards": None,

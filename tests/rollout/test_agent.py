@@ -234,3 +234,8 @@ def test_a_reward_is_returned_only_for_a_valid_verifier_answer(status: int, body
     else:
         assert meta["reward"] is None and meta["rewards"] is None
         assert meta["attempt_class"].startswith("infra:")
+
+
+def test_the_client_names_only_client_side_causes() -> None:
+    with pytest.raises(ValueError, match="client-side"):
+        failure_metadata("verifier_crash", "the server's to say")
