@@ -7,8 +7,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from rl360_ext.session.errors import RequestError, SessionServerError
 from rl360_ext.session.core import ServerConfig, SessionCore
+from rl360_ext.session.errors import RequestError, SessionServerError
 from rl360_ext.session.routing import SOURCE_DECODE, SOURCE_LATER_PREFILL, SOURCE_PROMPT
 from rl360_ext.session.tito import TitoRenderer
 from rl360_ext.sglang.client import EngineError
