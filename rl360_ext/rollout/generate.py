@@ -434,6 +434,8 @@ def _reset_response(sample: Any) -> None:
 
 
 async def _collect(handle: PoolHandle, session_id: str) -> tuple[MergedSample | None, str | None]:
+    """(merged, None), or (None, why): any collect failure is SESSION_VANISHED (infra, never a reward),
+    including the session server's 410 `session_lost` (its process restarted) and `session_expired`."""
     try:
         (merged,) = await handle.pool.acollect([session_id])
         return merged, None

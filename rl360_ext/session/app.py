@@ -3,48 +3,121 @@
 Owns the URL layout (`POST /sessions`, `/sessions/{id}/v1/chat/completions`,
 `/sessions/{id}/v1/models`, `/sessions/{id}/merged`, `POST /sessions/{id}/samples` (Miles' samples
 wire, encoded by `miles_wire.py`), `DELETE /sessions/{id}`, `/health`,
-`/metrics`), mapping `RequestError` to its status with an OpenAI-style error body, the
-single-chunk SSE stream, and the idle-TTL sweeper task. Logic lives in `core.py`.
+`/metrics`), mapping each `errors.SessionServerError` to its status with an OpenAI-style error
+body, the request-size limit (413 before parsing), the optional bearer token (constant-time
+comparison; /health and /metrics stay open), each body's schema in `/openapi.json`
+(`schemas.py`), the single-chunk SSE stream, and the idle-TTL sweeper task. Logic lives in
+`core.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rl360_ext.session import miles_wire
-from rl360_ext.session.chat_api import RequestError
 from rl360_ext.session.core import SessionCore
+from rl360_ext.session.errors import PayloadTooLargeError, RequestError, SessionServerError, UnauthorizedError
 from rl360_ext.session.metrics import CONTENT_TYPE
+from rl360_ext.session.options import default_of
+from rl360_ext.session.schemas import (
+    ChatCompletionRequest,
+    CreateSessionRequest,
+    SamplesRequest,
+    add_request_schemas,
+    request_body,
+)
 
 WIRE_MEDIA_TYPE = "application/vnd.rl360.merged-sample"
+OPEN_PATHS = frozenset({"/health", "/metrics"})  # served without the bearer token (probes, Prometheus)
 
 
-def json_response(body: Any, status: int = 200) -> Response:
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-    return Response(content, status, media_type="application/json")
+    return Response(content, status, headers=headers, media_type="application/json")
+
+
+def error_response(error: SessionServerError) -> Response:
+    return json_response(error.to_json(), error.status, error.headers())
+
+
+class BearerAuth:
+    """ASGI middleware: every path but OPEN_PATHS needs `Authorization: Bearer <token>`."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.expected = token.encode()
+
+    def _authorized(self, scope: Scope) -> bool:
+        given = b""
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                given = value
+        scheme, _, token = given.partition(b" ")
+        # compare_digest on the token whatever the scheme, so timing says nothing about either
+        same = hmac.compare_digest(token.strip(), self.expected)
+        return same and scheme.lower() == b"bearer"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._authorized(scope):
+            await self.app(scope, receive, send)
+            return
+        error = UnauthorizedError(
+            "Authorization: a valid 'Bearer <token>' header is required", param="authorization"
+        )
+        response = error_response(error)
+        response.headers["WWW-Authenticate"] = "Bearer"
+        await response(scope, receive, send)
+
+
+async def _read_limited(request: Request, limit: int) -> bytes:
+    """The body, or PayloadTooLargeError as soon as it (or its Content-Length) passes `limit` bytes."""
+    declared = request.headers.get("content-length", "")
+    too_large = f"is over this server's limit of {limit} bytes (--max-request-bytes)"
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLargeError(f"body: {int(declared)} bytes {too_large}", param="body")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLargeError(f"body: more than {limit} bytes {too_large}", param="body")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def _json_body(request: Request, required: bool) -> Any:
-    raw = await request.body()
+    raw = await _read_limited(request, request.app.state.max_request_bytes)
     if not raw.strip():
         if required:
-            raise RequestError(400, "body: a JSON body is required", param="body")
+            raise RequestError("body: a JSON body is required", param="body")
         return {}
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise RequestError(400, f"body: malformed JSON: {exc}", param="body") from None
+        raise RequestError(f"body: malformed JSON: {exc}", param="body") from None
 
 
-def create_app(core: SessionCore, public_url: str | None = None) -> FastAPI:
-    """The FastAPI app serving `core`; `public_url` is the base agents reach it at."""
+def create_app(
+    core: SessionCore,
+    public_url: str | None = None,
+    max_request_bytes: int = default_of("max_request_bytes"),
+    api_key: str | None = None,
+) -> FastAPI:
+    """The FastAPI app serving `core`; `public_url` is the base agents reach it at.
+
+    Bodies over `max_request_bytes` are answered 413; with `api_key` every route but /health and
+    /metrics needs `Authorization: Bearer <api_key>` (401 otherwise).
+    """
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -60,10 +133,21 @@ def create_app(core: SessionCore, public_url: str | None = None) -> FastAPI:
                 await close()
 
     app = FastAPI(title="rl360 session server", lifespan=lifespan)
+    app.state.max_request_bytes = max_request_bytes
+    if api_key:
+        app.add_middleware(BearerAuth, token=api_key)
 
-    @app.exception_handler(RequestError)
-    async def _refused(_: Request, exc: RequestError) -> Response:
-        return json_response(exc.to_json(), exc.status)
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            app.openapi_schema = add_request_schemas(schema)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+    @app.exception_handler(SessionServerError)
+    async def _refused(_: Request, exc: SessionServerError) -> Response:
+        return error_response(exc)
 
     @app.get("/health")
     async def health() -> Response:
@@ -73,14 +157,14 @@ def create_app(core: SessionCore, public_url: str | None = None) -> FastAPI:
     async def metrics() -> Response:
         return Response(core.metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.post("/sessions")
+    @app.post("/sessions", openapi_extra=request_body(CreateSessionRequest, required=False))
     async def create_session(request: Request) -> Response:
         body = await _json_body(request, required=False)
         if not isinstance(body, dict):
-            raise RequestError(400, "body: must be a JSON object", param="body")
+            raise RequestError("body: must be a JSON object", param="body")
         unknown = sorted(set(body) - {"metadata", "routing_key"})
         if unknown:
-            raise RequestError(400, f"{unknown[0]}: unknown field", param=unknown[0])
+            raise RequestError(f"{unknown[0]}: unknown field", param=unknown[0])
         session = core.create(body.get("metadata"), body.get("routing_key"))
         base = (public_url or str(request.base_url)).rstrip("/")
         return json_response(
@@ -91,7 +175,7 @@ def create_app(core: SessionCore, public_url: str | None = None) -> FastAPI:
             }
         )
 
-    @app.post("/sessions/{session_id}/v1/chat/completions")
+    @app.post("/sessions/{session_id}/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(session_id: str, request: Request) -> Response:
         body = await _json_body(request, required=True)
         reply = await core.chat(session_id, body)
@@ -114,7 +198,7 @@ def create_app(core: SessionCore, public_url: str | None = None) -> FastAPI:
     @app.get("/sessions/{session_id}/merged")
     async def merged(session_id: str, format: str = "binary") -> Response:
         if format not in ("binary", "json"):
-            raise RequestError(400, f"format: must be binary or json, got {format!r}", param="format")
+            raise RequestError(f"format: must be binary or json, got {format!r}", param="format")
         if format == "binary":
             return Response(await core.merged_wire(session_id), media_type=WIRE_MEDIA_TYPE)
         sample = await core.merged(session_id)
@@ -122,7 +206,7 @@ def create_app(core: SessionCore, public_url: str | None = None) -> FastAPI:
             orjson.dumps(sample.to_json(), option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json"
         )
 
-    @app.post("/sessions/{session_id}/samples")
+    @app.post("/sessions/{session_id}/samples", openapi_extra=request_body(SamplesRequest, required=False))
     async def samples(session_id: str, request: Request) -> Response:
         max_seq_len, metadata = miles_wire.parse_samples_request(await _json_body(request, required=False))
         sample = await core.merged(session_id)

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from rl360_ext.session.errors import RequestError
 from rl360_ext.templates.parse import ParsedAssistant
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -19,23 +20,8 @@ TOOL_CHOICES = ("none", "auto", "required")
 Message = dict[str, Any]
 
 
-class RequestError(Exception):
-    """A request the server refuses: HTTP `status` and a message naming the problem."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-
-    def to_json(self) -> dict[str, Any]:
-        kind = "invalid_request_error" if self.status < 500 else "upstream_error"
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
-
-
 def _bad(param: str, message: str) -> RequestError:
-    return RequestError(400, f"{param}: {message}", param=param, code="invalid_request")
+    return RequestError(f"{param}: {message}", param=param)
 
 
 @dataclass
@@ -178,7 +164,7 @@ def _logit_bias(value: Any) -> dict[str, float] | None:
 def parse_chat_request(body: Any) -> ChatRequest:
     """Validate an agent's chat-completions body; raises RequestError(400) naming the field."""
     if not isinstance(body, dict):
-        raise RequestError(400, "the request body must be a JSON object", code="invalid_request")
+        raise RequestError("the request body must be a JSON object", param="body")
     n = _integer(body, "n", 1)
     if n not in (None, 1):
         raise _bad("n", f"n={n} is not supported: a session records one trajectory, so n must be 1")

@@ -1,15 +1,19 @@
-"""The session server's configuration: the one home of its defaults (sessions held, idle TTL, served name).
+"""What one session server's core runs with: `ServerConfig`.
 
-Owns `ServerConfig`, what `SessionCore` runs with; `rl360 session serve`'s flags, the service's
-`ServiceOptions` and the rollout hooks (the model name agents ask for) take their defaults from
-its fields. It imports nothing heavy, so the CLI can read the defaults without loading the
-server.
+Owns the run-time configuration `SessionCore` takes. Every field that is also a server option
+takes its default from `rl360_ext.session.options.ServiceOptions` (the single source of each
+default and of the `rl360 session serve` flags), so nothing is typed twice; the rest (routing
+shape, template facts, the instance id) is what the service finds out at start. It imports
+nothing heavy, so the CLI and the rollout hooks can read the defaults without loading the server.
 """
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
+
+from rl360_ext.session.options import HISTORY_MISMATCH_MODES, default_of
 
 if TYPE_CHECKING:
     from rl360_ext.session.routing import RoutingShape
@@ -19,25 +23,29 @@ if TYPE_CHECKING:
 class ServerConfig:
     """How one session server runs."""
 
-    r3: bool = False
+    r3: bool = default_of("r3")
     """Record routing replay (delta R3) rows per turn."""
     routing_shape: RoutingShape | None = None
     """(layers, top_k, num_experts); required with R3."""
-    history_mismatch: Literal["fork", "reject"] = "fork"
+    history_mismatch: Literal["fork", "reject"] = default_of("history_mismatch")
     """When an agent's history is not an append: fork (new segment) or reject (409)."""
-    max_sessions: int = 4096
+    max_sessions: int = default_of("max_sessions")
     """Sessions held at once; a create beyond it is refused."""
-    idle_ttl_s: float = 7200.0
+    idle_ttl_s: float = default_of("idle_ttl_s")
     """Drop sessions idle this many seconds."""
-    model_name: str = "rl360-policy"
+    model_name: str = default_of("model_name")
     """Model name in replies and /v1/models; the name rl360's agent function asks for."""
     template_facts: dict[str, Any] = field(default_factory=dict)
     """What the template checker found, reported with every session."""
     template_append_only: bool = True
     """False only when started with --allow-non-append-only."""
+    vocab_size: int | None = None
+    """Token ids the engine may return; None: len(tokenizer)."""
+    instance_id: str = field(default_factory=lambda: secrets.token_hex(16))
+    """One per server process: a session id from another instance is a lost session, not a typo."""
 
     def __post_init__(self) -> None:
-        if self.history_mismatch not in ("fork", "reject"):
+        if self.history_mismatch not in HISTORY_MISMATCH_MODES:
             raise ValueError(f"history_mismatch must be fork or reject, got {self.history_mismatch!r}")
         if self.r3 and self.routing_shape is None:
             raise ValueError("R3 needs the routing shape (layers, top_k, num_experts)")

@@ -3,16 +3,20 @@
 Owns the session table (unguessable ids, max sessions, idle TTL), one turn end to end (validate
 the request, check the history is an append, build the engine request with the flags no agent
 can switch off, call the backend, check what came back, record the turn, build the reply),
-per-session serialization, and merging on request. A failed engine call (5xx, transport error,
-a response that breaks the protocol) raises `RequestError(502)` and records nothing. It does not
-own HTTP (`app.py`), tokenization (`tito.py`), the merge rules (`merge.py`) or the wire bytes
-(`wire.py`).
+per-session serialization, replaying the recorded turn to a retried request (idempotent
+retries), session ids that name the server process that made them (so a restarted server answers
+`session_lost`, not "unknown"), and merging on request. A failed engine call (5xx, 429, timeout,
+transport error, a response that breaks the protocol) raises an `EngineFaultError` and records
+nothing. Every refusal is a class of `errors.py`. It does not own HTTP (`app.py`), tokenization
+(`tito.py`), the merge rules (`merge.py`) or the wire bytes (`wire.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import re
 import secrets
 import time
 from collections import OrderedDict
@@ -20,15 +24,31 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+import orjson
 
 from rl360_ext.session import wire
-from rl360_ext.session.chat_api import ChatRequest, Reply, RequestError, parse_chat_request
+from rl360_ext.session.chat_api import ChatRequest, Reply, parse_chat_request
 from rl360_ext.session.config import ServerConfig
+from rl360_ext.session.errors import (
+    EngineBusyError,
+    EngineFaultError,
+    EngineProtocolError,
+    EngineRejectedError,
+    EngineTimeoutError,
+    HistoryMismatchError,
+    RequestError,
+    SessionGoneError,
+    SessionLostError,
+    SessionNotFoundError,
+    SessionServerError,
+    TooManySessionsError,
+)
 from rl360_ext.session.history import Mismatch, find_mismatch
 from rl360_ext.session.merge import MERGE_KEY, MergedSample, TurnRecord, merge
 from rl360_ext.session.metrics import SessionMetrics
 from rl360_ext.session.routing import compact_rows, row_sources
 from rl360_ext.session.tito import TitoRenderer
+from rl360_ext.sglang import client as engine_client
 from rl360_ext.sglang.client import EngineError, GenerateResult
 from rl360_ext.templates.parse import ParsedAssistant
 from rl360_ext.templates.render import TemplateNotAppendOnlyError
@@ -37,7 +57,34 @@ log = logging.getLogger("rl360.session")
 SESSION_KEY = "session"  # metadata key of the session's own facts
 RESERVED_METADATA_KEYS = (SESSION_KEY, MERGE_KEY)
 _FORGOTTEN_MAX = 65536
+ROUTING_KEY_MAX = 256
+_ROUTING_KEY = re.compile(rf"[\x21-\x7e]{{1,{ROUTING_KEY_MAX}}}")  # visible ASCII: a valid header value
+_MINTED_ID = re.compile(r"[0-9a-f]{32}")
 Message = dict[str, Any]
+
+
+def _id_check(tag: str, body: str) -> str:
+    return hashlib.blake2b((tag + body).encode(), digest_size=2).hexdigest()
+
+
+def mint_session_id(instance_tag: str) -> str:
+    """32 hex digits: this process's 8-digit tag, 20 random digits, a 4-digit check of both."""
+    body = secrets.token_hex(10)
+    return instance_tag + body + _id_check(instance_tag, body)
+
+
+def minted_by(session_id: str) -> str | None:
+    """The instance tag of an id `mint_session_id` made (any process), else None."""
+    if not _MINTED_ID.fullmatch(session_id):
+        return None
+    tag, body, check = session_id[:8], session_id[8:28], session_id[28:]
+    return tag if _id_check(tag, body) == check else None
+
+
+def request_fingerprint(body: dict[str, Any]) -> bytes:
+    """What makes two chat requests the same request (a client's retry): the body, less `stream`."""
+    same = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+    return hashlib.blake2b(orjson.dumps(same, option=orjson.OPT_SORT_KEYS), digest_size=16).digest()
 
 
 class Backend(Protocol):
@@ -68,6 +115,8 @@ class Segment:
     rows: int = 0  # routing rows held (positions [0, rows))
     pending: list[int] = field(default_factory=list)  # closing tokens to append before the next input
     last_output: range = range(0)
+    last_request: bytes | None = None  # fingerprint of the request that produced the last turn
+    last_reply: Reply | None = None  # what it was answered (replayed to a retry of that request)
 
 
 @dataclass
@@ -103,6 +152,8 @@ class SessionCore:
         self.metrics = SessionMetrics()
         self.sessions: dict[str, Session] = {}
         self._forgotten: OrderedDict[str, str] = OrderedDict()
+        self.instance_id = self.config.instance_id
+        self.vocab_size = self.config.vocab_size or len(tito.tokenizer)
 
     # ---- session table -------------------------------------------------------------------
 
@@ -113,28 +164,29 @@ class SessionCore:
         session_id: str | None = None,
     ) -> Session:
         if metadata is not None and not isinstance(metadata, dict):
-            raise RequestError(400, "metadata: must be a JSON object", param="metadata")
+            raise RequestError("metadata: must be a JSON object", param="metadata")
         reserved = [k for k in RESERVED_METADATA_KEYS if k in (metadata or {})]
         if reserved:
+            raise RequestError(f"metadata: keys {reserved} are reserved for the server", param="metadata")
+        if routing_key is not None and not (
+            isinstance(routing_key, str) and _ROUTING_KEY.fullmatch(routing_key)
+        ):
             raise RequestError(
-                400, f"metadata: keys {reserved} are reserved for the server", param="metadata"
+                f"routing_key: must be 1-{ROUTING_KEY_MAX} visible ASCII characters (no spaces, CR, LF "
+                f"or NUL: it travels as the {engine_client.ROUTING_KEY_HEADER} header), "
+                f"got {routing_key!r:.80}",
+                param="routing_key",
             )
-        if routing_key is not None and (not isinstance(routing_key, str) or not routing_key):
-            raise RequestError(400, "routing_key: must be a non-empty string", param="routing_key")
         if session_id is not None and (session_id in self.sessions or len(session_id) < 16):
-            raise RequestError(
-                400, "session_id: must be unused and at least 16 characters", param="session_id"
-            )
+            raise RequestError("session_id: must be unused and at least 16 characters", param="session_id")
         self.evict_idle()
         if len(self.sessions) >= self.config.max_sessions:
-            raise RequestError(
-                429,
+            raise TooManySessionsError(
                 f"session server is full: {len(self.sessions)} sessions open (max_sessions="
-                f"{self.config.max_sessions}); delete finished sessions or raise --max-sessions",
-                code="too_many_sessions",
+                f"{self.config.max_sessions}); delete finished sessions or raise --max-sessions"
             )
         now = time.monotonic()
-        sid = session_id or secrets.token_urlsafe(18)
+        sid = session_id or mint_session_id(self.instance_id[:8])
         session = Session(sid, routing_key or sid, dict(metadata or {}), time.time(), now)
         self.sessions[sid] = session
         self.metrics.sessions_created.inc()
@@ -149,8 +201,16 @@ class SessionCore:
             return session
         why = self._forgotten.get(session_id)
         if why is not None:
-            raise RequestError(410 if why.startswith("expired") else 404, f"session {session_id} {why}")
-        raise RequestError(404, f"unknown session {session_id}", code="unknown_session")
+            gone = SessionGoneError if why.startswith("expired") else SessionNotFoundError
+            raise gone(f"session {session_id} {why}")
+        tag = minted_by(session_id)
+        if tag is not None and tag != self.instance_id[:8]:
+            raise SessionLostError(
+                f"session {session_id} was made by another process of this session server (instance "
+                f"{tag}..., this one is {self.instance_id[:8]}...): the server restarted and its turns "
+                "are lost; open a new session"
+            )
+        raise SessionNotFoundError(f"unknown session {session_id}")
 
     def _forget(self, session_id: str, why: str) -> None:
         self.sessions.pop(session_id, None)
@@ -176,12 +236,24 @@ class SessionCore:
     # ---- one turn --------------------------------------------------------------------------
 
     async def chat(self, session_id: str, body: Any) -> Reply:
-        """One chat-completions call: validate, generate, record, reply."""
+        """One chat-completions call: validate, generate, record, reply.
+
+        A request identical to the one that produced the session's last turn (a client's retry
+        after a timeout or a dropped connection) gets that turn's reply again; nothing is generated
+        or recorded. A call cancelled before its turn is recorded leaves the session as it was.
+        The template is rendered and tokenized on a worker thread, so a large request does not
+        stall the event loop.
+        """
         request = parse_chat_request(body)
+        fingerprint = request_fingerprint(body)
         session = self.get(session_id)
         async with session.lock:
             session.last_used = time.monotonic()
-            plan = self._plan(session, request)
+            held = session.segment
+            if held is not None and held.last_reply is not None and held.last_request == fingerprint:
+                self.metrics.replays.inc()
+                return held.last_reply
+            plan = await asyncio.to_thread(self._plan, session, request)
             started = time.monotonic()
             result = await self._generate(session, plan, request)
             turn = self._record(session, plan, result, time.monotonic() - started)
@@ -195,17 +267,17 @@ class SessionCore:
                 cached_tokens=turn.cached_tokens,
             )
             plan.segment.messages = [*request.messages, reply.message()]
+            plan.segment.last_request, plan.segment.last_reply = fingerprint, reply
             session.last_used = time.monotonic()
         return reply
 
     def _plan(self, session: Session, request: ChatRequest) -> _Plan:
         try:
             return self._plan_tokens(session, request)
-        except RequestError:
+        except SessionServerError:
             raise
         except Exception as exc:  # a chat template raises anything (TemplateError, TypeError, ...)
             raise RequestError(
-                400,
                 f"messages: the chat template cannot render them: {type(exc).__name__}: {exc}",
                 param="messages",
             ) from exc
@@ -225,9 +297,7 @@ class SessionCore:
                     return _Plan(held, appended, [*held.tokens, *appended], None, len(new))
             if self.config.history_mismatch == "reject":
                 self.metrics.rejects.inc()
-                raise RequestError(
-                    409, f"history mismatch: {mismatch.reason}", param="messages", code="history_mismatch"
-                )
+                raise HistoryMismatchError(f"history mismatch: {mismatch.reason}", param="messages")
         else:
             mismatch = None
         prompt = self.tito.first_prompt(request.messages, request.tools)
@@ -254,28 +324,30 @@ class SessionCore:
                 routing_key=session.routing_key,
             )
         except EngineError as exc:
-            cause = "engine_rejected" if exc.is_client_error else "engine_failed"
-            status = 400 if exc.is_client_error else 502
-            self._turn_error(session, status, cause)
-            raise RequestError(
-                status, f"the engine failed this turn (not recorded): {exc}", code=cause
-            ) from exc
-        problem = self._check_result(plan, result)
+            raise self._turn_error(session, _engine_fault(exc)) from exc
+        problem = self._check_result(plan, result, request)
         if problem:
-            self._turn_error(session, 502, "engine_protocol")
-            raise RequestError(
-                502,
-                f"the engine's response breaks the protocol (turn not recorded): {problem}",
-                code="engine_protocol",
+            raise self._turn_error(
+                session,
+                EngineProtocolError(
+                    f"the engine's response breaks the protocol (turn not recorded): {problem}"
+                ),
             )
         return result
 
-    def _turn_error(self, session: Session, status: int, cause: str) -> None:
+    def _turn_error(self, session: Session, error: SessionServerError) -> SessionServerError:
         """Count a failed turn and keep it in the session's facts (the turn itself is not recorded)."""
-        self.metrics.turn_errors.labels(cause).inc()
-        session.turn_errors.append({"turn": len(session.turns), "status": status, "cause": cause})
+        self.metrics.turn_errors.labels(error.code).inc()
+        session.turn_errors.append({"turn": len(session.turns), "status": error.status, "cause": error.code})
+        return error
 
-    def _check_result(self, plan: _Plan, result: GenerateResult) -> str | None:
+    def _check_result(self, plan: _Plan, result: GenerateResult, request: ChatRequest) -> str | None:
+        outside = [t for t in result.output_ids if not 0 <= t < self.vocab_size]
+        if outside:
+            return f"output_ids holds token id {outside[0]}, outside the vocabulary [0, {self.vocab_size})"
+        asked = request.max_tokens
+        if asked is not None and len(result.output_ids) > asked:
+            return f"{len(result.output_ids)} output tokens for max_tokens={asked}"
         sent = len(plan.prompt)
         if result.prompt_tokens != sent:
             return f"meta_info.prompt_tokens is {result.prompt_tokens}, but {sent} input_ids were sent"
@@ -313,10 +385,8 @@ class SessionCore:
             try:
                 routing = compact_rows(raw, shape)
             except ValueError as exc:
-                self._turn_error(session, 502, "engine_protocol")
-                raise RequestError(
-                    502, f"the engine's routing is unusable (turn not recorded): {exc}"
-                ) from exc
+                why = f"the engine's routing is unusable (turn not recorded): {exc}"
+                raise self._turn_error(session, EngineProtocolError(why)) from exc
             sources = row_sources(segment.rows, len(raw), len(plan.prompt), segment.last_output)
         input_start = len(segment.tokens)
         output = result.output_ids
@@ -400,3 +470,17 @@ class SessionCore:
         encoded = wire.encode(await self.merged(session_id))
         self.metrics.merged_bytes.inc(len(encoded))
         return encoded
+
+
+def _engine_fault(exc: EngineError) -> SessionServerError:
+    """The error an agent gets for a failed engine call: retryable (429 -> 503, timeout, 5xx) or not (4xx)."""
+    message = f"the engine failed this turn (not recorded): {exc}"
+    if isinstance(exc, engine_client.EngineResponseError):
+        return EngineProtocolError(f"the engine's response breaks the protocol (turn not recorded): {exc}")
+    if exc.is_overloaded:
+        return EngineBusyError(f"the engine is overloaded (HTTP 429), retry later (turn not recorded): {exc}")
+    if isinstance(exc, engine_client.EngineTimeoutError):
+        return EngineTimeoutError(message)
+    if exc.is_client_error:
+        return EngineRejectedError(message)
+    return EngineFaultError(message)

@@ -33,6 +33,9 @@ class SessionMetrics:
         self.rejects = Counter(
             "rl360_session_history_rejects", "History mismatches answered with 409", registry=r
         )
+        self.replays = Counter(
+            "rl360_session_replayed_turns", "Retried requests answered with the recorded turn", registry=r
+        )
         self.prompt_tokens = Counter(
             "rl360_session_prompt_tokens", "Prompt tokens sent to the engine", registry=r
         )

@@ -20,8 +20,8 @@ import numpy as np
 import orjson
 import safetensors.numpy
 
-from rl360_ext.session.chat_api import RequestError
 from rl360_ext.session.core import SESSION_KEY
+from rl360_ext.session.errors import RequestError
 from rl360_ext.session.merge import MergedSample
 from rl360_ext.session.miles_sample import Decode, MilesSample, to_miles_sample
 
@@ -41,20 +41,20 @@ TENSOR_DTYPES: dict[str, np.dtype] = {
 def parse_samples_request(body: Any) -> tuple[int | None, dict[str, Any] | None]:
     """`(max_seq_len, metadata)` from a `/samples` body; a bad field raises `RequestError` 400."""
     if not isinstance(body, dict):
-        raise RequestError(400, "body: must be a JSON object", param="body")
+        raise RequestError("body: must be a JSON object", param="body")
     unknown = sorted(set(body) - {"max_seq_len", "metadata"})
     if unknown:
-        raise RequestError(400, f"{unknown[0]}: unknown field", param=unknown[0])
+        raise RequestError(f"{unknown[0]}: unknown field", param=unknown[0])
     max_seq_len = body.get("max_seq_len")
     if max_seq_len is not None and (
         isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1
     ):
         raise RequestError(
-            400, f"max_seq_len: must be a positive integer, got {max_seq_len!r}", param="max_seq_len"
+            f"max_seq_len: must be a positive integer, got {max_seq_len!r}", param="max_seq_len"
         )
     metadata = body.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
-        raise RequestError(400, "metadata: must be a JSON object", param="metadata")
+        raise RequestError("metadata: must be a JSON object", param="metadata")
     return max_seq_len, metadata
 
 

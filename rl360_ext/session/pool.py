@@ -89,13 +89,12 @@ class SessionServerActor:
         import ray
         import uvicorn
 
-        from rl360_ext.session.app import create_app
-        from rl360_ext.session.service import build_core
+        from rl360_ext.session.service import app_for, build_core
 
         host = self.host or ray.util.get_node_ip_address()
         self.core = build_core(self.options)
         config = uvicorn.Config(
-            create_app(self.core, public_url=self.options.public_url),
+            app_for(self.core, self.options),
             host=host,
             port=self.port,
             log_level="warning",

@@ -1,6 +1,7 @@
 """Assembling a session server from its options: tokenizer, template check, routing shape, backend.
 
-Owns `ServiceOptions` (everything `rl360 session serve` and the Ray pool pass), resolving the R3
+Owns turning `ServiceOptions` (`options.py`: everything `rl360 session serve` and the Ray pool
+pass) into a running server: resolving the R3
 routing shape (explicit options, else the model's `config.json` next to the tokenizer, else the
 backend's model info), the startup append-only check of the chat template (refuse to start on a
 violation unless allowed), building the `SessionCore`, and running it under uvicorn. It does not
@@ -10,8 +11,8 @@ own the HTTP routes (`app.py`) or session logic (`core.py`).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import httpx
 
 from rl360_ext.session.config import ServerConfig
 from rl360_ext.session.core import SessionCore
+from rl360_ext.session.options import ServiceOptions
 from rl360_ext.session.routing import RoutingShape, shape_from_model_config
 
 log = logging.getLogger("rl360.session")
@@ -27,24 +29,6 @@ TEMPLATE_CHECK_CASES = 200  # generated conversations the startup check replays 
 
 class ServiceStartupError(RuntimeError):
     """The server must not start with these options (the message says why and what to pass)."""
-
-
-@dataclass
-class ServiceOptions:
-    backend_url: str
-    tokenizer_dir: str
-    r3: bool = False
-    history_mismatch: str = "fork"
-    allow_non_append_only: bool = False
-    max_sessions: int = ServerConfig.max_sessions
-    idle_ttl_s: float = ServerConfig.idle_ttl_s
-    model_name: str = ServerConfig.model_name
-    routing_layers: int | None = None
-    routing_top_k: int | None = None
-    routing_experts: int | None = None
-    engine_timeout_s: float = 3600.0
-    public_url: str | None = None  # base URL agents reach this server at (default: the request's)
-    chat_template: str | None = None  # None: the tokenizer's own; "fixed": fixed_template_for; else a file
 
 
 def resolve_chat_template(tokenizer: Any, choice: str | None) -> str | None:
@@ -157,20 +141,46 @@ def build_core(options: ServiceOptions) -> SessionCore:
         model_name=options.model_name,
         template_facts=facts,
         template_append_only=facts["append_only"],
+        vocab_size=resolve_vocab_size(tokenizer, options),
     )
     backend = EngineClient(options.backend_url, timeout_s=options.engine_timeout_s)
     return SessionCore(TitoRenderer(renderer), backend, config)
+
+
+def resolve_vocab_size(tokenizer: Any, options: ServiceOptions) -> int:
+    """Token ids the engine may return: --vocab-size, else max(len(tokenizer), config.json vocab_size)."""
+    if options.vocab_size is not None:
+        return options.vocab_size
+    size = len(tokenizer)
+    path = Path(options.tokenizer_dir) / "config.json"
+    if path.is_file():
+        config = json.loads(path.read_text())
+        declared = config.get("text_config", config).get("vocab_size")
+        if isinstance(declared, int) and declared > size:
+            size = declared
+    return size
+
+
+def app_for(core: SessionCore, options: ServiceOptions) -> Any:
+    """The FastAPI app for `core` with the options' public URL, body limit and bearer token."""
+    from rl360_ext.session.app import create_app
+
+    try:
+        token = options.bearer_token()
+    except (OSError, ValueError) as exc:
+        raise ServiceStartupError(f"--api-key-file: {exc}") from exc
+    return create_app(
+        core, public_url=options.public_url, max_request_bytes=options.max_request_bytes, api_key=token
+    )
 
 
 def serve(options: ServiceOptions, host: str, port: int) -> None:
     """Build the core and serve it with uvicorn until interrupted."""
     import uvicorn
 
-    from rl360_ext.session.app import create_app
-
-    core = build_core(options)
+    app = app_for(build_core(options), options)
     uvicorn.run(
-        create_app(core, public_url=options.public_url),
+        app,
         host=host,
         port=port,
         log_level="warning",

@@ -34,9 +34,18 @@ class EngineError(RuntimeError):
         """The engine rejected the request itself (4xx); retrying the same body will not help."""
         return self.status is not None and 400 <= self.status < 500
 
+    @property
+    def is_overloaded(self) -> bool:
+        """The engine answered 429 (too many requests): the same body may succeed later."""
+        return self.status == 429
+
 
 class EngineResponseError(EngineError):
     """The engine answered 200 with a body that does not follow the protocol."""
+
+
+class EngineTimeoutError(EngineError):
+    """No answer (or no connection) within the client's timeout."""
 
 
 @dataclass(frozen=True)
@@ -202,7 +211,7 @@ class EngineClient:
         self.base_url = base_url.rstrip("/")
         self._owns_client = client is None
         self._client = client or httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s, connect=10.0),
+            timeout=httpx.Timeout(timeout_s),  # connecting and waiting for a pooled connection included
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         )
 
@@ -228,6 +237,8 @@ class EngineClient:
         url = self.base_url + path
         try:
             response = await self._client.request(method, url, **kwargs)
+        except httpx.TimeoutException as exc:
+            raise EngineTimeoutError(f"{method} {url} timed out: {type(exc).__name__}: {exc}") from exc
         except httpx.HTTPError as exc:
             raise EngineError(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
         if response.status_code >= 400:

@@ -44,6 +44,7 @@ class Step:
     error: EngineError | None = None
     extra_rows: int = 0
     cached_tokens: int = 0
+    output_ids: list[int] | None = None  # sent instead of the text's tokens (a protocol-breaking engine)
 
 
 class ScriptedBackend:
@@ -69,7 +70,7 @@ class ScriptedBackend:
         step = self.steps.pop(0) if self.steps else Step()
         if step.error is not None:
             raise step.error
-        output = self.renderer.encode(step.text)
+        output = self.renderer.encode(step.text) if step.output_ids is None else list(step.output_ids)
         logprobs = [[-0.5 - 0.01 * i, t, None] for i, t in enumerate(output)]
         meta: dict[str, Any] = {
             "id": kw.get("rid"),

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import base64
 
+import httpx
 import numpy as np
 import pytest
 
-from rl360_ext.sglang.client import EngineResponseError, FinishReason, GenerateResult, decode_routed_experts
+from rl360_ext.sglang.client import (
+    EngineClient,
+    EngineError,
+    EngineResponseError,
+    EngineTimeoutError,
+    FinishReason,
+    GenerateResult,
+    decode_routed_experts,
+)
 
 
 def _body(**meta):
@@ -55,3 +64,25 @@ def test_protocol_violations_are_named() -> None:
     result = GenerateResult.from_json(_body(routed_experts=base64.b64encode(bytes(12)).decode()))
     with pytest.raises(EngineResponseError, match="not a multiple of layers"):
         result.routing_rows(4, 2)
+
+
+def test_connecting_gets_the_whole_engine_timeout_not_a_short_connect_limit() -> None:
+    client = EngineClient("http://127.0.0.1:9", timeout_s=123.0)
+    timeout = client._client.timeout
+    assert (timeout.connect, timeout.read, timeout.pool) == (123.0, 123.0, 123.0)
+
+
+async def test_a_timeout_and_a_429_are_told_apart_from_other_failures() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/slow":
+            raise httpx.ReadTimeout("no answer", request=request)
+        return httpx.Response(429, text="busy")
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    async with EngineClient("http://engine", client=http) as client:
+        with pytest.raises(EngineTimeoutError, match="timed out"):
+            await client._get("/slow")
+        with pytest.raises(EngineError) as busy:
+            await client.generate([1, 2])
+    assert busy.value.is_overloaded and busy.value.is_client_error
+    await http.aclose()

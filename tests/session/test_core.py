@@ -7,8 +7,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from rl360_ext.session.chat_api import RequestError
 from rl360_ext.session.core import ServerConfig, SessionCore
+from rl360_ext.session.errors import RequestError, SessionServerError
 from rl360_ext.session.routing import SOURCE_DECODE, SOURCE_LATER_PREFILL, SOURCE_PROMPT
 from rl360_ext.session.tito import TitoRenderer
 from rl360_ext.sglang.client import EngineError
@@ -176,7 +176,7 @@ async def test_reject_mode_answers_409_naming_the_first_differing_message(make_c
     sid = core.create().id
     _, history = await _turn(core, sid, [SYSTEM, USER])
     history[2] = {"role": "assistant", "content": "I said something else"}
-    with pytest.raises(RequestError) as err:
+    with pytest.raises(SessionServerError) as err:
         await core.chat(sid, {"messages": [*history, {"role": "user", "content": "x"}]})
     assert err.value.status == 409 and "messages[2]" in err.value.message
     assert len(backend.calls) == 1 and len(core.get(sid).turns) == 1
@@ -186,7 +186,7 @@ async def test_changed_tools_are_a_history_mismatch(make_core) -> None:
     core, _ = make_core(history_mismatch="reject")
     sid = core.create().id
     _, history = await _turn(core, sid, [USER], tools=TOOLS)
-    with pytest.raises(RequestError, match="tools differ"):
+    with pytest.raises(SessionServerError, match="tools differ"):
         await core.chat(sid, {"messages": [*history, {"role": "user", "content": "x"}]})
 
 
@@ -194,11 +194,11 @@ async def test_engine_failure_is_502_and_the_turn_is_not_recorded(make_core) -> 
     core, backend = make_core()
     sid = core.create().id
     backend.push(Step(error=EngineError("POST /generate returned HTTP 503", status=503)))
-    with pytest.raises(RequestError) as err:
+    with pytest.raises(SessionServerError) as err:
         await core.chat(sid, {"messages": [USER]})
     assert err.value.status == 502 and core.get(sid).turns == []
     backend.push(Step(error=EngineError("POST /generate failed: ConnectError")))
-    with pytest.raises(RequestError, match="not recorded"):
+    with pytest.raises(SessionServerError, match="not recorded"):
         await core.chat(sid, {"messages": [USER]})
     await core.chat(sid, {"messages": [USER]})  # the agent's retry is not a history mismatch
     assert len(core.get(sid).turns) == 1 and core.get(sid).forks == []
@@ -208,7 +208,7 @@ async def test_wrong_routing_row_count_is_502_and_not_recorded(make_core) -> Non
     core, backend = make_core()
     sid = core.create().id
     backend.push(Step(extra_rows=1))
-    with pytest.raises(RequestError, match=r"routed_experts has \d+ rows, expected") as err:
+    with pytest.raises(SessionServerError, match=r"routed_experts has \d+ rows, expected") as err:
         await core.chat(sid, {"messages": [USER]})
     assert err.value.status == 502 and core.get(sid).turns == []
 
@@ -242,18 +242,18 @@ async def test_a_session_without_turns_merges_to_an_empty_failed_sample(make_cor
 def test_limits_and_lifecycle_errors_are_clear(make_core) -> None:
     core, _ = make_core(max_sessions=2, idle_ttl_s=60)
     first, second = core.create().id, core.create().id
-    with pytest.raises(RequestError, match="max_sessions=2") as full:
+    with pytest.raises(SessionServerError, match="max_sessions=2") as full:
         core.create()
     assert full.value.status == 429
     core.delete(first)
-    with pytest.raises(RequestError, match="was deleted") as deleted:
+    with pytest.raises(SessionServerError, match="was deleted") as deleted:
         core.get(first)
     assert deleted.value.status == 404
     assert core.evict_idle(now=core.get(second).last_used + 61) == [second]
-    with pytest.raises(RequestError, match="expired after 60 s idle") as expired:
+    with pytest.raises(SessionServerError, match="expired after 60 s idle") as expired:
         core.get(second)
     assert expired.value.status == 410
-    with pytest.raises(RequestError, match="unknown session nope") as unknown:
+    with pytest.raises(SessionServerError, match="unknown session nope") as unknown:
         core.get("nope")
     assert unknown.value.status == 404
     assert len(core.create().id) >= 24  # room again; ids are long random tokens

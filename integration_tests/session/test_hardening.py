@@ -1,0 +1,123 @@
+"""Hardening through real processes: the openai client's own retries, a restart, a 10 MB message.
+
+Each test starts its own tiny engine and session server (loopback) so a fault setting or a
+restart never leaks into another test.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from rl360_ext.local.services import start_engine
+from rl360_ext.util.procs import running
+
+from .conftest import END_OF_TURN_BIAS, SYSTEM, USER, merged, new_session, start_session_server
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ENGINE_LATENCY_S = 1.5
+CLIENT_TIMEOUT_S = 1.0  # shorter than the engine: every first attempt times out, the client retries
+
+
+def test_the_openai_clients_default_retries_keep_every_turn(log_dir) -> None:
+    engine = start_engine(log_dir, name="slow-engine")
+    server = start_session_server(log_dir, engine.url, "--r3", name="retry-session")
+    with running(engine, server):
+        faults = {"latency_s": ENGINE_LATENCY_S}
+        httpx.post(engine.url + "/rl360/faults", json=faults, timeout=10).raise_for_status()
+        session_id, base_url = new_session(server)
+        client = openai.OpenAI(base_url=base_url, api_key="unused", timeout=CLIENT_TIMEOUT_S)
+        assert client.max_retries == 2  # the official client's default, left as it is
+        messages = [SYSTEM, USER]
+        replies = []
+        for turn in range(3):
+            reply = client.chat.completions.create(
+                model="p", messages=messages, max_tokens=6, logit_bias=END_OF_TURN_BIAS, temperature=1.0
+            )
+            replies.append(reply)
+            messages = [
+                *messages,
+                reply.choices[0].message.model_dump(exclude_none=True),
+                {"role": "user", "content": f"go on ({turn})"},
+            ]
+        sample = merged(server, session_id)
+        facts = sample.metadata["session"]
+        assert len(sample.turns) == 3, f"kept {len(sample.turns)} of 3 turns"
+        assert facts["forks"] == [] and sample.metadata["merge"]["segments"] == 1
+        metrics = httpx.get(server.url + "/metrics", timeout=10).text
+        (replayed,) = (
+            float(line.split()[1])
+            for line in metrics.splitlines()
+            if line.startswith("rl360_session_replayed_turns_total ")
+        )
+        assert replayed >= 3  # each turn's first attempt timed out and a retry got its recorded reply
+        for reply, recorded in zip(replies, sample.turns, strict=True):
+            assert reply.usage.completion_tokens == recorded["output_tokens"]
+
+
+def test_a_restarted_server_answers_session_lost(log_dir, engine) -> None:
+    port_flags = ("--max-sessions", "8")
+    first = start_session_server(log_dir, engine.url, *port_flags, name="before-restart")
+    with running(first):
+        session_id, _ = new_session(first)
+    second = start_session_server(log_dir, engine.url, *port_flags, name="after-restart")
+    with running(second):
+        url = f"{second.url}/sessions/{session_id}/v1/chat/completions"
+        lost = httpx.post(url, json={"messages": [USER]}, timeout=30)
+        assert lost.status_code == 410 and lost.json()["error"]["code"] == "session_lost"
+        unknown = httpx.get(f"{second.url}/sessions/not-a-session-id-at-all/merged", timeout=30)
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_session"
+
+
+def _poll_health(url: str, stop: threading.Event, latencies: list[float]) -> None:
+    with httpx.Client(timeout=120) as http:
+        while not stop.is_set():
+            started = time.perf_counter()
+            http.get(url + "/health").raise_for_status()
+            latencies.append(time.perf_counter() - started)
+            time.sleep(0.01)
+
+
+def _p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[98] if len(values) >= 2 else values[0]
+
+
+@pytest.mark.parametrize("limit", [None, 32 * 1024 * 1024], ids=["default-limit", "32MiB-limit"])
+def test_health_stays_responsive_while_a_10mb_message_is_handled(log_dir, engine, limit) -> None:
+    flags = () if limit is None else ("--max-request-bytes", str(limit))
+    server = start_session_server(log_dir, engine.url, *flags, name=f"big-{limit}")
+    with running(server):
+        session_id, _ = new_session(server)
+        big = {"role": "user", "content": ("fix the failing test in module.py " * 400_000)[:10_000_000]}
+        stop, latencies = threading.Event(), []
+        poller = threading.Thread(target=_poll_health, args=(server.url, stop, latencies))
+        poller.start()
+        time.sleep(0.3)
+        started = time.perf_counter()
+        response = httpx.post(
+            f"{server.url}/sessions/{session_id}/v1/chat/completions",
+            json={"messages": [big], "max_tokens": 4},
+            timeout=600,
+        )
+        handled_s = time.perf_counter() - started
+        stop.set()
+        poller.join()
+        p99, worst = _p99(latencies), max(latencies)
+        print(
+            f"\n10 MB message ({'default' if limit is None else limit} limit): HTTP {response.status_code} "
+            f"in {handled_s:.2f} s; /health n={len(latencies)} p99={p99 * 1000:.1f} ms "
+            f"max={worst * 1000:.1f} ms"
+        )
+        if limit is None:
+            assert response.status_code == 413 and "8388608 bytes" in response.json()["error"]["message"]
+        else:
+            # handled (rendered and tokenized off the event loop); the tiny engine's context is 32k
+            assert response.status_code == 400 and response.json()["error"]["code"] == "engine_rejected"
+        assert p99 < 0.5
+        assert httpx.get(server.url + "/health", timeout=10).status_code == 200

@@ -1,0 +1,133 @@
+"""The session server's error tree: each refusal or failure is one class holding its HTTP status.
+
+Hierarchy (status, default `code` in the OpenAI-style error body)::
+
+    SessionServerError                 500 internal_error
+    ├── RequestError                   400 invalid_request      the agent's request is malformed
+    │   └── EngineRejectedError        400 engine_rejected      the engine refused the request (4xx)
+    ├── UnauthorizedError              401 unauthorized         missing or wrong bearer token
+    ├── SessionNotFoundError           404 unknown_session      no such session (typo, deleted)
+    ├── HistoryMismatchError           409 history_mismatch     --history-mismatch reject
+    ├── SessionGoneError               410 session_expired      dropped by the idle TTL
+    │   └── SessionLostError           410 session_lost         made by an earlier server process
+    ├── PayloadTooLargeError           413 request_too_large    body over --max-request-bytes
+    ├── TooManySessionsError           429 too_many_sessions    --max-sessions reached
+    ├── EngineFaultError               502 engine_failed        engine 5xx / transport failure
+    │   ├── EngineProtocolError        502 engine_protocol      the engine's answer breaks the protocol
+    │   └── EngineBusyError            503 engine_busy          the engine said 429: retry later
+    └── EngineTimeoutError             504 engine_timeout       no answer within --engine-timeout
+
+The tree mirrors Miles' `miles/rollout/session/errors.py` (a status per class); the codes are
+rl360's. Owns the classes and the error body; `app.py` turns them into responses, `core.py` and
+`chat_api.py` raise them. Infra faults (`EngineFaultError`, `SessionLostError`) are what the
+generate hook counts as infrastructure, never as a reward.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class SessionServerError(Exception):
+    """A request the session server refuses or cannot serve; `status` is the HTTP status."""
+
+    status: ClassVar[int] = 500
+    default_code: ClassVar[str] = "internal_error"
+    retry_after_s: ClassVar[int | None] = None  # sent as Retry-After when set
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code or self.default_code
+
+    @property
+    def kind(self) -> str:
+        return "invalid_request_error" if self.status < 500 else "upstream_error"
+
+    def to_json(self) -> dict[str, Any]:
+        """The OpenAI-style error body."""
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+    def headers(self) -> dict[str, str]:
+        return {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
+
+
+class RequestError(SessionServerError):
+    """The agent's request is malformed; the message names the field."""
+
+    status = 400
+    default_code = "invalid_request"
+
+
+class EngineRejectedError(RequestError):
+    """The engine refused the request itself (a 4xx other than 429): the same body will fail again."""
+
+    default_code = "engine_rejected"
+
+
+class UnauthorizedError(SessionServerError):
+    """The server has a bearer token and the request did not carry it."""
+
+    status = 401
+    default_code = "unauthorized"
+
+
+class SessionNotFoundError(SessionServerError):
+    status = 404
+    default_code = "unknown_session"
+
+
+class HistoryMismatchError(SessionServerError):
+    status = 409
+    default_code = "history_mismatch"
+
+
+class SessionGoneError(SessionServerError):
+    """The session existed on this server process and was dropped (idle TTL)."""
+
+    status = 410
+    default_code = "session_expired"
+
+
+class SessionLostError(SessionGoneError):
+    """The session was made by another process of this server (it restarted): its turns are gone."""
+
+    default_code = "session_lost"
+
+
+class PayloadTooLargeError(SessionServerError):
+    status = 413
+    default_code = "request_too_large"
+
+
+class TooManySessionsError(SessionServerError):
+    status = 429
+    default_code = "too_many_sessions"
+    retry_after_s = 1
+
+
+class EngineFaultError(SessionServerError):
+    """The engine side failed this turn (nothing recorded): an infra fault, never the policy's."""
+
+    status = 502
+    default_code = "engine_failed"
+
+
+class EngineProtocolError(EngineFaultError):
+    """The engine answered, but its answer breaks the protocol (nothing recorded)."""
+
+    default_code = "engine_protocol"
+
+
+class EngineBusyError(EngineFaultError):
+    """The engine answered 429: retryable, so the agent's client retries instead of giving up."""
+
+    status = 503
+    default_code = "engine_busy"
+    retry_after_s = 1
+
+
+class EngineTimeoutError(EngineFaultError):
+    status = 504
+    default_code = "engine_timeout"

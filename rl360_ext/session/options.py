@@ -1,0 +1,97 @@
+"""The session server's options: one dataclass, the single source of every default and flag help.
+
+Owns `ServiceOptions` (what `rl360 session serve`, the Ray pool and the generate hook pass to
+build a server). Each field's docstring is its help text and `field(metadata=...)` names its
+CLI flag when that differs from the field name (`flag`) and its lower bound (`min`);
+`rl360_ext.cli.session` derives the flags from here and `core.ServerConfig` takes its defaults
+from here (`default_of`). It does not own building or serving (`service.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HISTORY_MISMATCH_MODES = ("fork", "reject")
+
+
+@dataclass
+class ServiceOptions:
+    """Options of one session server."""
+
+    backend_url: str = field(metadata={"flag": "--backend"})
+    """SGLang-protocol base URL: an engine or the SMG gateway."""
+
+    tokenizer_dir: str = field(metadata={"flag": "--tokenizer"})
+    """Tokenizer directory (with its chat template)."""
+
+    r3: bool = False
+    """Record routing replay (delta R3) rows per turn."""
+
+    history_mismatch: str = "fork"
+    """When an agent's history is not an append: fork (new segment) or reject (409)."""
+
+    allow_non_append_only: bool = False
+    """Start even if the template checker rejects the template."""
+
+    max_sessions: int = field(default=4096, metadata={"min": 1})
+    """Sessions held at once."""
+
+    idle_ttl_s: float = field(default=7200.0, metadata={"flag": "--idle-ttl", "min": 0.001})
+    """Drop sessions idle this many seconds."""
+
+    model_name: str = "rl360-policy"
+    """Model name in replies and /v1/models."""
+
+    routing_layers: int | None = field(default=None, metadata={"flag": "--r3-layers", "min": 1})
+    """MoE layers (default: config.json, /model_info)."""
+
+    routing_top_k: int | None = field(default=None, metadata={"flag": "--r3-top-k", "min": 1})
+    """Experts per token (default: as above)."""
+
+    routing_experts: int | None = field(default=None, metadata={"flag": "--r3-experts", "min": 1})
+    """Experts per layer (default: as above)."""
+
+    engine_timeout_s: float = field(default=3600.0, metadata={"flag": "--engine-timeout", "min": 0.001})
+    """Seconds one /generate call (connecting included) may take before the turn fails as engine_timeout."""
+
+    public_url: str | None = None
+    """Base URL agents reach this server at (default: the request's)."""
+
+    chat_template: str | None = None
+    """Template to render with: a .jinja file, or 'fixed' for rl360's fixed template."""
+
+    max_request_bytes: int = field(default=8 * 1024 * 1024, metadata={"min": 1})
+    """Largest request body accepted, in bytes; a larger one is answered 413 before it is parsed."""
+
+    vocab_size: int | None = field(default=None, metadata={"min": 1})
+    """Token ids the model can emit (default: max of the tokenizer's size and config.json's vocab_size)."""
+
+    api_key: str | None = field(default=None, repr=False)
+    """Bearer token every route but /health and /metrics requires (SGLang's --api-key style)."""
+
+    api_key_file: str | None = None
+    """File holding the bearer token (keeps it out of the process list); wins over --api-key."""
+
+    def __post_init__(self) -> None:
+        if self.history_mismatch not in HISTORY_MISMATCH_MODES:
+            raise ValueError(f"history_mismatch must be fork or reject, got {self.history_mismatch!r}")
+
+    def bearer_token(self) -> str | None:
+        """The token to require: the file's first line (stripped) when given, else `api_key`."""
+        if self.api_key_file is None:
+            return self.api_key or None
+        token = Path(self.api_key_file).read_text().strip()
+        if not token:
+            raise ValueError(f"--api-key-file: {self.api_key_file} is empty")
+        return token
+
+
+def default_of(name: str) -> Any:
+    """The default of one `ServiceOptions` field (so other config classes do not retype it)."""
+    (found,) = (f for f in dataclasses.fields(ServiceOptions) if f.name == name)
+    if found.default is dataclasses.MISSING:
+        raise KeyError(f"ServiceOptions.{name} has no default")
+    return found.default

@@ -1,0 +1,29 @@
+"""Dataclass field docstrings (the string literal right below a field), read from the class source.
+
+Owns `field_docs`, so a config dataclass can be the single place a field's help text is written
+and a CLI derives its flags' help from it.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import itertools
+import textwrap
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """{field name: its docstring} for every annotated field of `cls` followed by a string literal."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs: dict[str, str] = {}
+    for node, following in itertools.pairwise(body):
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        if (
+            isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
+            docs[node.target.id] = inspect.cleandoc(following.value.value)
+    return docs
