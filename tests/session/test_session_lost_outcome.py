@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from rl360_ext.outcomes.causes import Cause
 from rl360_ext.rollout import generate
 from rl360_ext.session.options import ServiceOptions
 from rl360_ext.session.pool import SessionPool, SessionServerActor
@@ -30,6 +31,6 @@ async def test_a_session_lost_in_a_restart_is_an_infra_attempt_even_with_a_verif
     handle = SimpleNamespace(pool=_RestartedPool(actor))
     merged, problem = await generate._collect(handle, session_id)  # type: ignore[arg-type]
     assert merged is None and "SessionLostError" in problem and "restarted" in problem
-    graded = {"reward": 0.0, "reward_source": "verifier", "failure_cause": None}
-    attempt = generate.classify(graded, generate.SESSION_VANISHED if problem else None, "score")
+    graded = {"reward": 0.0, "reward_source": "verifier", "failure_cause": None, "attempt_class": "valid"}
+    attempt = generate.classify(graded, Cause.SESSION_VANISHED if problem else None, "score")
     assert attempt == "infra:session_vanished"
