@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -99,24 +98,37 @@ def test_the_start_rate_limit_holds_across_the_pool(pool: Any) -> None:
     assert min(gaps) >= START_INTERVAL_S - 0.25, gaps
 
 
-def test_a_killed_replica_fails_its_attempts_and_is_replaced(pool: Any, tmp_path: Path) -> None:
+def test_a_killed_replica_masks_its_attempts_as_infra_and_is_replaced(pool: Any) -> None:
     import ray
 
+    from rl360_ext.rollout import agent
+    from rl360_ext.rollout.config import AgentConfig
+
     victim, survivor = pool.replicas
-    victim_url, survivor_url = victim.url, survivor.url
+    config = AgentConfig(harbor_url=",".join(pool.urls), deadline_s=300.0)
+    router = agent.harbor_router(config)
+    groups = [f"image-{i}" for i in range(64)]
+    on_victim = [g for g in groups if router.pinned(g) == victim.url][:2]
+    on_survivor = [g for g in groups if router.pinned(g) == survivor.url][:2]
+
+    async def attempt(group: str) -> dict[str, Any]:
+        metadata = {"task": TASK, "image_group": group}
+        result = await agent.run("http://127.0.0.1:9/sessions/s", None, {}, metadata, rl360_config=config)
+        assert result is not None
+        return result
 
     async def step() -> tuple[list[Any], list[Any]]:
-        on_victim = [asyncio.create_task(_run(victim_url)) for _ in range(2)]
-        on_survivor = [asyncio.create_task(_run(survivor_url)) for _ in range(2)]
+        lost = [asyncio.create_task(attempt(g)) for g in on_victim]
+        kept = [asyncio.create_task(attempt(g)) for g in on_survivor]
         await asyncio.sleep(1.0)  # both replicas have attempts in flight
         ray.kill(victim.actor)
-        return await asyncio.gather(*on_victim), await asyncio.gather(*on_survivor)
+        return await asyncio.gather(*lost), await asyncio.gather(*kept)
 
     lost, kept = asyncio.run(step())
-    assert all(isinstance(r, httpx.TransportError) for r in lost), lost
-    assert all(isinstance(r, dict) and r["reward"] == 1.0 for r in kept), kept
+    assert [(r["attempt_class"], r["reward"]) for r in lost] == [("infra:sandbox_lost", None)] * 2, lost
+    assert [(r["attempt_class"], r["reward"]) for r in kept] == [("valid", 1.0)] * 2, kept
     assert pool.replace_dead() == [victim.index]
-    assert pool.replicas[1].url == survivor_url
+    assert pool.replicas[1].url == survivor.url
     replacement = pool.replicas[0]
     assert replacement.generation == 1
     again = asyncio.run(_run(replacement.url))

@@ -99,9 +99,9 @@ CASES: tuple[FaultCase, ...] = (
     FaultCase("harbor_stalled", "the Harbor server stops answering (SIGSTOP) past the client deadline",
               "fizzbuzz", ("infra:client_deadline",), how="harbor_stalled", deadline_s=3.0),
     FaultCase("harbor_killed", "the Harbor server is killed (SIGKILL) mid-run", "fizzbuzz",
-              ("infra:transport_error",), how="harbor_killed", engine_faults=SLOW_ENGINE),
+              ("infra:sandbox_lost",), how="harbor_killed", engine_faults=SLOW_ENGINE),
     FaultCase("harbor_unreachable", "nothing listens at the Harbor URL", "fizzbuzz",
-              ("infra:transport_error",), how="harbor_unreachable"),
+              ("infra:no_sandbox",), how="harbor_unreachable"),
     FaultCase("gateway_no_engine", "the gateway's only engine is dead (killed)", "fizzbuzz",
               ("infra:no_engine_available",), how="engine_killed"),
 )  # fmt: skip

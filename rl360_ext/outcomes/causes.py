@@ -134,6 +134,8 @@ CLIENT_CAUSES = frozenset(
     {
         Cause.CLIENT_DEADLINE,
         Cause.TRANSPORT_ERROR,
+        Cause.NO_SANDBOX,  # no Harbor replica took the request (connection refused)
+        Cause.SANDBOX_LOST,  # the replica running the attempt went away mid-run
         Cause.RUN_REJECTED,
         Cause.HARBOR_INTERNAL_ERROR,
         Cause.SESSION_VANISHED,

@@ -7,9 +7,15 @@ bearer token, and mapping the answer (or its absence) to the metadata dict every
 reads. It does not run trials (the rl360 Harbor server does) or decide validity: the server's
 answer carries its verdict (`attempt_class`), read here with `rl360_ext.outcomes.verdict.
 attempt_class`, never classified again; the only causes this module names are the client's own
-(`Cause.CLIENT_DEADLINE`, `Cause.TRANSPORT_ERROR`, `Cause.RUN_REJECTED`, and
+(`Cause.CLIENT_DEADLINE`, `Cause.TRANSPORT_ERROR`, `Cause.RUN_REJECTED`, `Cause.NO_SANDBOX` and
+`Cause.SANDBOX_LOST` for a replica that refused the connection or went away mid-run, and
 `Cause.HARBOR_INTERNAL_ERROR` for a server that answered 500 or no JSON). It does not touch
 sessions or samples (the generate hook does).
+
+Several Harbor /run servers (a `rl360_ext.harbor.pool.HarborPool`'s replicas) are given as a
+comma-separated URL list; each attempt goes to the replica its image group pins
+(`metadata["image_group"]`, else the task), or to the least-loaded one
+(`rl360_ext.rollout.harbor_routing.HarborRouter`, one per URL list in this process).
 
 Configuration is an `rl360_ext.rollout.config.AgentConfig`: the generate hook passes the one it
 read from its flags (`run(..., rl360_config=...)`); called without one (Miles' stock generate, which
@@ -38,10 +44,12 @@ from rl360_ext.outcomes.causes import CLIENT_CAUSES, FAILURE_TO_INFRA, Cause, in
 from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, FAILURE_CAUSE, PHASE_TIMINGS, REWARD_SOURCE
 from rl360_ext.outcomes.verdict import attempt_class
 from rl360_ext.rollout.config import AgentConfig, flag_name
+from rl360_ext.rollout.harbor_routing import HarborRouter
 
 logger = logging.getLogger(__name__)
 
 DEADLINE_KEY = "deadline_s"  # metadata key the generate hook sets to the remaining deadline
+IMAGE_GROUP_KEY = "image_group"  # optional metadata key: the task's image group, for replica pinning
 AGENT_CONFIG_KWARG = "rl360_config"  # keyword the generate hook passes its AgentConfig as
 MESSAGE_LIMIT = 2000
 
@@ -53,6 +61,7 @@ class AgentConfigError(ValueError):
 # Session-server instance ids of this process's pools (state, not configuration): the generate
 # hook registers them when it starts a pool, `abort` flushes their trials.
 _instance_ids: set[str] = set()
+_routers: dict[tuple[str, ...], HarborRouter] = {}  # runtime state: in-flight counts, down marks
 
 
 def register_instance_ids(instance_ids: list[str] | tuple[str, ...] | set[str]) -> None:
@@ -179,17 +188,42 @@ def response_metadata(
     return failure_metadata(Cause.TRANSPORT_ERROR, message, elapsed_s=elapsed_s)
 
 
+def _transport_cause(exc: httpx.HTTPError) -> Cause:
+    """A refused connection started no sandbox; a connection lost mid-run lost its sandbox."""
+    if isinstance(exc, httpx.ConnectError):
+        return Cause.NO_SANDBOX
+    if isinstance(exc, httpx.ReadError | httpx.WriteError | httpx.RemoteProtocolError):
+        return Cause.SANDBOX_LOST
+    return Cause.TRANSPORT_ERROR
+
+
 def _headers(settings: AgentConfig) -> dict[str, str]:
     return {"Authorization": f"Bearer {settings.harbor_token}"} if settings.harbor_token else {}
 
 
-def _harbor_url(settings: AgentConfig) -> str:
-    if not settings.harbor_url:
+def _harbor_urls(settings: AgentConfig) -> tuple[str, ...]:
+    urls = tuple(url.strip().rstrip("/") for url in (settings.harbor_url or "").split(",") if url.strip())
+    if not urls:
         raise AgentConfigError(
             f"no Harbor /run server configured: pass {flag_name('harbor_url')} "
             "(or, under Miles' stock generate, set $RL360_HARBOR_URL)"
         )
-    return settings.harbor_url.rstrip("/")
+    return urls
+
+
+def harbor_router(settings: AgentConfig) -> HarborRouter:
+    """The router over this configuration's Harbor replicas (one per URL list, kept for the process,
+    so its in-flight counts and down marks span attempts)."""
+    urls = _harbor_urls(settings)
+    router = _routers.get(urls)
+    if router is None:
+        router = _routers[urls] = HarborRouter(urls)
+    return router
+
+
+def _image_group(settings: AgentConfig, metadata: Mapping[str, Any]) -> str:
+    group = metadata.get(IMAGE_GROUP_KEY)
+    return group if isinstance(group, str) and group else str(metadata.get(settings.task_key))
 
 
 # ---- Miles' agent-function contract -------------------------------------------------------------
@@ -212,24 +246,29 @@ async def run(
     task in the metadata); every failure of the attempt is returned.
     """
     settings = rl360_config if rl360_config is not None else AgentConfig.from_env()
-    url = _harbor_url(settings) + "/run"
+    router = harbor_router(settings)
     body = build_run_body(settings, base_url, request_kwargs, metadata)
     limit_s = body["deadline_s"] + settings.client_margin_s
     started = time.monotonic()
-    try:
-        async with asyncio.timeout(limit_s):
-            async with httpx.AsyncClient(timeout=httpx.Timeout(limit_s, connect=30.0)) as http:
-                response = await http.post(url, json=body, headers=_headers(settings))
-    except (TimeoutError, httpx.TimeoutException) as exc:
-        elapsed = time.monotonic() - started
-        message = f"no answer from {url} within the client deadline ({limit_s:.1f}s incl. margin)"
-        logger.warning("rl360 agent: %s (task %s)", message, body["task"])
-        return failure_metadata(Cause.CLIENT_DEADLINE, message, type(exc).__name__, elapsed)
-    except httpx.HTTPError as exc:
-        elapsed = time.monotonic() - started
-        message = f"{type(exc).__name__} talking to {url}: {exc}"
-        logger.warning("rl360 agent: %s (task %s)", message, body["task"])
-        return failure_metadata(Cause.TRANSPORT_ERROR, message, type(exc).__name__, elapsed)
+    with router.attempt(_image_group(settings, metadata)) as replica:
+        url = replica + "/run"
+        try:
+            async with asyncio.timeout(limit_s):
+                async with httpx.AsyncClient(timeout=httpx.Timeout(limit_s, connect=30.0)) as http:
+                    response = await http.post(url, json=body, headers=_headers(settings))
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            elapsed = time.monotonic() - started
+            message = f"no answer from {url} within the client deadline ({limit_s:.1f}s incl. margin)"
+            logger.warning("rl360 agent: %s (task %s)", message, body["task"])
+            return failure_metadata(Cause.CLIENT_DEADLINE, message, type(exc).__name__, elapsed)
+        except httpx.HTTPError as exc:
+            elapsed = time.monotonic() - started
+            cause = _transport_cause(exc)
+            if cause != Cause.TRANSPORT_ERROR:
+                router.mark_down(replica)
+            message = f"{type(exc).__name__} talking to {url}: {exc}"
+            logger.warning("rl360 agent: %s (task %s)", message, body["task"])
+            return failure_metadata(cause, message, type(exc).__name__, elapsed)
     elapsed = time.monotonic() - started
     try:
         decoded: Any = response.json()
@@ -257,15 +296,15 @@ async def abort(args: Any) -> None:
     ids.update(str(v) for v in (getattr(args, "session_server_instance_ids", None) or {}).values())
     if not ids:
         return
-    url = _harbor_url(settings) + "/flush"
+    targets = [(url + "/flush", i) for url in _harbor_urls(settings) for i in sorted(ids)]
     async with httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=10.0)) as http:
         answers = await asyncio.gather(
             *(
                 http.post(url, json={"session_server_instance_id": i}, headers=_headers(settings))
-                for i in sorted(ids)
+                for url, i in targets
             ),
             return_exceptions=True,
         )
-    for instance_id, answer in zip(sorted(ids), answers, strict=True):
+    for (url, instance_id), answer in zip(targets, answers, strict=True):
         if isinstance(answer, BaseException) or answer.status_code != 200:
-            logger.warning("rl360 agent: flushing instance %s failed: %r", instance_id, answer)
+            logger.warning("rl360 agent: flushing instance %s at %s failed: %r", instance_id, url, answer)

@@ -48,7 +48,9 @@ def _doc(help: str, default: Any = MISSING, **extra: Any) -> Any:
 class AgentConfig:
     """How rl360's agent function reaches the Harbor /run server and what it asks for."""
 
-    harbor_url: str | None = _doc("Harbor /run server base URL (required).", None)
+    harbor_url: str | None = _doc(
+        "Harbor /run server base URL (required); several, comma-separated, for a HarborPool's replicas.", None
+    )
     harbor_token: str | None = _doc("Bearer token for the Harbor /run server (or $RL360_HARBOR_TOKEN).", None)
     deadline_s: float = _doc("Client deadline per attempt, seconds; the server plans within it.", 3600.0)
     client_margin_s: float = _doc(

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+from types import SimpleNamespace
+from typing import Any
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -239,3 +243,80 @@ def test_a_reward_is_returned_only_for_a_valid_verifier_answer(status: int, body
 def test_the_client_names_only_client_side_causes() -> None:
     with pytest.raises(ValueError, match="client-side"):
         failure_metadata("verifier_crash", "the server's to say")
+
+
+# ---- several Harbor replicas ----------------------------------------------------------------------
+
+
+def _replicas(monkeypatch: pytest.MonkeyPatch, handler: Any) -> list[str]:
+    """Route the agent's HTTP through `handler` (an httpx MockTransport handler), fresh routers."""
+    monkeypatch.setattr(agent, "_routers", {})
+    real = httpx.AsyncClient
+    monkeypatch.setattr(httpx, "AsyncClient", lambda **kw: real(transport=httpx.MockTransport(handler), **kw))
+    return ["http://replica-a:8765", "http://replica-b:8765"]
+
+
+def _graded(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(200, json=verifier_answer())
+
+
+async def test_attempts_follow_their_image_group_across_replicas(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.host)
+        return _graded(request)
+
+    urls = _replicas(monkeypatch, handler)
+    config = AgentConfig(harbor_url=",".join(urls))
+    for _ in range(3):
+        result = await agent.run("http://s/sessions/x", None, {}, {"task": "fizzbuzz", "image_group": "py3"},
+                                 rl360_config=config)  # fmt: skip
+        assert result["attempt_class"] == "valid"
+    pinned = agent.harbor_router(config).pinned("py3")
+    assert seen == [pinned.split("//")[1].split(":")[0]] * 3
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (httpx.ConnectError("refused"), "infra:no_sandbox"),
+        (httpx.ReadError("connection reset mid-run"), "infra:sandbox_lost"),
+        (httpx.RemoteProtocolError("server disconnected"), "infra:sandbox_lost"),
+    ],
+)
+async def test_a_replica_that_goes_away_masks_its_attempt_and_is_routed_around(
+    monkeypatch: pytest.MonkeyPatch, error: httpx.HTTPError, expected: str
+) -> None:
+    config = AgentConfig(harbor_url="http://replica-a:8765,http://replica-b:8765")
+    victim = agent.harbor_router(config).pinned("g")
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if str(request.url).startswith(victim):
+            raise error
+        return _graded(request)
+
+    _replicas(monkeypatch, handler)
+    lost = await agent.run(
+        "http://s/sessions/x", None, {}, {"task": "t", "image_group": "g"}, rl360_config=config
+    )
+    assert (lost["attempt_class"], lost["reward"]) == (expected, None)
+    again = await agent.run(
+        "http://s/sessions/x", None, {}, {"task": "t", "image_group": "g"}, rl360_config=config
+    )
+    assert again["attempt_class"] == "valid"  # the next attempt went to the other replica
+    assert agent.harbor_router(config).in_flight == {url: 0 for url in agent.harbor_router(config).urls}
+
+
+async def test_abort_flushes_every_replica(monkeypatch: pytest.MonkeyPatch) -> None:
+    flushed: list[tuple[str, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        flushed.append((request.url.host, json.loads(request.content)["session_server_instance_id"]))
+        return httpx.Response(200, json={"cancelled": 0})
+
+    urls = _replicas(monkeypatch, handler)
+    args = SimpleNamespace(session_server_instance_id="inst-1")
+    monkeypatch.setenv(env_name("harbor_url"), ",".join(urls))
+    await agent.abort(args)
+    assert sorted(flushed) == [("replica-a", "inst-1"), ("replica-b", "inst-1")]
