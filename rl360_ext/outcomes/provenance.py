@@ -26,6 +26,7 @@ FAILURE_CAUSE = "failure_cause"  # Harbor's or ours, as reported by the /run ser
 PHASE_TIMINGS = (
     "phase_timings"  # {"queue": s, "environment_setup": s, "agent_setup": s, "agent": s, "verifier": s}
 )
+TIMELINE = "timeline"  # {"received_at": unix s, "sandbox_started_at": ..., "finished_at": ...} from Harbor
 DOMAIN = "domain"  # optional task domain for per-domain metrics
 
 

@@ -41,7 +41,7 @@ from typing import Any
 import httpx
 
 from rl360_ext.outcomes.causes import CLIENT_CAUSES, FAILURE_TO_INFRA, Cause, infra_class
-from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, FAILURE_CAUSE, PHASE_TIMINGS, REWARD_SOURCE
+from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, FAILURE_CAUSE, PHASE_TIMINGS, REWARD_SOURCE, TIMELINE
 from rl360_ext.outcomes.verdict import attempt_class
 from rl360_ext.rollout.config import AgentConfig, flag_name
 from rl360_ext.rollout.harbor_routing import HarborRouter
@@ -135,6 +135,7 @@ def result_metadata(response: Mapping[str, Any], agent_timeout_policy: str = "sc
         ATTEMPT_CLASS: verdict,
         "exit_status": failure_cause or ("completed" if valid else "no_reward"),
         PHASE_TIMINGS: _mapping(response.get("phase_timings")),
+        TIMELINE: _mapping(response.get("timeline")),
         "agent_metrics": _mapping(response.get("agent_metrics")),
         "placement": response.get("placement"),
         "trial_name": response.get("trial_name"),
@@ -161,6 +162,7 @@ def failure_metadata(
         ATTEMPT_CLASS: infra_class(FAILURE_TO_INFRA.get(cause, cause)),
         "exit_status": cause.value,
         PHASE_TIMINGS: {} if elapsed_s is None else {"client_wait": elapsed_s},
+        TIMELINE: {},
         "agent_metrics": {},
         "placement": None,
         "trial_name": None,

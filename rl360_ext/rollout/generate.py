@@ -55,6 +55,7 @@ from rl360_ext.rollout.config import (
     add_dataclass_arguments,
     flag_name,
 )
+from rl360_ext.rollout.occupancy import MODEL_TIME
 from rl360_ext.rollout.rewards import verifier_reward_value
 from rl360_ext.rollout.sample import GenerateFnInput, GenerateFnOutput, Sample
 from rl360_ext.session.merge import ABORTED, FAILED, MERGE_KEY, MergedSample
@@ -366,8 +367,12 @@ def non_generation_time(
     reported = ((result or {}).get("agent_metrics") or {}).get("total_tool_time")
     if isinstance(reported, int | float):
         return float(reported)
-    engine_s = sum(float(turn.get("latency_s") or 0.0) for turn in (merged.turns if merged else []))
-    return max(0.0, agent_wall_s - engine_s)
+    return max(0.0, agent_wall_s - model_seconds(merged))
+
+
+def model_seconds(merged: MergedSample | None) -> float:
+    """Seconds the attempt waited on the model: the engine latency of its turns (session-measured)."""
+    return sum(float(turn.get("latency_s") or 0.0) for turn in (merged.turns if merged else []))
 
 
 def finish_sample(
@@ -399,6 +404,8 @@ def finish_sample(
         if missing is not None:
             attempt_class, detail = infra_class(Cause.REWARD_FILE_INVALID), missing
     sample.metadata = {**(sample.metadata or {}), **run_metadata(result), **session_metadata(merged)}
+    if merged is not None:  # the phase only the session server saw: time spent waiting on the model
+        sample.metadata[PHASE_TIMINGS][MODEL_TIME] = model_seconds(merged)
     if filled is not None:  # the converter's merge facts: what max_seq_len kept, as the wire says
         sample.metadata[MERGE_KEY] = filled.metadata[MERGE_KEY]
     if attempt_class == VALID:

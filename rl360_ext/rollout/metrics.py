@@ -20,7 +20,9 @@ them against rollout/step): reward/unfiltered_mean, reward/kept_mean, reward/val
 infra/failure_rate, infra/<cause>_rate, infra/masked_fraction, domain/<d>/{unfiltered_mean,
 kept_mean,attempts,valid_fraction}, count/{attempts,valid,infra,trained,masked,kept_groups,
 dropped_groups,unused_groups}, count/infra/<cause>, count/dropped_groups/<reason>, and
-audit/* (what upstream defaults would have done to this step; see rl360_ext.rollout.audit).
+audit/* (what upstream defaults would have done to this step; see rl360_ext.rollout.audit), and
+occupancy/{queue,sandbox_setup,model,tools,verifier} over every attempt in flight
+(rl360_ext.rollout.occupancy).
 """
 
 from __future__ import annotations
@@ -43,11 +45,13 @@ from rl360_ext.outcomes.provenance import (
     INFRA_PREFIX,
     PHASE_TIMINGS,
     REWARD_SOURCE,
+    TIMELINE,
     VALID,
     attempt_class,
 )
 from rl360_ext.rollout.audit import AuditAttempt, audit_step
 from rl360_ext.rollout.config import MetricsConfig, add_dataclass_arguments, env_name
+from rl360_ext.rollout.occupancy import step_occupancy
 from rl360_ext.rollout.rewards import flatten_group, reward_value
 
 logger = logging.getLogger(__name__)
@@ -137,6 +141,7 @@ def attempt_summary(sample: Any, reward_key: str | None = None) -> dict[str, Any
         "status": _status(sample),
         "response_length": getattr(sample, "response_length", None),
         "phase_timings": metadata.get(PHASE_TIMINGS),
+        "started_at": (metadata.get(TIMELINE) or {}).get("received_at"),
         "cached_tokens": cached_tokens,
         "prompt_tokens": prompt_tokens,
         "non_generation_time": getattr(sample, "non_generation_time", None),
@@ -166,6 +171,8 @@ def step_metrics(trained: Sequence[Mapping[str, Any]], seen: Sequence[GroupRecor
     seen_attempts = None if seen is None else [a for group in seen for a in group.attempts]
     metrics.update(_prefilter_metrics(seen, seen_attempts, trained_groups))
     metrics.update(_domain_metrics(trained, seen_attempts))
+    in_flight = trained if seen_attempts is None else seen_attempts
+    metrics.update(step_occupancy(a.get("phase_timings") for a in in_flight))
     audit = audit_step(
         [
             AuditAttempt(

@@ -413,3 +413,11 @@ def test_client_errors_and_clean_sessions_keep_the_verifier_reward() -> None:
     assert classify(verifier_result(0.0), None, "score", rejected) == "valid"
     assert classify(verifier_result(0.0), None, "score", with_turn_errors([])) == "valid"
     assert classify(verifier_result(0.0), None, "score", None) == "valid"
+
+
+def test_the_session_measured_model_time_joins_the_attempts_phase_timings() -> None:
+    sample = finish(Sample(), two_turns(), "valid", verifier_result())
+    assert sample.metadata["phase_timings"] == {"agent": 3.0, "model": 0.5}  # two turns of 0.25 s
+    assert finish(Sample(), None, "infra:session_vanished", verifier_result()).metadata["phase_timings"] == {
+        "agent": 3.0
+    }

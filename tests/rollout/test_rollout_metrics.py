@@ -126,7 +126,8 @@ def test_metrics_equal_a_brute_force_reference(
             trained.extend(attempts)
     metrics = step_metrics(trained, records)
     expected = reference_metrics(records, trained)
-    assert {k: v for k, v in metrics.items() if not k.startswith("audit/")} == pytest.approx(expected)
+    own = {k: v for k, v in metrics.items() if not k.startswith(("audit/", "occupancy/"))}
+    assert own == pytest.approx(expected)
 
 
 def test_step_through_the_filter_and_the_log_hook(tmp_path: Path) -> None:
