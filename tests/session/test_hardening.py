@@ -179,6 +179,18 @@ async def test_a_call_cancelled_mid_engine_leaves_the_session_its_retry_can_cont
     assert len(core.get(sid).turns) == 2 and core.get(sid).forks == []
 
 
+async def test_a_retry_delayed_past_later_turns_still_gets_its_turn(make_core) -> None:
+    core, backend = make_core()
+    sid = core.create().id
+    first = await core.chat(sid, {"messages": [USER]})
+    history = [USER, first.message(), {"role": "user", "content": "more"}]
+    await core.chat(sid, {"messages": history})
+    late = await core.chat(sid, {"messages": [USER]})  # a retry of turn 0 that arrives last
+    assert late is first and len(backend.calls) == 2
+    session = core.get(sid)
+    assert len(session.turns) == 2 and session.forks == []
+
+
 async def test_a_changed_request_is_not_a_replay(make_core) -> None:
     core, backend = make_core()
     sid = core.create().id
