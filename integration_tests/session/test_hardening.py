@@ -75,6 +75,23 @@ def test_a_restarted_server_answers_session_lost(log_dir, engine) -> None:
         assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_session"
 
 
+def test_the_bearer_token_from_a_file_guards_the_server(log_dir, engine, tmp_path) -> None:
+    token_file = tmp_path / "session-token"
+    token_file.write_text("t0ken-from-file\n")
+    server = start_session_server(log_dir, engine.url, "--api-key-file", str(token_file), name="token")
+    with running(server):
+        assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+        assert httpx.post(server.url + "/sessions", json={}, timeout=10).status_code == 401
+        headers = {"Authorization": "Bearer t0ken-from-file"}
+        created = httpx.post(server.url + "/sessions", json={}, headers=headers, timeout=10).json()
+        good = openai.OpenAI(base_url=created["base_url"], api_key="t0ken-from-file", max_retries=0)
+        reply = good.chat.completions.create(model="p", messages=[USER], max_tokens=4)
+        assert reply.choices[0].message is not None
+        bad = openai.OpenAI(base_url=created["base_url"], api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            bad.chat.completions.create(model="p", messages=[USER], max_tokens=4)
+
+
 def _poll_health(url: str, stop: threading.Event, latencies: list[float]) -> None:
     with httpx.Client(timeout=120) as http:
         while not stop.is_set():

@@ -115,8 +115,6 @@ class Segment:
     rows: int = 0  # routing rows held (positions [0, rows))
     pending: list[int] = field(default_factory=list)  # closing tokens to append before the next input
     last_output: range = range(0)
-    last_request: bytes | None = None  # fingerprint of the request that produced the last turn
-    last_reply: Reply | None = None  # what it was answered (replayed to a retry of that request)
 
 
 @dataclass
@@ -131,6 +129,7 @@ class Session:
     segment: Segment | None = None
     forks: list[dict[str, Any]] = field(default_factory=list)
     turn_errors: list[dict[str, Any]] = field(default_factory=list)  # failed turns: {turn, status, cause}
+    replies: dict[bytes, Reply] = field(default_factory=dict)  # request fingerprint -> its recorded reply
 
 
 @dataclass
@@ -238,21 +237,21 @@ class SessionCore:
     async def chat(self, session_id: str, body: Any) -> Reply:
         """One chat-completions call: validate, generate, record, reply.
 
-        A request identical to the one that produced the session's last turn (a client's retry
-        after a timeout or a dropped connection) gets that turn's reply again; nothing is generated
-        or recorded. A call cancelled before its turn is recorded leaves the session as it was.
-        The template is rendered and tokenized on a worker thread, so a large request does not
-        stall the event loop.
+        A request identical to one that produced a recorded turn of this session (a client's retry
+        after a timeout or a dropped connection, even one delayed past later turns) gets that
+        turn's reply again; nothing is generated, recorded or forked. A call cancelled before its
+        turn is recorded leaves the session as it was. The template is rendered and tokenized on a
+        worker thread, so a large request does not stall the event loop.
         """
         request = parse_chat_request(body)
         fingerprint = request_fingerprint(body)
         session = self.get(session_id)
         async with session.lock:
             session.last_used = time.monotonic()
-            held = session.segment
-            if held is not None and held.last_reply is not None and held.last_request == fingerprint:
+            recorded = session.replies.get(fingerprint)
+            if recorded is not None:
                 self.metrics.replays.inc()
-                return held.last_reply
+                return recorded
             plan = await asyncio.to_thread(self._plan, session, request)
             started = time.monotonic()
             result = await self._generate(session, plan, request)
@@ -267,7 +266,7 @@ class SessionCore:
                 cached_tokens=turn.cached_tokens,
             )
             plan.segment.messages = [*request.messages, reply.message()]
-            plan.segment.last_request, plan.segment.last_reply = fingerprint, reply
+            session.replies[fingerprint] = reply
             session.last_used = time.monotonic()
         return reply
 

@@ -1,11 +1,12 @@
 """Assembling a session server from its options: tokenizer, template check, routing shape, backend.
 
 Owns turning `ServiceOptions` (`options.py`: everything `rl360 session serve` and the Ray pool
-pass) into a running server: resolving the R3
-routing shape (explicit options, else the model's `config.json` next to the tokenizer, else the
-backend's model info), the startup append-only check of the chat template (refuse to start on a
-violation unless allowed), building the `SessionCore`, and running it under uvicorn. It does not
-own the HTTP routes (`app.py`) or session logic (`core.py`).
+pass) into a running server: resolving the R3 routing shape (explicit options, else the model's
+`config.json` next to the tokenizer, else the backend's model info) and the vocabulary size,
+the startup append-only check of the chat template (refuse to start on a violation unless
+allowed), building the `SessionCore`, the app with its body limit and bearer token (`app_for`),
+and running it under uvicorn. It does not own the HTTP routes (`app.py`) or session logic
+(`core.py`).
 """
 
 from __future__ import annotations

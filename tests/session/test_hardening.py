@@ -9,13 +9,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rl360_ext.session import errors
 from rl360_ext.session.app import create_app
 from rl360_ext.session.core import SessionCore, mint_session_id, minted_by
 from rl360_ext.session.options import ServiceOptions
+from rl360_ext.session.schemas import ChatCompletionRequest
 from rl360_ext.sglang.client import EngineError, EngineTimeoutError
 
 from .conftest import Step
@@ -178,6 +179,18 @@ async def test_a_call_cancelled_mid_engine_leaves_the_session_its_retry_can_cont
     assert len(core.get(sid).turns) == 2 and core.get(sid).forks == []
 
 
+async def test_a_retry_delayed_past_later_turns_still_gets_its_turn(make_core) -> None:
+    core, backend = make_core()
+    sid = core.create().id
+    first = await core.chat(sid, {"messages": [USER]})
+    history = [USER, first.message(), {"role": "user", "content": "more"}]
+    await core.chat(sid, {"messages": history})
+    late = await core.chat(sid, {"messages": [USER]})  # a retry of turn 0 that arrives last
+    assert late is first and len(backend.calls) == 2
+    session = core.get(sid)
+    assert len(session.turns) == 2 and session.forks == []
+
+
 async def test_a_changed_request_is_not_a_replay(make_core) -> None:
     core, backend = make_core()
     sid = core.create().id
@@ -294,3 +307,54 @@ def _walk(node):
     elif isinstance(node, list):
         for value in node:
             yield from _walk(value)
+
+
+# ---- arbitrary bodies never make a 5xx ---------------------------------------------------------
+
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=12,
+)
+FIELDS = (*ChatCompletionRequest.model_fields, "stream_options")
+MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "tool", "robot"])},
+    optional={"content": JSON | st.text(max_size=40), "tool_calls": JSON, "name": JSON},
+)
+CHAT_BODY = st.fixed_dictionaries(
+    {"messages": st.lists(MESSAGE, max_size=4) | JSON},
+    optional={name: JSON for name in FIELDS if name != "messages"},
+)
+
+
+@pytest.fixture(scope="module")
+def fuzz_http(renderer):
+    from starlette.testclient import TestClient
+
+    from rl360_ext.session.core import ServerConfig
+    from rl360_ext.session.tito import TitoRenderer
+
+    from .conftest import ScriptedBackend
+
+    core = SessionCore(TitoRenderer(renderer), ScriptedBackend(renderer), ServerConfig(max_sessions=100_000))
+    return core, TestClient(create_app(core))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=CHAT_BODY | JSON, create=JSON, samples=JSON)
+def test_no_body_makes_a_5xx(fuzz_http, body, create, samples) -> None:
+    core, http = fuzz_http
+    sid = core.create().id
+    for path, payload in (
+        (f"/sessions/{sid}/v1/chat/completions", body),
+        ("/sessions", create),
+        (f"/sessions/{sid}/samples", samples),
+        (f"/sessions/{sid}/v1/chat/completions", body),  # the same body again: a replay or a fork
+    ):
+        response = http.post(path, content=json.dumps(payload))
+        assert response.status_code < 500, (path, payload, response.text)
+    core.delete(sid)
