@@ -54,6 +54,8 @@ from rl360_ext.diagnostics.report_data import (
     step_metric_series,
     summary,
 )
+from rl360_ext.rollout.occupancy import PHASES as OCCUPANCY_PHASES
+from rl360_ext.rollout.occupancy import timeline as occupancy_timeline
 
 REPORT_FILE = "report.html"
 SLOWEST_ATTEMPTS = 25
@@ -80,6 +82,14 @@ PHASE_STYLE = {
     "agent": ("agent", "#1e88e5"),
     "verifier": ("verifier", "#43a047"),
 }
+OCCUPANCY_STYLE = {
+    "queue": ("queue", "#90a4ae"),
+    "sandbox_setup": ("sandbox setup", "#8d6e63"),
+    "model": ("waiting on the model", "#1e88e5"),
+    "tools": ("running tools", "#ffb300"),
+    "verifier": ("verifier", "#43a047"),
+}
+TIMELINE_POINTS = 40
 PALETTE = (
     "#1f77b4",
     "#ff7f0e",
@@ -358,8 +368,49 @@ def _phases_section(run: Run) -> str:
     return _section("chart-phases", title, caption, chart + legend(series) + table)
 
 
+def _occupancy_section(run: Run) -> str:
+    title = "4. Where in-flight trajectories spend their time"
+    caption = (
+        "Per step, the share of all in-flight trajectory-time in each phase (occupancy/<phase>): queue, "
+        "sandbox setup (environment and agent setup), waiting on the model (each turn's engine time, "
+        "measured by the session server), running tools (the rest of the agent phase) and the verifier. "
+        "Below: how many trajectories were in each phase over the last timed step."
+    )
+    shares = {p: step_metric_series(run, f"occupancy/{p}") for p in OCCUPANCY_PHASES}
+    if not any(v is not None for values in shares.values() for v in values):
+        return _section(
+            "chart-occupancy",
+            title,
+            caption,
+            _no_data("no step carries occupancy/* metrics (the generate hook records phase timings)."),
+        )
+    series = [Series(OCCUPANCY_STYLE[p][0], OCCUPANCY_STYLE[p][1], shares[p]) for p in OCCUPANCY_PHASES]
+    chart = bar_chart(
+        [str(s) for s in run.step_ids], series, x_label=STEP_AXIS, y_label="share", fmt=format_percent
+    )
+    body = chart + legend(series)
+    timed = [a for a in run.attempts if a.started_at is not None and a.timings]
+    if timed:
+        last = max(a.rollout_id for a in timed)
+        rows = occupancy_timeline(
+            [(a.started_at, a.timings) for a in timed if a.rollout_id == last], TIMELINE_POINTS
+        )
+        if rows:
+            lines = [
+                Series(OCCUPANCY_STYLE[p][0], OCCUPANCY_STYLE[p][1], [row[p] for row in rows])
+                for p in OCCUPANCY_PHASES
+            ]
+            body += f"<h3>Trajectories in flight by phase, step {last}</h3>" + line_chart(
+                [format_seconds(row["t"]) for row in rows],
+                lines,
+                x_label="time since the step's first attempt arrived",
+                y_label="trajectories",
+            )
+    return _section("chart-occupancy", title, caption, body)
+
+
 def _infra_section(run: Run) -> str:
-    title = "4. Infrastructure failures by cause"
+    title = "5. Infrastructure failures by cause"
     caption = (
         "Attempts per step whose environment, not the policy, failed (class infra:&lt;cause&gt;, see "
         "docs/hooks.md). They are masked out of the loss and out of every baseline, never scored 0."
@@ -398,7 +449,7 @@ def _infra_section(run: Run) -> str:
 def _cache_sections(run: Run) -> str:
     rows = cache_and_routing(run)
     ids = [str(rid) for rid in run.step_ids]
-    cache_title, routing_title = "5a. Prefix-cache hit rate per step", "5b. Routing-replay bytes per step"
+    cache_title, routing_title = "6a. Prefix-cache hit rate per step", "6b. Routing-replay bytes per step"
     cache_caption = (
         "sum(cached_tokens) / sum(prompt_tokens) over the step's attempts that report both (all classes: "
         "caching is the engines' business). Sticky routing (X-SMG-Routing-Key) keeps a trajectory's turns "
@@ -466,13 +517,13 @@ def _range(values: Sequence[float]) -> str:
 
 PUSH_DURATION = (
     "chart-pushes",
-    "6a. Weight pushes: duration",
+    "7a. Weight pushes: duration",
     "Wall time of each push (pause, update, resume, version read-back), coloured by the path it took. "
     "A push that silently takes a slow path shows up here and in the calls per engine.",
 )
 PUSH_CALLS = (
     "chart-push-calls",
-    "6b. Weight pushes: update calls per engine",
+    "7b. Weight pushes: update calls per engine",
     "update_weights calls each engine received per push: one per engine on the direct from-disk path; "
     "hundreds or thousands when weights go tensor by tensor.",
 )
@@ -579,6 +630,7 @@ def render_report(run: Run) -> str:
             _outcomes_section(run),
             _rewards_section(run),
             _phases_section(run),
+            _occupancy_section(run),
             _infra_section(run),
             _cache_sections(run),
             _push_sections(run),

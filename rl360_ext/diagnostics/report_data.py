@@ -102,6 +102,8 @@ class Attempt:
     dropped_reason: str | None
     trained: bool | None
     phases: dict[str, float]
+    timings: dict[str, Any]  # phase_timings as recorded (Harbor's phases plus the session's model time)
+    started_at: float | None  # unix seconds the Harbor server received the attempt
     cached_tokens: float | None
     prompt_tokens: float | None
     routing_bytes: float | None
@@ -147,6 +149,8 @@ def _attempt(record: Mapping[str, Any], where: str) -> Attempt:
         dropped_reason=_checked(record, "dropped_reason", (str,), where),
         trained=_checked(record, "trained", (bool,), where),
         phases=phases,
+        timings=dict(timings),
+        started_at=_number(record, "started_at", where),
         cached_tokens=_number(record, "cached_tokens", where),
         prompt_tokens=_number(record, "prompt_tokens", where),
         routing_bytes=_number(record, "routing_bytes", where),

@@ -4,7 +4,7 @@ Owns turning one attempt's timings into its phases and a step's attempts into
 `occupancy/<phase>`: the share of in-flight trajectory-time spent in each phase (RL360's "about
 70% of the trajectories in flight were waiting on the model" and "about 0.5% on sandbox setup").
 An attempt's timings come from the Harbor /run server (`queue`, `environment_setup`,
-`agent_setup`, `agent_execution`, `verifier`, in that order) and from the session server, which
+`agent_setup`, `agent`, `verifier`, in that order) and from the session server, which
 knows each turn's model time (`model`: the sum of its turns' engine latencies). Sandbox setup is
 environment plus agent setup; tools is the agent's execution time not spent waiting on the
 model. It also lays a step's attempts on one clock (`timeline`): how many trajectories were in
@@ -33,7 +33,7 @@ def _seconds(timings: Mapping[str, Any], key: str) -> float:
 def attempt_phases(timings: Mapping[str, Any] | None) -> dict[str, float]:
     """Seconds in each phase of one attempt (0 for a phase it never reached)."""
     timings = timings or {}
-    agent = _seconds(timings, "agent_execution")
+    agent = _seconds(timings, "agent")
     model = min(_seconds(timings, MODEL_TIME), agent) if agent else _seconds(timings, MODEL_TIME)
     return {
         "queue": _seconds(timings, "queue"),

@@ -33,6 +33,7 @@ CHARTS = (
     "chart-outcomes",
     "chart-rewards",
     "chart-phases",
+    "chart-occupancy",
     "chart-infra",
     "chart-cache",
     "chart-routing",
@@ -53,6 +54,7 @@ class Expected:
     routing_bytes: dict[int, int] = field(default_factory=dict)
     phase_totals: dict[tuple[int, int], float] = field(default_factory=dict)  # (step, index) -> seconds
     phase_values: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    occupancy: dict[int, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     pushes: list[dict[str, Any]] = field(default_factory=list)
     attempts: int = 0
     valid: int = 0
@@ -72,6 +74,8 @@ def _phases(rng: random.Random, cause: str | None) -> dict[str, float | None]:
         timings.update(agent_setup=None, agent=None, verifier=None)
     elif cause == "client_deadline":
         timings.update(agent=120.0, verifier=None)
+    if timings["agent"] is not None:  # the session server's share of the agent phase: model time
+        timings["model"] = round(timings["agent"] * rng.uniform(0.4, 0.9), 3)
     return timings
 
 
@@ -85,6 +89,7 @@ def _sample(
         sample = infra(group, index, cause, domain=domain)
     prompt = rng.randint(2_000, 20_000)
     sample.metadata[PHASE_TIMINGS] = _phases(rng, cause)
+    sample.metadata["timeline"] = {"received_at": 1_800_000_000.0 + group * 0.5 + rng.uniform(0.0, 1.0)}
     sample.metadata["prompt_tokens"] = prompt
     sample.metadata["cached_tokens"] = int(prompt * rng.uniform(0.1, 0.9))
     if routing:
@@ -162,8 +167,10 @@ def _account(
 ) -> None:
     cls = sample.metadata["attempt_class"]
     timings = sample.metadata[PHASE_TIMINGS]
-    expected.phase_totals[(step, sample.index)] = sum(v for v in timings.values() if v is not None)
-    for phase, seconds in timings.items():
+    expected.occupancy[step].append(timings)
+    harbor = {phase: seconds for phase, seconds in timings.items() if phase != "model"}
+    expected.phase_totals[(step, sample.index)] = sum(v for v in harbor.values() if v is not None)
+    for phase, seconds in harbor.items():
         if seconds is not None:
             expected.phase_values[phase].append(seconds)
     if cls != "valid":

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rl360_ext.diagnostics.charts import format_number, format_seconds
-from rl360_ext.diagnostics.report import SLOWEST_ATTEMPTS, main
+from rl360_ext.diagnostics.report import OCCUPANCY_STYLE, SLOWEST_ATTEMPTS, main
 from rl360_ext.diagnostics.report_data import find_metrics_file, load_run
 from rl360_ext.rollout.metrics import (
     METRICS_ATTEMPTS_ENV,
@@ -27,6 +27,7 @@ from rl360_ext.rollout.metrics import (
     attempt_summary,
     log_rollout_metrics,
 )
+from rl360_ext.rollout.occupancy import step_occupancy
 from rl360_ext.weights.push import FANOUT_PATH, WeightPush
 
 from ..rollout.duck_samples import infra, valid
@@ -101,6 +102,17 @@ def test_unfiltered_and_kept_means_per_step(full: tuple[Expected, Page]) -> None
         format_number(expected.kept_mean[last]),
         f"{gap:+.3f}",
     ]
+
+
+def test_occupancy_bars_are_each_steps_shares_of_in_flight_time(full: tuple[Expected, Page]) -> None:
+    expected, page = full
+    chart = page.charts["chart-occupancy"]
+    for step, timings in expected.occupancy.items():
+        shares = step_occupancy(timings)
+        for phase, (label, _) in OCCUPANCY_STYLE.items():
+            value = chart.values(label).get(str(step))
+            assert value == pytest.approx(shares[f"occupancy/{phase}"]), (step, phase)
+    assert chart.svgs == 2  # the shares per step, and the last step's in-flight timeline
 
 
 def test_phase_bars_are_the_slowest_attempts_and_the_table_covers_all(full: tuple[Expected, Page]) -> None:

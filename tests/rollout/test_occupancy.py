@@ -15,7 +15,7 @@ HARBOR = {
     "queue": 1.0,
     "environment_setup": 2.0,
     "agent_setup": 1.0,
-    "agent_execution": 10.0,
+    "agent": 10.0,
     "verifier": 6.0,
 }
 
@@ -49,7 +49,7 @@ def test_a_step_without_timings_has_no_shares() -> None:
 timings = st.fixed_dictionaries(
     {
         key: st.floats(0.0, 100.0)
-        for key in ("queue", "environment_setup", "agent_setup", "agent_execution", "verifier", "model")
+        for key in ("queue", "environment_setup", "agent_setup", "agent", "verifier", "model")
     }
 )
 
