@@ -173,3 +173,44 @@ def _bench_command(name: str, needs: Callable[[], None] | None) -> Callable[[boo
 
 for _name, (_help, _needs) in BENCHES.items():
     bench_app.command(_name, help=_help)(_bench_command(_name, _needs))
+
+
+def _numbers(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter(
+            f"expects comma-separated whole numbers, got {text!r}", param_hint=flag
+        ) from None
+    if not values or min(values) < 1:
+        raise typer.BadParameter(f"expects numbers >= 1, got {text!r}", param_hint=flag)
+    return values
+
+
+@bench_app.command("sessions")
+def bench_sessions(
+    concurrency: str = typer.Option("1,32,256", help="Concurrent sessions per case, comma-separated."),
+    turns: str = typer.Option("16", help="Turns per conversation, comma-separated."),
+    r3: str = typer.Option("off,on", help="Routing replay (61 layers x top-8): off, on, or off,on."),
+    servers: str = typer.Option("1", help="Session servers the sessions are spread over, comma-separated."),
+    backend: str = typer.Option("instant", help="instant (the server's own cost) or tiny (real engine)."),
+    json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Session server under load: turns/s, added latency, CPU per turn, bytes, memory per session."""
+    from rl360_ext.local.bench.sessions import main
+
+    flags = {"off": False, "on": True}
+    modes = [part.strip() for part in r3.split(",") if part.strip()]
+    if not modes or any(mode not in flags for mode in modes):
+        raise typer.BadParameter(f"expects off, on or off,on, got {r3!r}", param_hint="--r3")
+    if backend not in ("instant", "tiny"):
+        raise typer.BadParameter(f"expects instant or tiny, got {backend!r}", param_hint="--backend")
+    with signals_raise(), showing_progress("rl360 bench sessions"):
+        main(
+            as_json=json,
+            concurrency=_numbers(concurrency, "--concurrency"),
+            turns=_numbers(turns, "--turns"),
+            r3=[flags[mode] for mode in modes],
+            servers=_numbers(servers, "--servers"),
+            backend=backend,
+        )

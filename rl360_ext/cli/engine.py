@@ -133,3 +133,23 @@ def save_weights(
     if perturb > 0:
         weights = perturb_weights(weights, perturb, perturb_seed)
     typer.echo(str(write(out, config, weights)))
+
+
+@app.command()
+def instant(
+    host: str = typer.Option("127.0.0.1", help="Bind address."),
+    port: int = typer.Option(30000, help="Port."),
+    layers: int = typer.Option(4, min=1, help="MoE layers in routed_experts."),
+    top_k: int = typer.Option(2, "--top-k", min=1, help="Experts per token in routed_experts."),
+    experts: int = typer.Option(8, min=1, help="Experts per layer reported in /model_info."),
+) -> None:
+    """Serve the instant SGLang stand-in: a fixed reply at once, for session-server load benchmarks."""
+    import uvicorn
+
+    from rl360_ext.tiny_engine.instant import InstantConfig, create_app
+
+    try:
+        config = InstantConfig(layers=layers, top_k=top_k, experts=experts)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    uvicorn.run(create_app(config), host=host, port=port, log_level="warning", access_log=False)

@@ -1,0 +1,256 @@
+"""`rl360 bench sessions`: the session server under load, per concurrency, conversation length and R3.
+
+Each case starts a backend (the instant SGLang stand-in, `rl360_ext.tiny_engine.instant`, so the
+server's own cost is what is measured; or a tiny engine) and `servers` real `rl360 session serve`
+processes in front of it, then runs N concurrent sessions of T turns each (sessions spread round
+robin over the servers, as a pool spreads them), a growing agent conversation whose every turn
+appends the reply it got and one new user message. Per case it reports:
+- turns/s over the whole run, and p50/p99 latency a turn adds (client-measured; the instant
+  backend answers in well under a millisecond, so this is the server's share);
+- p50 latency of the first and of the last turn: flat when per-turn work is proportional to what
+  is new, growing when a server re-does the history every turn;
+- server CPU per turn (user + system time of the server processes over the run / turns);
+- request + response bytes per turn between agent and server, and server memory per session
+  (RSS growth with every session open and all turns done, / N);
+- turns lost (any turn whose request failed) — the target is zero.
+The baseline in the same run is the smallest case: the first/last-turn ratio and CPU per turn at
+N = 1 are what the other cases are held against. It asserts nothing and owns none of the code
+it measures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from rl360_ext.local.services import start_engine
+from rl360_ext.util.procs import LOOPBACK, Service, free_port, rl360_argv, running, start_service
+from rl360_ext.util.progress import stage
+
+SYSTEM = {"role": "system", "content": "You are a coding agent. Run the tests and fix the bug."}
+R3_SHAPE = (61, 8, 256)  # K2-Horizon-375B: 61 layers x top-8 of 256 experts, as in the field
+CLIENT_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Case:
+    """One load: `sessions` concurrent conversations of `turns` turns on `servers` servers."""
+
+    sessions: int
+    turns: int
+    r3: bool
+    servers: int
+    backend: str  # "instant" | "tiny"
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    turns_done: int
+    turns_lost: int
+    seconds: float
+    turns_per_s: float
+    p50_ms: float
+    p99_ms: float
+    first_turn_p50_ms: float
+    last_turn_p50_ms: float
+    server_cpu_ms_per_turn: float
+    bytes_per_turn: float
+    memory_mb_per_session: float
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _backend(case: Case, logs: Path) -> Service:
+    layers, top_k, experts = R3_SHAPE if case.r3 else (4, 2, 8)
+    if case.backend == "tiny":
+        return start_engine(logs, name="engine")
+    port = free_port()
+    argv = rl360_argv(
+        "engine", "instant", "--host", LOOPBACK, "--port", str(port),
+        "--layers", str(layers), "--top-k", str(top_k), "--experts", str(experts),
+    )  # fmt: skip
+    return start_service("instant", argv, port, logs)
+
+
+def _server(case: Case, backend: Service, tokenizer: str, logs: Path, number: int) -> Service:
+    port = free_port()
+    r3 = ["--r3"] if case.r3 else []
+    if case.r3 and case.backend == "instant":
+        layers, top_k, experts = R3_SHAPE
+        r3 += ["--r3-layers", str(layers), "--r3-top-k", str(top_k), "--r3-experts", str(experts)]
+    argv = rl360_argv(
+        "session", "serve", "--backend", backend.url, "--tokenizer", tokenizer,
+        "--host", LOOPBACK, "--port", str(port), "--max-sessions", "100000", *r3,
+    )  # fmt: skip
+    return start_service(f"session{number}", argv, port, logs)
+
+
+async def _conversation(
+    http: httpx.AsyncClient, url: str, turns: int, latencies: list[list[float]], sent: list[int]
+) -> tuple[int, int, str | None]:
+    """(turns done, turns lost, session id) of one session."""
+    created = await http.post(f"{url}/sessions", json={})
+    created.raise_for_status()
+    session_id = created.json()["session_id"]
+    messages: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "The test suite fails; fix it."}]
+    done = lost = 0
+    for turn in range(turns):
+        body = orjson.dumps({"model": "policy", "messages": messages, "max_tokens": 16, "temperature": 0.0})
+        started = time.perf_counter()
+        try:
+            response = await http.post(
+                f"{url}/sessions/{session_id}/v1/chat/completions",
+                content=body,
+                headers={"content-type": "application/json"},
+            )
+            response.raise_for_status()
+        except httpx.HTTPError:
+            lost += turns - turn
+            break
+        latencies[turn].append(time.perf_counter() - started)
+        sent[0] += len(body) + len(response.content)
+        reply = response.json()["choices"][0]["message"]
+        messages = [
+            *messages,
+            {"role": "assistant", "content": reply.get("content") or ""},
+            {"role": "user", "content": f"Turn {turn}: the tests still fail on case {turn % 7}; look again."},
+        ]
+        done += 1
+    return done, lost, session_id
+
+
+async def _load(case: Case, urls: Sequence[str], pids: Sequence[int]) -> CaseResult:
+    latencies: list[list[float]] = [[] for _ in range(case.turns)]
+    sent = [0]
+    limits = httpx.Limits(max_connections=case.sessions + 8, max_keepalive_connections=case.sessions + 8)
+    timeout = httpx.Timeout(CLIENT_TIMEOUT_S)
+    rss_before = sum(_rss_mb(pid) for pid in pids)
+    cpu_before = sum(_cpu_seconds(pid) for pid in pids)
+    started = time.perf_counter()
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
+        outcomes = await asyncio.gather(
+            *(
+                _conversation(http, urls[k % len(urls)], case.turns, latencies, sent)
+                for k in range(case.sessions)
+            ),
+            return_exceptions=True,
+        )
+        seconds = time.perf_counter() - started
+        cpu = sum(_cpu_seconds(pid) for pid in pids) - cpu_before
+        rss = sum(_rss_mb(pid) for pid in pids) - rss_before
+        ids = [(urls[k % len(urls)], o[2]) for k, o in enumerate(outcomes) if isinstance(o, tuple) and o[2]]
+        await asyncio.gather(
+            *(http.delete(f"{url}/sessions/{sid}") for url, sid in ids), return_exceptions=True
+        )
+    done = sum(o[0] for o in outcomes if isinstance(o, tuple))
+    lost = case.sessions * case.turns - done
+    flat = sorted(x for per_turn in latencies for x in per_turn)
+
+    def ms(values: Sequence[float], q: float) -> float:
+        if not values:
+            return float("nan")
+        ordered = sorted(values)
+        return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return CaseResult(
+        case=case,
+        turns_done=done,
+        turns_lost=lost,
+        seconds=seconds,
+        turns_per_s=done / seconds if seconds > 0 else 0.0,
+        p50_ms=ms(flat, 0.5),
+        p99_ms=ms(flat, 0.99),
+        first_turn_p50_ms=ms(latencies[0], 0.5),
+        last_turn_p50_ms=ms(latencies[-1], 0.5),
+        server_cpu_ms_per_turn=1000 * cpu / done if done else float("nan"),
+        bytes_per_turn=sent[0] / done if done else float("nan"),
+        memory_mb_per_session=rss / case.sessions,
+    )
+
+
+def run_case(case: Case, tokenizer: str, logs: Path) -> CaseResult:
+    backend = _backend(case, logs)
+    with running(backend):
+        servers = [_server(case, backend, tokenizer, logs, n) for n in range(case.servers)]
+        with running(*servers):
+            return asyncio.run(_load(case, [s.url for s in servers], [s.pid for s in servers]))
+
+
+def cases(
+    concurrency: Sequence[int], turns: Sequence[int], r3: Sequence[bool], servers: Sequence[int], backend: str
+) -> list[Case]:
+    return [Case(n, t, flag, s, backend) for flag in r3 for s in servers for t in turns for n in concurrency]
+
+
+def _table(results: Sequence[CaseResult]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="rl360 bench sessions: the session server under load")
+    for column in (
+        "backend", "R3", "servers", "sessions", "turns", "turns/s", "p50 ms", "p99 ms",
+        "turn 1 / last p50 ms", "CPU ms/turn", "client bytes/turn", "MB/session", "lost",
+    ):  # fmt: skip
+        table.add_column(column, justify="right")
+    for r in results:
+        c = r.case
+        table.add_row(
+            c.backend, "61x8" if c.r3 else "off", str(c.servers), f"{c.sessions:,}", str(c.turns),
+            f"{r.turns_per_s:,.0f}", f"{r.p50_ms:.1f}", f"{r.p99_ms:.1f}",
+            f"{r.first_turn_p50_ms:.1f} / {r.last_turn_p50_ms:.1f}", f"{r.server_cpu_ms_per_turn:.2f}",
+            f"{r.bytes_per_turn:,.0f}", f"{r.memory_mb_per_session:.2f}", str(r.turns_lost),
+        )  # fmt: skip
+    console = Console(width=max(Console().width, 170))
+    console.print(table)
+    if results:
+        base = results[0]
+        console.print(
+            f"baseline (first case): {base.server_cpu_ms_per_turn:.2f} ms CPU per turn; p50 latency of "
+            f"turn {base.case.turns} is {base.last_turn_p50_ms / base.first_turn_p50_ms:.2f}x turn 1's."
+        )
+
+
+def main(
+    as_json: bool,
+    concurrency: Sequence[int] = (1, 32, 256),
+    turns: Sequence[int] = (16,),
+    r3: Sequence[bool] = (False, True),
+    servers: Sequence[int] = (1,),
+    backend: str = "instant",
+) -> list[CaseResult]:
+    from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
+
+    if backend not in ("instant", "tiny"):
+        raise ValueError(f"backend must be instant or tiny, got {backend!r}")
+    tokenizer = str(default_tokenizer_dir())
+    results = []
+    with tempfile.TemporaryDirectory(prefix="rl360-bench-sessions-") as scratch:
+        for case in cases(concurrency, turns, r3, servers, backend):
+            stage(f"{case.sessions} sessions x {case.turns} turns, R3 {'on' if case.r3 else 'off'}, "
+                  f"{case.servers} server(s), {case.backend} backend")  # fmt: skip
+            results.append(run_case(case, tokenizer, Path(scratch)))
+    if as_json:
+        print(orjson.dumps([asdict(r) for r in results], option=orjson.OPT_INDENT_2).decode())
+    else:
+        _table(results)
+    return results
