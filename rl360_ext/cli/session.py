@@ -25,7 +25,9 @@ def serve(
     ),
     max_sessions: int = typer.Option(4096, min=1, help="Sessions held at once."),
     idle_ttl: float = typer.Option(7200.0, min=0.001, help="Drop sessions idle this many seconds."),
-    model_name: str = typer.Option("rl360-policy", help="Model name in replies and /v1/models."),
+    model_name: str | None = typer.Option(
+        None, help="Model name in replies and /v1/models (default: the backend's, from its /v1/models)."
+    ),
     r3_layers: int | None = typer.Option(None, min=1, help="MoE layers (default: config.json, /model_info)."),
     r3_top_k: int | None = typer.Option(None, min=1, help="Experts per token (default: as above)."),
     r3_experts: int | None = typer.Option(None, min=1, help="Experts per layer (default: as above)."),
@@ -33,11 +35,19 @@ def serve(
     chat_template: str | None = typer.Option(
         None, help="Template to render with: a .jinja file, or 'fixed' for rl360's fixed template."
     ),
+    instance_id: str | None = typer.Option(
+        None, help="session_server_instance_id that /health reports (Miles' per-server id; default: random)."
+    ),
+    samples_wire: str = typer.Option(
+        "v1", help="Miles' --use-session-server version POST /samples answers: v1 (one sample) or v2 (per branch)."
+    ),
 ) -> None:
     """Serve token-in/token-out chat sessions in front of an SGLang engine or gateway."""
     from rl360_ext.session.service import ServiceOptions, ServiceStartupError
     from rl360_ext.session.service import serve as run
 
+    if samples_wire not in ("v1", "v2"):
+        raise typer.BadParameter("must be v1 or v2", param_hint="--samples-wire")
     if history_mismatch not in ("fork", "reject"):
         raise typer.BadParameter("must be fork or reject", param_hint="--history-mismatch")
     options = ServiceOptions(
@@ -54,6 +64,8 @@ def serve(
         routing_experts=r3_experts,
         public_url=public_url,
         chat_template=chat_template,
+        instance_id=instance_id,
+        samples_wire=samples_wire,
     )
     try:
         run(options, host, port)

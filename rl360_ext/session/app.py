@@ -2,9 +2,12 @@
 
 Owns the URL layout (`POST /sessions`, `/sessions/{id}/v1/chat/completions`,
 `/sessions/{id}/v1/models`, `/sessions/{id}/merged`, `POST /sessions/{id}/samples` (Miles' samples
-wire, encoded by `miles_wire.py`), `DELETE /sessions/{id}`, `/health`,
-`/metrics`), mapping `RequestError` to its status with an OpenAI-style error body, the
-single-chunk SSE stream, and the idle-TTL sweeper task. Logic lives in `core.py`.
+wire, encoded by `miles_wire.py`), `GET /sessions/{id}` (Miles' records view, `records.py`),
+`DELETE /sessions/{id}` (204, as Miles), `/health` (with Miles' `session_server_instance_id`),
+`/metrics`), mapping `RequestError` to its status (an OpenAI-style error object on the agent's
+`/v1/` routes, Miles' `{"error": "<text>"}` on the session routes Miles' tooling calls; an engine's
+HTTP error passes through with its status and body, as Miles passes it), the single-chunk SSE
+stream, and the idle-TTL sweeper task. Logic lives in `core.py`.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from fastapi.responses import Response, StreamingResponse
 
 from rl360_ext.session import miles_wire
 from rl360_ext.session.chat_api import RequestError
-from rl360_ext.session.core import SessionCore
+from rl360_ext.session.core import BackendError, SessionCore
 from rl360_ext.session.metrics import CONTENT_TYPE
 
 WIRE_MEDIA_TYPE = "application/vnd.rl360.merged-sample"
+OPENAI_ROUTE = "/v1/"  # routes under it answer OpenAI error objects; the others Miles' {"error": "<text>"}
 
 
 def json_response(body: Any, status: int = 200) -> Response:
@@ -62,12 +66,22 @@ def create_app(core: SessionCore, public_url: str | None = None) -> FastAPI:
     app = FastAPI(title="rl360 session server", lifespan=lifespan)
 
     @app.exception_handler(RequestError)
-    async def _refused(_: Request, exc: RequestError) -> Response:
-        return json_response(exc.to_json(), exc.status)
+    async def _refused(request: Request, exc: RequestError) -> Response:
+        if isinstance(exc, BackendError):
+            return _passed_through(exc)
+        if OPENAI_ROUTE in request.url.path:
+            return json_response(exc.to_json(), exc.status)
+        return json_response({"error": exc.message, "code": exc.code, "param": exc.param}, exc.status)
 
     @app.get("/health")
     async def health() -> Response:
-        return json_response({"status": "ok", "sessions": len(core.sessions)})
+        return json_response(
+            {
+                "status": "ok",
+                "session_server_instance_id": core.config.instance_id,
+                "sessions": len(core.sessions),
+            }
+        )
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -129,12 +143,24 @@ def create_app(core: SessionCore, public_url: str | None = None) -> FastAPI:
         payload = miles_wire.encode(sample, _decoder(core), max_seq_len, metadata)
         return Response(payload, media_type=miles_wire.MEDIA_TYPE)
 
+    @app.get("/sessions/{session_id}")
+    async def view(session_id: str) -> Response:
+        return json_response(core.view(session_id))
+
     @app.delete("/sessions/{session_id}")
     async def delete(session_id: str) -> Response:
         core.delete(session_id)
-        return json_response({"session_id": session_id, "deleted": True})
+        return Response(status_code=204)
 
     return app
+
+
+def _passed_through(exc: BackendError) -> Response:
+    """The engine's error reply as it sent it (JSON re-emitted compactly, other text verbatim)."""
+    try:
+        return json_response(orjson.loads(exc.body), exc.status)
+    except orjson.JSONDecodeError:
+        return Response(exc.body, exc.status, media_type="text/plain")
 
 
 def _decoder(core: SessionCore) -> miles_wire.Decode:

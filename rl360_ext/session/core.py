@@ -15,6 +15,7 @@ import asyncio
 import logging
 import secrets
 import time
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -26,9 +27,10 @@ from rl360_ext.session.chat_api import ChatRequest, Reply, RequestError, parse_c
 from rl360_ext.session.history import Mismatch, find_mismatch
 from rl360_ext.session.merge import MERGE_KEY, MergedSample, TurnRecord, merge
 from rl360_ext.session.metrics import SessionMetrics
+from rl360_ext.session.records import Exchange, session_view
 from rl360_ext.session.routing import RoutingShape, compact_rows, row_sources
 from rl360_ext.session.tito import TitoRenderer
-from rl360_ext.sglang.client import EngineError, GenerateResult
+from rl360_ext.sglang.client import EngineError, EngineResponseError, GenerateResult
 from rl360_ext.templates.parse import ParsedAssistant
 from rl360_ext.templates.render import TemplateNotAppendOnlyError
 
@@ -37,6 +39,23 @@ SESSION_KEY = "session"  # metadata key of the session's own facts
 RESERVED_METADATA_KEYS = (SESSION_KEY, MERGE_KEY)
 _FORGOTTEN_MAX = 65536
 Message = dict[str, Any]
+
+
+def new_session_id() -> str:
+    """An unguessable session id: 32 hex digits, as Miles' session server mints them."""
+    return secrets.token_hex(16)
+
+
+class BackendError(RequestError):
+    """The engine answered this turn with an HTTP error: the agent gets its status and body as sent.
+
+    As Miles' session server passes a non-200 backend reply through (unrecorded, so the agent can
+    retry or handle it): `body` is the engine's response text, `message` says where it came from.
+    """
+
+    def __init__(self, status: int, body: str, message: str) -> None:
+        super().__init__(status, message, code="engine_rejected" if status < 500 else "engine_failed")
+        self.body = body
 
 
 class Backend(Protocol):
@@ -66,12 +85,16 @@ class ServerConfig:
     model_name: str = "rl360-policy"
     template_facts: dict[str, Any] = field(default_factory=dict)
     template_append_only: bool = True  # False only when started with --allow-non-append-only
+    instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # /health's, as Miles mints it
+    samples_wire: Literal["v1", "v2"] = "v1"  # what POST /samples answers: Miles' v1 or v2 wire
 
     def __post_init__(self) -> None:
         if self.history_mismatch not in ("fork", "reject"):
             raise ValueError(f"history_mismatch must be fork or reject, got {self.history_mismatch!r}")
         if self.r3 and self.routing_shape is None:
             raise ValueError("R3 needs the routing shape (layers, top_k, num_experts)")
+        if self.samples_wire not in ("v1", "v2"):
+            raise ValueError(f"samples_wire must be v1 or v2, got {self.samples_wire!r}")
         if self.max_sessions < 1 or self.idle_ttl_s <= 0:
             raise ValueError("max_sessions must be >= 1 and idle_ttl_s > 0")
 
@@ -101,6 +124,7 @@ class Session:
     segment: Segment | None = None
     forks: list[dict[str, Any]] = field(default_factory=list)
     turn_errors: list[dict[str, Any]] = field(default_factory=list)  # failed turns: {turn, status, cause}
+    exchanges: list[Exchange] = field(default_factory=list)  # the agent's side of each turn, by turn index
 
 
 @dataclass
@@ -153,7 +177,7 @@ class SessionCore:
                 code="too_many_sessions",
             )
         now = time.monotonic()
-        sid = session_id or secrets.token_urlsafe(18)
+        sid = session_id or new_session_id()
         session = Session(sid, routing_key or sid, dict(metadata or {}), time.time(), now)
         self.sessions[sid] = session
         self.metrics.sessions_created.inc()
@@ -169,7 +193,7 @@ class SessionCore:
         why = self._forgotten.get(session_id)
         if why is not None:
             raise RequestError(410 if why.startswith("expired") else 404, f"session {session_id} {why}")
-        raise RequestError(404, f"unknown session {session_id}", code="unknown_session")
+        raise RequestError(404, f"session not found: session_id={session_id}", code="unknown_session")
 
     def _forget(self, session_id: str, why: str) -> None:
         self.sessions.pop(session_id, None)
@@ -198,6 +222,7 @@ class SessionCore:
         """One chat-completions call: validate, generate, record, reply."""
         request = parse_chat_request(body)
         session = self.get(session_id)
+        requested_at = time.time()
         async with session.lock:
             session.last_used = time.monotonic()
             plan = self._plan(session, request)
@@ -214,6 +239,16 @@ class SessionCore:
                 cached_tokens=turn.cached_tokens,
             )
             plan.segment.messages = [*request.messages, reply.message()]
+            session.exchanges.append(
+                Exchange(
+                    request_timestamp=requested_at,
+                    timestamp=time.time(),
+                    new_messages=request.messages[len(request.messages) - plan.new_messages :],
+                    tools=request.tools,
+                    sampling_params=self._sampling_params(request),
+                    completion=reply.completion(),
+                )
+            )
             session.last_used = time.monotonic()
         return reply
 
@@ -274,10 +309,12 @@ class SessionCore:
             )
         except EngineError as exc:
             cause = "engine_rejected" if exc.is_client_error else "engine_failed"
-            status = 400 if exc.is_client_error else 502
-            self._turn_error(session, status, cause)
+            if exc.status is not None and not isinstance(exc, EngineResponseError):
+                self._turn_error(session, exc.status, cause)
+                raise BackendError(exc.status, exc.body, str(exc)) from exc
+            self._turn_error(session, 502, cause)
             raise RequestError(
-                status, f"the engine failed this turn (not recorded): {exc}", code=cause
+                502, f"the engine failed this turn (not recorded): {exc}", code=cause
             ) from exc
         problem = self._check_result(plan, result)
         if problem:
@@ -405,6 +442,15 @@ class SessionCore:
             metadata={**session.metadata, SESSION_KEY: self.session_facts(session)},
             routing_tail_shape=None if shape is None else (shape.layers, shape.top_k),
             routing_dtype=None if shape is None else shape.dtype,
+        )
+
+    def view(self, session_id: str) -> dict[str, Any]:
+        """Miles' `GET /sessions/{id}` body: the active segment's records and metadata (no lock:
+        a turn's state changes in one synchronous step, so a read never sees half a turn)."""
+        session = self.get(session_id)
+        tokens = [] if session.segment is None else session.segment.tokens
+        return session_view(
+            session.id, session.turns, session.exchanges, self.config.r3, self.session_facts(session), tokens
         )
 
     async def merged(self, session_id: str) -> MergedSample:

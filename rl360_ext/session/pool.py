@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import bisect
 import hashlib
-import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from rl360_ext.session import wire
+from rl360_ext.session.core import new_session_id
 from rl360_ext.session.merge import MergedSample
 from rl360_ext.session.service import ServiceOptions
 
@@ -162,7 +162,7 @@ class SessionPool:
         self, metadata: dict[str, Any] | None = None, routing_key: str | None = None
     ) -> tuple[str, str]:
         """(session_id, base_url): point an OpenAI client at base_url."""
-        session_id = secrets.token_urlsafe(18)
+        session_id = new_session_id()
         actor = self.actors[self.server_for(session_id)]
         await actor.create_session.remote(session_id, metadata, routing_key)
         return session_id, self._base_url(session_id)
@@ -172,7 +172,7 @@ class SessionPool:
     ) -> tuple[str, str]:
         import ray
 
-        session_id = secrets.token_urlsafe(18)
+        session_id = new_session_id()
         actor = self.actors[self.server_for(session_id)]
         ray.get(actor.create_session.remote(session_id, metadata, routing_key))
         return session_id, self._base_url(session_id)

@@ -21,6 +21,8 @@ from rl360_ext.session.core import ServerConfig, SessionCore
 from rl360_ext.session.routing import RoutingShape, shape_from_model_config
 
 log = logging.getLogger("rl360.session")
+DEFAULT_MODEL_NAME = "rl360-policy"  # replies' model when neither --model-name nor the backend names one
+SAMPLES_WIRES = ("v1", "v2")
 TEMPLATE_CHECK_CASES = 200  # generated conversations the startup check replays (~0.5 s)
 
 
@@ -37,13 +39,15 @@ class ServiceOptions:
     allow_non_append_only: bool = False
     max_sessions: int = 4096
     idle_ttl_s: float = 7200.0
-    model_name: str = "rl360-policy"
+    model_name: str | None = None  # None: the backend's served model (its /v1/models), as SGLang names it
     routing_layers: int | None = None
     routing_top_k: int | None = None
     routing_experts: int | None = None
     engine_timeout_s: float = 3600.0
     public_url: str | None = None  # base URL agents reach this server at (default: the request's)
     chat_template: str | None = None  # None: the tokenizer's own; "fixed": fixed_template_for; else a file
+    instance_id: str | None = None  # /health's session_server_instance_id (None: a fresh uuid4 hex)
+    samples_wire: str = "v1"  # Miles' --use-session-server version that POST /samples answers
 
 
 def resolve_chat_template(tokenizer: Any, choice: str | None) -> str | None:
@@ -64,6 +68,23 @@ def resolve_chat_template(tokenizer: Any, choice: str | None) -> str | None:
     if not path.is_file():
         raise ServiceStartupError(f"--chat-template: {choice} is not a file (or 'fixed')")
     return path.read_text()
+
+
+def served_model_name(backend_url: str) -> str:
+    """The model id the backend serves (`/v1/models`, as SGLang and the SMG gateway answer it).
+
+    Falls back to DEFAULT_MODEL_NAME, with a warning, when the backend does not say.
+    """
+    try:
+        response = httpx.get(backend_url.rstrip("/") + "/v1/models", timeout=10.0)
+        cards = response.json().get("data") if response.status_code == 200 else None
+        name = cards[0].get("id") if isinstance(cards, list) and cards and isinstance(cards[0], dict) else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        name = None
+    if isinstance(name, str) and name:
+        return name
+    log.warning("%s/v1/models names no model; replies say %r", backend_url, DEFAULT_MODEL_NAME)
+    return DEFAULT_MODEL_NAME
 
 
 def _shape_from_model_info(info: dict[str, Any]) -> RoutingShape | None:
@@ -147,13 +168,20 @@ def build_core(options: ServiceOptions) -> SessionCore:
     tokenizer = load_hf_tokenizer(options.tokenizer_dir)
     renderer = ChatRenderer(tokenizer, resolve_chat_template(tokenizer, options.chat_template))
     facts = check_template_or_refuse(renderer, options)
+    if options.samples_wire not in SAMPLES_WIRES:
+        raise ServiceStartupError(f"--samples-wire must be v1 or v2, got {options.samples_wire!r}")
+    if options.instance_id is not None and not options.instance_id:
+        raise ServiceStartupError("--instance-id must not be empty")
+    identity = {} if options.instance_id is None else {"instance_id": options.instance_id}
     config = ServerConfig(
+        **identity,
+        samples_wire=options.samples_wire,  # type: ignore[arg-type]
         r3=options.r3,
         routing_shape=resolve_routing_shape(options),
         history_mismatch=options.history_mismatch,  # type: ignore[arg-type]
         max_sessions=options.max_sessions,
         idle_ttl_s=options.idle_ttl_s,
-        model_name=options.model_name,
+        model_name=options.model_name or served_model_name(options.backend_url),
         template_facts=facts,
         template_append_only=facts["append_only"],
     )
