@@ -139,6 +139,10 @@ def create_app(core: SessionCore, public_url: str | None = None) -> FastAPI:
     @app.post("/sessions/{session_id}/samples")
     async def samples(session_id: str, request: Request) -> Response:
         max_seq_len, metadata = miles_wire.parse_samples_request(await _json_body(request, required=False))
+        if core.config.samples_wire == "v2":
+            branches, session_metadata = await core.merged_branches(session_id)
+            payload = miles_wire.encode_v2(branches, session_metadata, _decoder(core), max_seq_len, metadata)
+            return Response(payload, media_type=miles_wire.MEDIA_TYPE)
         sample = await core.merged(session_id)
         payload = miles_wire.encode(sample, _decoder(core), max_seq_len, metadata)
         return Response(payload, media_type=miles_wire.MEDIA_TYPE)

@@ -25,9 +25,9 @@ import numpy as np
 from rl360_ext.session import wire
 from rl360_ext.session.chat_api import ChatRequest, Reply, RequestError, parse_chat_request
 from rl360_ext.session.history import Mismatch, find_mismatch
-from rl360_ext.session.merge import MERGE_KEY, MergedSample, TurnRecord, merge
+from rl360_ext.session.merge import MERGE_KEY, MergedSample, TurnRecord, branches, merge
 from rl360_ext.session.metrics import SessionMetrics
-from rl360_ext.session.records import Exchange, session_view
+from rl360_ext.session.records import Exchange, session_view, tree_metadata
 from rl360_ext.session.routing import RoutingShape, compact_rows, row_sources
 from rl360_ext.session.tito import TitoRenderer
 from rl360_ext.sglang.client import EngineError, EngineResponseError, GenerateResult
@@ -36,7 +36,8 @@ from rl360_ext.templates.render import TemplateNotAppendOnlyError
 
 log = logging.getLogger("rl360.session")
 SESSION_KEY = "session"  # metadata key of the session's own facts
-RESERVED_METADATA_KEYS = (SESSION_KEY, MERGE_KEY)
+LEAF_KEY = "leaf"  # metadata key of a branch sample's place in the tree (Miles' v2 leaf descriptor)
+RESERVED_METADATA_KEYS = (SESSION_KEY, MERGE_KEY, LEAF_KEY)
 _FORGOTTEN_MAX = 65536
 Message = dict[str, Any]
 
@@ -443,6 +444,47 @@ class SessionCore:
             routing_tail_shape=None if shape is None else (shape.layers, shape.top_k),
             routing_dtype=None if shape is None else shape.dtype,
         )
+
+    def merge_branches(self, session: Session) -> tuple[list[MergedSample], dict[str, Any]]:
+        """One merged sample per branch (`merge.branches`) and the session's v2 metadata.
+
+        Each sample's metadata has Miles' `leaf` descriptor (its segment's last turn, that turn's
+        parent, the segment's turn ids as `path_node_ids`, the last reply's id); the session
+        metadata is `{"session": facts, "tree": Miles' v2 {"nodes", "leaves"}}`
+        (`records.tree_metadata`).
+        """
+        shape = self.config.routing_shape if self.config.r3 else None
+        tree = tree_metadata(session.turns, session.exchanges)
+        leaves = {leaf["node_id"]: leaf for leaf in tree["leaves"]}
+        nodes = {node["id"]: node for node in tree["nodes"]}
+        facts = self.session_facts(session)
+        samples = []
+        for turns in branches(session.turns, session.forks):
+            path = next(leaf for leaf in leaves.values() if turns[0].index in leaf["path_node_ids"])
+            leaf = nodes[path["node_id"]]
+            descriptor = {
+                "node_id": leaf["id"],
+                "parent": leaf["parent"],
+                "path_node_ids": path["path_node_ids"],
+                "response_id": leaf["response_id"],
+            }
+            samples.append(
+                merge(
+                    turns,
+                    session_id=session.id,
+                    metadata={**session.metadata, SESSION_KEY: facts, LEAF_KEY: descriptor},
+                    routing_tail_shape=None if shape is None else (shape.layers, shape.top_k),
+                    routing_dtype=None if shape is None else shape.dtype,
+                )
+            )
+        return samples, {SESSION_KEY: facts, "tree": tree}
+
+    async def merged_branches(self, session_id: str) -> tuple[list[MergedSample], dict[str, Any]]:
+        """`merge_branches` of the session (waits for a turn in flight on it to finish)."""
+        session = self.get(session_id)
+        async with session.lock:
+            session.last_used = time.monotonic()
+            return self.merge_branches(session)
 
     def view(self, session_id: str) -> dict[str, Any]:
         """Miles' `GET /sessions/{id}` body: the active segment's records and metadata (no lock:

@@ -8,8 +8,9 @@ whole per turn) and `session_view`, which answers Miles' `GetSessionResponse` sh
 (`timestamp`, `request_timestamp`, `method`, `path`, `request`, `response`, `status_code`):
 `request` is what the turn sent the engine (the messages so far, `input_ids` = the whole prompt,
 `sampling_params`, the routing-replay offset with R3), `response` is the completion the agent
-received, its message in SGLang's wire shape (tool calls carry `index`), with `choices[0].meta_info` (`output_token_logprobs` as `[logprob, token_id]` pairs,
-token counts, the engine's finish reason and weight version). As in Miles, the records are the
+received, its message in SGLang's wire shape (tool calls carry `index`), with
+`choices[0].meta_info` (`output_token_logprobs` as `[logprob, token_id]` pairs, token counts,
+the engine's finish reason and weight version). As in Miles, the records are the
 active trajectory: the last history segment (rl360 forks where Miles rolls back). `metadata`
 carries `accumulated_token_ids` (that segment's tokens) and the session's own facts. Routing rows
 are not in the view (they stay in the merged sample). It does not own turns (`core.py`) or the
@@ -89,7 +90,8 @@ def records(turns: Sequence[TurnRecord], exchanges: Sequence[Exchange], r3: bool
             request["return_routed_experts"] = True
             request["routed_experts_start_len"] = turn.routing_start
         sent = exchange.completion["choices"][0]
-        choice = {**sent, "message": _wire_message(sent["message"], exchange.tools), "meta_info": _meta_info(turn)}
+        message = _wire_message(sent["message"], exchange.tools)
+        choice = {**sent, "message": message, "meta_info": _meta_info(turn)}
         out.append(
             {
                 "timestamp": exchange.timestamp,
@@ -120,3 +122,34 @@ def session_view(
         "records": records(turns, exchanges, r3),
         "metadata": {"accumulated_token_ids": list(accumulated_token_ids), "session": facts},
     }
+
+
+def tree_metadata(turns: Sequence[TurnRecord], exchanges: Sequence[Exchange]) -> dict[str, Any]:
+    """Miles' v2 tree tables `{"nodes", "leaves"}` of a session: one node per turn, in commit order.
+
+    rl360 re-renders a forked history into a new token sequence, so each segment is its own root
+    chain (a node's `parent` is the turn before it in its segment); `completion_span` and
+    `num_tokens` are in that segment's token positions. Leaves are each segment's last turn.
+    """
+    nodes: list[dict[str, Any]] = []
+    last_in_segment: dict[int, dict[str, Any]] = {}
+    chains: dict[int, list[int]] = {}
+    for turn, exchange in zip(turns, exchanges, strict=True):
+        parent = last_in_segment.get(turn.segment)
+        output_start = turn.input_start + len(turn.input_ids)
+        node = {
+            "id": turn.index,
+            "parent": None if parent is None else parent["id"],
+            "seq": turn.index,
+            "truncated": turn.finish_reason == "length",
+            "committed_at": exchange.timestamp,
+            "completion_span": [output_start, turn.end],
+            "num_tokens": turn.end,
+            "response_id": exchange.completion["id"],
+            "segment": turn.segment,
+        }
+        nodes.append(node)
+        last_in_segment[turn.segment] = node
+        chains.setdefault(turn.segment, []).append(turn.index)
+    leaves = [{"node_id": chain[-1], "path_node_ids": chain} for _, chain in sorted(chains.items())]
+    return {"nodes": nodes, "leaves": leaves}

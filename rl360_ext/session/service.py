@@ -78,7 +78,8 @@ def served_model_name(backend_url: str) -> str:
     try:
         response = httpx.get(backend_url.rstrip("/") + "/v1/models", timeout=10.0)
         cards = response.json().get("data") if response.status_code == 200 else None
-        name = cards[0].get("id") if isinstance(cards, list) and cards and isinstance(cards[0], dict) else None
+        first = cards[0] if isinstance(cards, list) and cards else None
+        name = first.get("id") if isinstance(first, dict) else None
     except (httpx.HTTPError, ValueError, AttributeError):
         name = None
     if isinstance(name, str) and name:
