@@ -4,10 +4,9 @@ Miles defines its session server's external contract in `tests/fast/router/test_
 classes there drive a server purely over HTTP through a class-scoped `router_env` fixture
 (`url`: the server, `backend`: Miles' `MockSGLangServer`). This module imports those classes from
 `MILES_SRC` unchanged (no copy) and supplies its own `router_env`: a real `rl360 session serve`
-subprocess in front of Miles' mock backend. The mock is extended here, not patched in Miles: its
-`/generate` also returns `output_ids` (real SGLang does; the mock leaves it out) and it serves
-`/v1/models` (as SGLang does), whose model id the session server names in its replies. Both use
-the tiny engine's tokenizer (a Qwen-style chat template), which the session server renders with.
+subprocess in front of Miles' mock backend, extended (not patched) by `mock_backend.py` with what
+real SGLang also serves (`output_ids`, `/v1/models`). Both use the tiny engine's tokenizer (a
+Qwen-style chat template), which the session server renders with.
 
 Where rl360 differs on purpose, the test is in `EXPECTED_FAILURES` with its reason and runs as a
 strict xfail: a Miles upgrade that changes the contract shows up as a new failure, and an
@@ -23,15 +22,14 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
-from typing import Any
 
 import pytest
 
+from integration_tests.miles.mock_backend import sglang_like_mock
 from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
 from rl360_ext.util.procs import free_port, rl360_argv, start_service
 
 MILES_TEST_FILE = Path("tests") / "fast" / "router" / "test_sessions.py"
-MOCK_MODEL = "mock-model"  # the model id Miles' mock names in its chat replies
 
 _FORWARDING = (
     "rl360 sends token ids to the engine's native /generate instead of forwarding "
@@ -98,39 +96,13 @@ def _expected_failures(request: pytest.FixtureRequest) -> None:
         request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
 
 
-def _mock_class() -> type:
-    """Miles' MockSGLangServer plus what real SGLang also serves: `output_ids`, `/v1/models`."""
-    from fastapi.responses import JSONResponse
-    from miles.utils.test_utils.mock_sglang_server import MockSGLangServer
-
-    class SGLangLikeMock(MockSGLangServer):
-        def _setup_routes(self) -> None:
-            super()._setup_routes()
-
-            @self.app.get("/v1/models")
-            async def models() -> JSONResponse:
-                return JSONResponse({"object": "list", "data": [{"id": MOCK_MODEL, "object": "model"}]})
-
-        def _compute_generate_response(self, payload: dict[str, Any]) -> dict[str, Any]:
-            response = super()._compute_generate_response(payload)
-            response["output_ids"] = [token for _, token in response["meta_info"]["output_token_logprobs"]]
-            return response
-
-    return SGLangLikeMock
-
-
 @pytest.fixture(scope="class")
 def router_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
     """Miles' `router_env` contract: `url` of the session server, `backend` the mock it calls."""
     from miles.utils.test_utils.mock_sglang_server import ProcessResult
 
     tokenizer = str(default_tokenizer_dir())
-    backend = _mock_class()(
-        model_name=tokenizer,
-        process_fn=lambda prompt: ProcessResult(text=f"echo: {prompt}", finish_reason="stop"),
-        host="127.0.0.1",
-        port=free_port(),
-    )
+    backend = sglang_like_mock(tokenizer, lambda prompt: ProcessResult(text=f"echo: {prompt}"))
     backend.start()
     try:
         port = free_port()
