@@ -39,7 +39,7 @@ def serve(
         None, help="session_server_instance_id that /health reports (Miles' per-server id; default: random)."
     ),
     samples_wire: str = typer.Option(
-        "v1", help="Miles' --use-session-server version POST /samples answers: v1 (one sample) or v2 (per branch)."
+        "v1", help="Miles' --use-session-server version /samples answers: v1 (one sample), v2 (per branch)."
     ),
 ) -> None:
     """Serve token-in/token-out chat sessions in front of an SGLang engine or gateway."""

@@ -314,9 +314,7 @@ class SessionCore:
                 self._turn_error(session, exc.status, cause)
                 raise BackendError(exc.status, exc.body, str(exc)) from exc
             self._turn_error(session, 502, cause)
-            raise RequestError(
-                502, f"the engine failed this turn (not recorded): {exc}", code=cause
-            ) from exc
+            raise RequestError(502, f"the engine failed this turn (not recorded): {exc}", code=cause) from exc
         problem = self._check_result(plan, result)
         if problem:
             self._turn_error(session, 502, "engine_protocol")

@@ -4,7 +4,10 @@ Owns starting N actors (scheduling strategy SPREAD, so they land on different no
 are several), each running a session server over HTTP on its node; creating a session on the
 actor its id hashes to; collecting merged samples concurrently from the actors that hold them
 (each actor encodes its samples in the wire format, the pool decodes them zero-copy); deleting
-sessions; shutdown. Session ids are unguessable (drawn here) so the ring spreads them evenly.
+sessions; shutdown; the args Miles' stock generate reads to reach the pool (`miles_args`: its
+servers' IP, ports and instance ids; ports can be given, one per server, as Miles'
+`--session-server-port` range names them). Session ids are unguessable (drawn here) so the ring
+spreads them evenly.
 It does not own session logic (`core.py`) or HTTP routes (`app.py`).
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import hashlib
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -130,6 +134,7 @@ class SessionPool:
         *,
         host: str | None = None,
         port: int = 0,
+        ports: Sequence[int] | None = None,
         actor_num_cpus: float = 1.0,
         **options: Any,
     ) -> None:
@@ -137,6 +142,8 @@ class SessionPool:
 
         if not backend_url or not tokenizer_dir:
             raise ValueError("SessionPool needs backend_url and tokenizer_dir")
+        if ports is not None and len(ports) != num_servers:
+            raise ValueError(f"ports names {len(ports)} ports for {num_servers} servers (one per server)")
         if not ray.is_initialized():
             ray.init()
         self.options = ServiceOptions(
@@ -144,13 +151,33 @@ class SessionPool:
         )
         self.ring = HashRing(num_servers)
         actor_class = ray.remote(SessionServerActor)
+        self.instance_ids = [uuid.uuid4().hex for _ in range(num_servers)]
         self.actors = [
             actor_class.options(scheduling_strategy="SPREAD", num_cpus=actor_num_cpus).remote(
-                replace(self.options), host, port
+                replace(self.options, instance_id=instance_id), host, port if ports is None else ports[i]
             )
-            for _ in range(num_servers)
+            for i, instance_id in enumerate(self.instance_ids)
         ]
         self.urls: list[str] = ray.get([actor.start.remote() for actor in self.actors])
+
+    def miles_args(self) -> dict[str, Any]:
+        """The driver-side args Miles' stock `agentic_tool_call.generate` reads to reach this pool.
+
+        `session_server_ip`, `session_server_ports` and `session_server_instance_ids`, as Miles'
+        launcher sets them for its own servers (or, with patches/miles/0004's
+        `--session-server-external`, from `--session-server-ip`/`--session-server-port`). Miles
+        addresses its session servers as one IP and a list of ports, so the pool's servers must
+        share a host (pass `host=`); raises ValueError naming the hosts otherwise.
+        """
+        hosts = sorted({url.removeprefix("http://").rsplit(":", 1)[0] for url in self.urls})
+        if len(hosts) != 1:
+            raise ValueError(f"Miles reaches session servers on one IP; this pool's are on {hosts}")
+        ports = [int(url.rsplit(":", 1)[1]) for url in self.urls]
+        return {
+            "session_server_ip": hosts[0],
+            "session_server_ports": ports,
+            "session_server_instance_ids": dict(zip(ports, self.instance_ids, strict=True)),
+        }
 
     def server_for(self, session_id: str) -> int:
         return self.ring.server_for(session_id)

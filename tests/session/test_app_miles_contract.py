@@ -18,6 +18,7 @@ import safetensors.numpy
 
 from rl360_ext.session.app import create_app
 from rl360_ext.sglang.client import EngineError
+
 from .conftest import Step
 
 USER = {"role": "user", "content": "Run the tests."}

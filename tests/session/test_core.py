@@ -262,7 +262,6 @@ def test_limits_and_lifecycle_errors_are_clear(make_core) -> None:
     assert re.fullmatch(r"[0-9a-f]{32}", core.create().id)  # room again; ids are 32 hex, as Miles'
 
 
-
 def test_bad_session_creation_input_names_the_field(make_core) -> None:
     core, _ = make_core()
     with pytest.raises(RequestError, match="reserved"):
