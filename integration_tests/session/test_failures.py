@@ -73,10 +73,10 @@ def test_reject_mode_and_limits(log_dir, engine) -> None:
         with pytest.raises(openai.ConflictError, match=r"messages\[0\]"):
             client.chat.completions.create(model="p", messages=[*edited, USER], max_tokens=8)
         full = httpx.post(server.url + "/sessions", json={}, timeout=10)
-        assert full.status_code == 429 and "max_sessions=1" in full.json()["error"]["message"]
+        assert full.status_code == 429 and "max_sessions=1" in full.json()["error"]
         time.sleep(2.0)  # idle TTL 1 s; the sweeper runs every 0.25 s
         expired = httpx.get(f"{server.url}/sessions/{session_id}/merged", timeout=10)
-        assert expired.status_code == 410 and "idle TTL" in expired.json()["error"]["message"]
+        assert expired.status_code == 410 and "idle TTL" in expired.json()["error"]
         new_session(server)  # room again
 
 
