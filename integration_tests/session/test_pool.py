@@ -25,6 +25,12 @@ def test_pool_places_serves_collects_and_deletes(engine) -> None:
             2, engine.url, str(default_tokenizer_dir()), r3=True, host="127.0.0.1", actor_num_cpus=0.5
         )
         try:
+            miles = pool.miles_args()  # what Miles' stock generate reads to reach the pool
+            assert miles["session_server_ip"] == "127.0.0.1"
+            assert [f"http://127.0.0.1:{p}" for p in miles["session_server_ports"]] == pool.urls
+            for port, instance_id in miles["session_server_instance_ids"].items():
+                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()
+                assert health["session_server_instance_id"] == instance_id
             created = [pool.create_session(metadata={"index": i}) for i in range(8)]
             assert {pool.server_for(sid) for sid, _ in created} == {0, 1}  # 8 random ids land on both
             for sid, base_url in created:
