@@ -125,7 +125,7 @@ class Session:
     segment: Segment | None = None
     forks: list[dict[str, Any]] = field(default_factory=list)
     turn_errors: list[dict[str, Any]] = field(default_factory=list)  # failed turns: {turn, status, cause}
-    exchanges: list[Exchange] = field(default_factory=list)  # the agent's side of each turn, by turn index
+    exchanges: dict[int, Exchange] = field(default_factory=dict)  # the agent's side of each turn, by index
 
 
 @dataclass
@@ -240,15 +240,13 @@ class SessionCore:
                 cached_tokens=turn.cached_tokens,
             )
             plan.segment.messages = [*request.messages, reply.message()]
-            session.exchanges.append(
-                Exchange(
-                    request_timestamp=requested_at,
-                    timestamp=time.time(),
-                    new_messages=request.messages[len(request.messages) - plan.new_messages :],
-                    tools=request.tools,
-                    sampling_params=self._sampling_params(request),
-                    completion=reply.completion(),
-                )
+            session.exchanges[turn.index] = Exchange(
+                request_timestamp=requested_at,
+                timestamp=time.time(),
+                new_messages=request.messages[len(request.messages) - plan.new_messages :],
+                tools=request.tools,
+                sampling_params=self._sampling_params(request),
+                completion=reply.completion(),
             )
             session.last_used = time.monotonic()
         return reply

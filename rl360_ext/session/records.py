@@ -19,7 +19,7 @@ merge (`merge.py`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,16 +68,21 @@ def _meta_info(turn: TurnRecord) -> dict[str, Any]:
     }
 
 
-def records(turns: Sequence[TurnRecord], exchanges: Sequence[Exchange], r3: bool) -> list[dict[str, Any]]:
-    """Miles' `SessionRecord`s of the last segment's turns, in order."""
+def records(turns: Sequence[TurnRecord], exchanges: Mapping[int, Exchange], r3: bool) -> list[dict[str, Any]]:
+    """Miles' `SessionRecord`s of the last segment's turns, in order.
+
+    A turn whose reply never reached the agent (no exchange) has no record; it is always the last of
+    its segment, since the agent's next request cannot hold that reply and forks.
+    """
     if not turns:
         return []
     segment = turns[-1].segment
     out: list[dict[str, Any]] = []
     messages: list[Message] = []
     tokens: list[int] = []
-    for turn, exchange in zip(turns, exchanges, strict=True):
-        if turn.segment != segment:
+    for turn in turns:
+        exchange = exchanges.get(turn.index)
+        if turn.segment != segment or exchange is None:
             continue
         messages = [*messages, *exchange.new_messages]
         tokens = [*tokens, *turn.input_ids.tolist()]
@@ -111,7 +116,7 @@ def records(turns: Sequence[TurnRecord], exchanges: Sequence[Exchange], r3: bool
 def session_view(
     session_id: str,
     turns: Sequence[TurnRecord],
-    exchanges: Sequence[Exchange],
+    exchanges: Mapping[int, Exchange],
     r3: bool,
     facts: dict[str, Any],
     accumulated_token_ids: Sequence[int],
@@ -124,17 +129,19 @@ def session_view(
     }
 
 
-def tree_metadata(turns: Sequence[TurnRecord], exchanges: Sequence[Exchange]) -> dict[str, Any]:
+def tree_metadata(turns: Sequence[TurnRecord], exchanges: Mapping[int, Exchange]) -> dict[str, Any]:
     """Miles' v2 tree tables `{"nodes", "leaves"}` of a session: one node per turn, in commit order.
 
     rl360 re-renders a forked history into a new token sequence, so each segment is its own root
     chain (a node's `parent` is the turn before it in its segment); `completion_span` and
-    `num_tokens` are in that segment's token positions. Leaves are each segment's last turn.
+    `num_tokens` are in that segment's token positions. Leaves are each segment's last turn. A turn
+    whose reply never reached the agent has `committed_at` and `response_id` null.
     """
     nodes: list[dict[str, Any]] = []
     last_in_segment: dict[int, dict[str, Any]] = {}
     chains: dict[int, list[int]] = {}
-    for turn, exchange in zip(turns, exchanges, strict=True):
+    for turn in turns:
+        exchange = exchanges.get(turn.index)
         parent = last_in_segment.get(turn.segment)
         output_start = turn.input_start + len(turn.input_ids)
         node = {
@@ -142,10 +149,10 @@ def tree_metadata(turns: Sequence[TurnRecord], exchanges: Sequence[Exchange]) ->
             "parent": None if parent is None else parent["id"],
             "seq": turn.index,
             "truncated": turn.finish_reason == "length",
-            "committed_at": exchange.timestamp,
+            "committed_at": None if exchange is None else exchange.timestamp,
             "completion_span": [output_start, turn.end],
             "num_tokens": turn.end,
-            "response_id": exchange.completion["id"],
+            "response_id": None if exchange is None else exchange.completion["id"],
             "segment": turn.segment,
         }
         nodes.append(node)
