@@ -3,11 +3,11 @@
 The decoder tests feed `rl360_ext.session.miles_wire.encode` payloads to Miles'
 `decode_samples_and_merge_input_sample` and check the real Miles `Sample` it builds
 (`Sample.validate()`), and `encode_v2` payloads to the same decoder with Miles' v2 field set
-(`COMPUTED_FIELDS_V2`: one sample per branch, with `reward`). The stock test runs Miles' unmodified `agentic_tool_call.generate` (v1 wire)
-against a real `rl360 session serve --r3` in front of the tiny engine, with an agent function
-defined here that makes two chat calls through the official openai client, and compares the
-returned Miles `Sample` with the session's merged sample (fetched by the agent before it returns,
-since Miles deletes the session after collecting).
+(`COMPUTED_FIELDS_V2`: one sample per branch, with `reward`). The stock test runs Miles'
+unmodified `agentic_tool_call.generate` (v1 wire) against a real `rl360 session serve --r3` in
+front of the tiny engine, with an agent function defined here that makes two chat calls through
+the official openai client, and compares the returned Miles `Sample` with the session's merged
+sample (fetched by the agent before it returns, since Miles deletes the session after collecting).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Failures through real processes: engine 5xx (passed through), aborts, a dead engine, reject mode, limits."""
+"""Failures through real processes: engine 5xx (passed through), aborts, a dead engine, reject, limits."""
 
 from __future__ import annotations
 
