@@ -12,7 +12,8 @@ received, its message in SGLang's wire shape (tool calls carry `index`), with
 `choices[0].meta_info` (`output_token_logprobs` as `[logprob, token_id]` pairs, token counts,
 the engine's finish reason and weight version). As in Miles, the records are the
 active trajectory: the last history segment (rl360 forks where Miles rolls back). `metadata`
-carries `accumulated_token_ids` (that segment's tokens) and the session's own facts. Routing rows
+carries `accumulated_token_ids` (that segment's tokens), Miles' v2 `tree` tables of every turn
+(`tree_metadata`) and the session's own facts. Routing rows
 are not in the view (they stay in the merged sample). It does not own turns (`core.py`) or the
 merge (`merge.py`).
 """
@@ -122,11 +123,12 @@ def session_view(
     accumulated_token_ids: Sequence[int],
 ) -> dict[str, Any]:
     """The `GET /sessions/{id}` body: Miles' `GetSessionResponse` shape."""
-    return {
-        "session_id": session_id,
-        "records": records(turns, exchanges, r3),
-        "metadata": {"accumulated_token_ids": list(accumulated_token_ids), "session": facts},
+    metadata = {
+        "accumulated_token_ids": list(accumulated_token_ids),
+        "tree": tree_metadata(turns, exchanges),
+        "session": facts,
     }
+    return {"session_id": session_id, "records": records(turns, exchanges, r3), "metadata": metadata}
 
 
 def tree_metadata(turns: Sequence[TurnRecord], exchanges: Mapping[int, Exchange]) -> dict[str, Any]:

@@ -69,6 +69,7 @@ async def test_health_ids_view_and_delete_as_miles_has_them(make_core) -> None:
         assert np.allclose([lp for lp, _ in meta["output_token_logprobs"]], turns[1].output_logprobs)
         assert records[1]["response"]["id"] == second["id"]
         assert view["metadata"]["accumulated_token_ids"] == session.segment.tokens
+        assert view["metadata"]["tree"]["leaves"] == [{"node_id": 1, "path_node_ids": [0, 1]}]
         deleted = await client.delete(f"/sessions/{sid}")
         assert (deleted.status_code, deleted.content) == (204, b"")
         gone = await client.delete(f"/sessions/{sid}")
