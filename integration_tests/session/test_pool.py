@@ -59,6 +59,14 @@ def test_pool_places_serves_collects_and_deletes(engine) -> None:
                 ]["session"]["routing_key"]
                 == "shared-prefix-7"
             )
+            forked, forked_url = pool.create_session()
+            for first in ("hi", "start over"):  # a different first message: a fork, two branches
+                session_client(forked_url).chat.completions.create(
+                    model="policy", messages=[{"role": "user", "content": first}], max_tokens=6
+                )
+            (branches,) = pool.collect_branches([forked])
+            assert [b.turns[0]["segment"] for b in branches] == [0, 1]
+            assert np.array_equal(branches[-1].tokens, pool.collect([forked])[0].tokens)
             pool.delete(ids[:2])
             with pytest.raises(SessionPoolError, match=ids[0]):
                 pool.collect(ids[:2])

@@ -2,7 +2,8 @@
 
 Owns starting N actors (scheduling strategy SPREAD, so they land on different nodes when there
 are several), each running a session server over HTTP on its node; creating a session on the
-actor its id hashes to; collecting merged samples concurrently from the actors that hold them
+actor its id hashes to; collecting merged samples (or every branch of a forked session,
+`collect_branches`) concurrently from the actors that hold them
 (each actor encodes its samples in the wire format, the pool decodes them zero-copy); deleting
 sessions; shutdown; the args Miles' stock generate reads to reach the pool (`miles_args`: its
 servers' IP, ports and instance ids; ports can be given, one per server, as Miles'
@@ -103,6 +104,18 @@ class SessionServerActor:
                 return await self.core.merged_wire(sid)
             except Exception as exc:  # reported per session; the pool raises with every reason
                 return f"{type(exc).__name__}: {exc}"
+
+        return list(await asyncio.gather(*(one(sid) for sid in session_ids)))
+
+    async def collect_branches(self, session_ids: list[str]) -> list[list[bytes] | str]:
+        """Each session's branch samples (`SessionCore.merge_branches`) in the wire format, or the error."""
+
+        async def one(sid: str) -> list[bytes] | str:
+            try:
+                samples, _ = await self.core.merged_branches(sid)
+            except Exception as exc:  # reported per session; the pool raises with every reason
+                return f"{type(exc).__name__}: {exc}"
+            return [wire.encode(sample) for sample in samples]
 
         return list(await asyncio.gather(*(one(sid) for sid in session_ids)))
 
@@ -238,6 +251,25 @@ class SessionPool:
         groups = self._by_server(session_ids)
         refs = [self.actors[server].collect.remote(ids) for server, ids in groups.items()]
         return self._decode(session_ids, groups, list(await asyncio.gather(*refs)))
+
+    def collect_branches(self, session_ids: Sequence[str]) -> list[list[MergedSample]]:
+        """Every branch a trainer can use (`merge.branches`: one sample per history segment, a
+        retried last turn dropped), per session in the order of `session_ids`."""
+        import ray
+
+        groups = self._by_server(session_ids)
+        refs = [self.actors[server].collect_branches.remote(ids) for server, ids in groups.items()]
+        found: dict[str, list[MergedSample]] = {}
+        errors: list[str] = []
+        for group, encoded in zip(groups.values(), ray.get(refs), strict=True):
+            for sid, item in zip(group, encoded, strict=True):
+                if isinstance(item, str):
+                    errors.append(f"{sid}: {item}")
+                else:
+                    found[sid] = [wire.decode(one) for one in item]
+        if errors:
+            raise SessionPoolError(f"could not collect {len(errors)} session(s): " + "; ".join(errors))
+        return [found[sid] for sid in session_ids]
 
     def delete(self, session_ids: str | Sequence[str]) -> None:
         import ray
