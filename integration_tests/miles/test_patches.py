@@ -2,14 +2,16 @@
 
 `git apply --check` each patch against MILES_SRC; then apply all of them to a copy of the
 checkout's `miles/`, `tests/` and `examples/` and run, against that copy: Miles' own tests the
-patches touch or add (in a subprocess, this interpreter), and the patched Harbor example agent
-function against a refused port and a server that never answers, next to the unpatched one.
+patches touch or add (in a subprocess, this interpreter), the patched Harbor example agent
+function against a refused port and a server that never answers, next to the unpatched one, and
+the patched launcher (`--session-server-external`) adopting a running `rl360 session serve`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import os
 import shutil
 import socket
@@ -27,11 +29,23 @@ HARBOR_EXAMPLE = Path("examples") / "swe-agent-harbor-docker"
 MILES_TESTS_TOUCHED = [
     "tests/fast/ray/rollout/test_train_data_conversion.py",
     "tests/fast/rollout/test_filter_metrics.py",
+    "tests/fast/ray/rollout/test_router_manager.py",
 ]
+ADOPT_SCRIPT = """
+import json, sys
+from types import SimpleNamespace
+from miles.ray.rollout.router_manager import start_session_server
+args = SimpleNamespace(
+    use_session_server="v2", hf_checkpoint="unused", sglang_router_ip="127.0.0.1", sglang_router_port=1,
+    session_server_ip="127.0.0.1", session_server_port=[int(sys.argv[1])], session_server_external=True,
+)
+start_session_server(args)
+print(json.dumps({"ports": args.session_server_ports, "ids": args.session_server_instance_ids}))
+"""
 
 
-def test_there_are_three_patch_sets() -> None:
-    assert [p.name[:4] for p in PATCHES] == ["0001", "0002", "0003"]
+def test_there_are_four_patch_sets() -> None:
+    assert [p.name[:4] for p in PATCHES] == ["0001", "0002", "0003", "0004"]
 
 
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)
@@ -163,3 +177,33 @@ async def test_patched_reward_func_does_not_score_a_missing_reward(
         Sample.Status.COMPLETED,
     ]
     assert [s.remove_sample for s in samples] == [True, True, False]
+
+
+@pytest.mark.slow
+def test_patched_launcher_adopts_a_running_rl360_session_server(patched_copy: Path, tmp_path: Path) -> None:
+    """0004: with --session-server-external, Miles' launcher takes rl360's server and its id."""
+    from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
+    from rl360_ext.util.procs import rl360_argv, start_service
+
+    port = _free_port()
+    argv = rl360_argv(
+        "session", "serve", "--backend", f"http://127.0.0.1:{_free_port()}",
+        "--tokenizer", str(default_tokenizer_dir()), "--port", str(port),
+        "--instance-id", "c0ffee" * 5 + "00", "--samples-wire", "v2",
+    )  # fmt: skip
+    server = start_service("session", argv, port, tmp_path)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", ADOPT_SCRIPT, str(port)],
+            cwd=patched_copy,
+            env={**os.environ, "PYTHONPATH": str(patched_copy)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        server.stop()
+    assert result.returncode == 0, result.stderr[-3000:]
+    adopted = json.loads(result.stdout.splitlines()[-1])
+    assert adopted == {"ports": [port], "ids": {str(port): "c0ffee" * 5 + "00"}}

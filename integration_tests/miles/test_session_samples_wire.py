@@ -2,11 +2,12 @@
 
 The decoder tests feed `rl360_ext.session.miles_wire.encode` payloads to Miles'
 `decode_samples_and_merge_input_sample` and check the real Miles `Sample` it builds
-(`Sample.validate()`). The stock test runs Miles' unmodified `agentic_tool_call.generate` (v1 wire)
-against a real `rl360 session serve --r3` in front of the tiny engine, with an agent function
-defined here that makes two chat calls through the official openai client, and compares the
-returned Miles `Sample` with the session's merged sample (fetched by the agent before it returns,
-since Miles deletes the session after collecting).
+(`Sample.validate()`), and `encode_v2` payloads to the same decoder with Miles' v2 field set
+(`COMPUTED_FIELDS_V2`: one sample per branch, with `reward`). The stock test runs Miles'
+unmodified `agentic_tool_call.generate` (v1 wire) against a real `rl360 session serve --r3` in
+front of the tiny engine, with an agent function defined here that makes two chat calls through
+the official openai client, and compares the returned Miles `Sample` with the session's merged
+sample (fetched by the agent before it returns, since Miles deletes the session after collecting).
 """
 
 from __future__ import annotations
@@ -196,3 +197,43 @@ def test_miles_stock_agentic_generate_collects_our_session(
     assert sample.metadata["merge"]["turns_kept"] == merged.metadata["merge"]["turns_kept"]
     gone = httpx.get(f"{session_server.url}/sessions/{session_id}/merged", timeout=10)
     assert gone.status_code == 404  # Miles deleted the session after collecting
+
+
+def _branch(segment: int, n_in: int, n_out: int, session_id: str = "s-1") -> MergedSample:
+    turn = TurnRecord(
+        index=segment,
+        segment=segment,
+        input_start=0,
+        input_ids=np.arange(n_in, dtype=np.int32),
+        output_ids=np.arange(n_in, n_in + n_out, dtype=np.int32),
+        output_logprobs=np.full(n_out, -0.25, np.float32),
+        finish_reason="stop",
+        weight_version="7",
+    )
+    leaf = {"node_id": segment, "parent": None, "path_node_ids": [segment], "response_id": f"r{segment}"}
+    return merge([turn], session_id, {"session": {"id": session_id}, "leaf": leaf})
+
+
+@pytest.mark.parametrize("max_seq_len", [None, 9])
+def test_miles_v2_decoder_reads_one_sample_per_branch(max_seq_len: int | None) -> None:
+    from miles.rollout.session.samples.codec import COMPUTED_FIELDS_V2, decode_samples_and_merge_input_sample
+    from miles.utils.types import Sample
+
+    branches = [_branch(0, 6, 2), _branch(1, 9, 3)]  # with max_seq_len 9, the second has no output left
+    tree = {"nodes": [], "leaves": []}
+    payload = miles_wire.encode_v2(
+        branches, {"session": {"id": "s-1"}, "tree": tree}, _text, max_seq_len, {"reward": 2.0, "leaf": "x"}
+    )
+    reply = decode_samples_and_merge_input_sample(
+        payload, Sample(prompt="p", index=0), fields=COMPUTED_FIELDS_V2
+    )
+    expected = branches if max_seq_len is None else branches[:1]
+    assert len(reply.samples) == len(expected)
+    for sample, branch in zip(reply.samples, expected, strict=True):
+        sample.validate()
+        assert sample.tokens == branch.tokens.tolist() and sample.reward == 2.0
+        assert sample.metadata["leaf"] == branch.metadata["leaf"]  # the agent cannot overwrite it
+    assert reply.session_metadata["agent"] == {"reward": 2.0, "leaf": "x"} and reply.empty_reason is None
+    none_fit = miles_wire.encode_v2(branches, {"session": {}, "tree": {"nodes": [0], "leaves": []}}, _text, 3)
+    empty = decode_samples_and_merge_input_sample(none_fit, Sample(prompt="p"), fields=COMPUTED_FIELDS_V2)
+    assert empty.samples == [] and empty.empty_reason == "all_truncated"

@@ -25,6 +25,12 @@ def test_pool_places_serves_collects_and_deletes(engine) -> None:
             2, engine.url, str(default_tokenizer_dir()), r3=True, host="127.0.0.1", actor_num_cpus=0.5
         )
         try:
+            miles = pool.miles_args()  # what Miles' stock generate reads to reach the pool
+            assert miles["session_server_ip"] == "127.0.0.1"
+            assert [f"http://127.0.0.1:{p}" for p in miles["session_server_ports"]] == pool.urls
+            for port, instance_id in miles["session_server_instance_ids"].items():
+                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()
+                assert health["session_server_instance_id"] == instance_id
             created = [pool.create_session(metadata={"index": i}) for i in range(8)]
             assert {pool.server_for(sid) for sid, _ in created} == {0, 1}  # 8 random ids land on both
             for sid, base_url in created:
@@ -53,6 +59,14 @@ def test_pool_places_serves_collects_and_deletes(engine) -> None:
                 ]["session"]["routing_key"]
                 == "shared-prefix-7"
             )
+            forked, forked_url = pool.create_session()
+            for first in ("hi", "start over"):  # a different first message: a fork, two branches
+                session_client(forked_url).chat.completions.create(
+                    model="policy", messages=[{"role": "user", "content": first}], max_tokens=6
+                )
+            (branches,) = pool.collect_branches([forked])
+            assert [b.turns[0]["segment"] for b in branches] == [0, 1]
+            assert np.array_equal(branches[-1].tokens, pool.collect([forked])[0].tokens)
             pool.delete(ids[:2])
             with pytest.raises(SessionPoolError, match=ids[0]):
                 pool.collect(ids[:2])

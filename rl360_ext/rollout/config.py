@@ -34,7 +34,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
 from rl360_ext.outcomes.verdict import AGENT_TIMEOUT_POLICIES
-from rl360_ext.session.config import ServerConfig
+from rl360_ext.session.options import DEFAULT_MODEL_NAME
 
 FLAG_PREFIX = "rl360"
 ENV_PREFIX = "RL360_"
@@ -58,7 +58,7 @@ class AgentConfig:
     )
     agent: str | None = _doc("Harbor agent for /run (default: the server's).", None)
     task_key: str = _doc("Sample.metadata key holding the task path under the Harbor tasks root.", "task")
-    model: str = _doc("Model name the agent asks the session server for.", ServerConfig.model_name)
+    model: str = _doc("Model name the agent asks the session server for.", DEFAULT_MODEL_NAME)
     agent_timeout_policy: str = _doc(
         "Agent timeouts: 'score' (the verifier's reward counts) or 'mask' (infra).",
         "score",

@@ -2,12 +2,14 @@
 
 Owns the URL layout (`POST /sessions`, `/sessions/{id}/v1/chat/completions`,
 `/sessions/{id}/v1/models`, `/sessions/{id}/merged`, `POST /sessions/{id}/samples` (Miles' samples
-wire, encoded by `miles_wire.py`), `DELETE /sessions/{id}`, `/health`,
-`/metrics`), mapping each `errors.SessionServerError` to its status with an OpenAI-style error
-body, the request-size limit (413 before parsing), the optional bearer token (constant-time
-comparison; /health and /metrics stay open), each body's schema in `/openapi.json`
-(`schemas.py`), the single-chunk SSE stream, and the idle-TTL sweeper task. Logic lives in
-`core.py`.
+wire, encoded by `miles_wire.py`), `GET /sessions/{id}` (Miles' records view, `records.py`),
+`DELETE /sessions/{id}` (204, as Miles), `/health` (with Miles' `session_server_instance_id`),
+`/metrics`), mapping each `errors.SessionServerError` to its status (an OpenAI-style error object
+on the agent's `/v1/` routes, Miles' `{"error": "<text>"}` on the session routes Miles' tooling
+calls; an engine's HTTP error passes through with its status and body, as Miles passes it), the
+request-size limit (413 before parsing), the optional bearer token (constant-time comparison;
+/health and /metrics stay open), each body's schema in `/openapi.json` (`schemas.py`), the
+single-chunk SSE stream, and the idle-TTL sweeper task. Logic lives in `core.py`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rl360_ext.session import miles_wire
 from rl360_ext.session.core import SessionCore
-from rl360_ext.session.errors import PayloadTooLargeError, RequestError, SessionServerError, UnauthorizedError
+from rl360_ext.session.errors import (
+    EngineHTTPError,
+    PayloadTooLargeError,
+    RequestError,
+    SessionServerError,
+    UnauthorizedError,
+)
 from rl360_ext.session.metrics import CONTENT_TYPE
 from rl360_ext.session.options import default_of
 from rl360_ext.session.schemas import (
@@ -39,6 +47,7 @@ from rl360_ext.session.schemas import (
 
 WIRE_MEDIA_TYPE = "application/vnd.rl360.merged-sample"
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # served without the bearer token (probes, Prometheus)
+OPENAI_ROUTE = "/v1/"  # routes under it answer OpenAI error objects; the others Miles' {"error": "<text>"}
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -146,12 +155,23 @@ def create_app(
     app.openapi = openapi  # type: ignore[method-assign]
 
     @app.exception_handler(SessionServerError)
-    async def _refused(_: Request, exc: SessionServerError) -> Response:
-        return error_response(exc)
+    async def _refused(request: Request, exc: SessionServerError) -> Response:
+        if isinstance(exc, EngineHTTPError):
+            return _passed_through(exc)
+        if OPENAI_ROUTE in request.url.path:
+            return error_response(exc)
+        body = {"error": exc.message, "code": exc.code, "param": exc.param}
+        return json_response(body, exc.status, exc.headers())
 
     @app.get("/health")
     async def health() -> Response:
-        return json_response({"status": "ok", "sessions": len(core.sessions)})
+        return json_response(
+            {
+                "status": "ok",
+                "session_server_instance_id": core.config.instance_id,
+                "sessions": len(core.sessions),
+            }
+        )
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -209,16 +229,32 @@ def create_app(
     @app.post("/sessions/{session_id}/samples", openapi_extra=request_body(SamplesRequest, required=False))
     async def samples(session_id: str, request: Request) -> Response:
         max_seq_len, metadata = miles_wire.parse_samples_request(await _json_body(request, required=False))
+        if core.config.samples_wire == "v2":
+            branches, session_metadata = await core.merged_branches(session_id)
+            payload = miles_wire.encode_v2(branches, session_metadata, _decoder(core), max_seq_len, metadata)
+            return Response(payload, media_type=miles_wire.MEDIA_TYPE)
         sample = await core.merged(session_id)
         payload = miles_wire.encode(sample, _decoder(core), max_seq_len, metadata)
         return Response(payload, media_type=miles_wire.MEDIA_TYPE)
 
+    @app.get("/sessions/{session_id}")
+    async def view(session_id: str) -> Response:
+        return json_response(core.view(session_id))
+
     @app.delete("/sessions/{session_id}")
     async def delete(session_id: str) -> Response:
         core.delete(session_id)
-        return json_response({"session_id": session_id, "deleted": True})
+        return Response(status_code=204)
 
     return app
+
+
+def _passed_through(exc: EngineHTTPError) -> Response:
+    """The engine's error reply as it sent it (JSON re-emitted compactly, other text verbatim)."""
+    try:
+        return json_response(orjson.loads(exc.body), exc.status, exc.headers())
+    except orjson.JSONDecodeError:
+        return Response(exc.body, exc.status, headers=exc.headers(), media_type="text/plain")
 
 
 def _decoder(core: SessionCore) -> miles_wire.Decode:

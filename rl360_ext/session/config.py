@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from rl360_ext.session.options import HISTORY_MISMATCH_MODES, default_of
+from rl360_ext.session.options import DEFAULT_MODEL_NAME, HISTORY_MISMATCH_MODES, SAMPLES_WIRES, default_of
 
 if TYPE_CHECKING:
     from rl360_ext.session.routing import RoutingShape
@@ -33,8 +33,8 @@ class ServerConfig:
     """Sessions held at once; a create beyond it is refused."""
     idle_ttl_s: float = default_of("idle_ttl_s")
     """Drop sessions idle this many seconds."""
-    model_name: str = default_of("model_name")
-    """Model name in replies and /v1/models; the name rl360's agent function asks for."""
+    model_name: str = DEFAULT_MODEL_NAME
+    """Model name in replies and /v1/models (the service sets the flag's or the backend's)."""
     template_facts: dict[str, Any] = field(default_factory=dict)
     """What the template checker found, reported with every session."""
     template_append_only: bool = True
@@ -42,12 +42,17 @@ class ServerConfig:
     vocab_size: int | None = None
     """Token ids the engine may return; None: len(tokenizer)."""
     instance_id: str = field(default_factory=lambda: secrets.token_hex(16))
-    """One per server process: a session id from another instance is a lost session, not a typo."""
+    """One per server process (/health's session_server_instance_id): a session id minted by another
+    instance is a lost session, not a typo."""
+    samples_wire: Literal["v1", "v2"] = default_of("samples_wire")
+    """What POST /samples answers: Miles' v1 wire (one sample) or v2 (one sample per branch)."""
 
     def __post_init__(self) -> None:
         if self.history_mismatch not in HISTORY_MISMATCH_MODES:
             raise ValueError(f"history_mismatch must be fork or reject, got {self.history_mismatch!r}")
         if self.r3 and self.routing_shape is None:
             raise ValueError("R3 needs the routing shape (layers, top_k, num_experts)")
+        if self.samples_wire not in SAMPLES_WIRES:
+            raise ValueError(f"samples_wire must be v1 or v2, got {self.samples_wire!r}")
         if self.max_sessions < 1 or self.idle_ttl_s <= 0:
             raise ValueError("max_sessions must be >= 1 and idle_ttl_s > 0")

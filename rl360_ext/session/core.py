@@ -30,10 +30,9 @@ from rl360_ext.session import wire
 from rl360_ext.session.chat_api import ChatRequest, Reply, parse_chat_request
 from rl360_ext.session.config import ServerConfig
 from rl360_ext.session.errors import (
-    EngineBusyError,
     EngineFaultError,
+    EngineHTTPError,
     EngineProtocolError,
-    EngineRejectedError,
     EngineTimeoutError,
     HistoryMismatchError,
     RequestError,
@@ -44,8 +43,9 @@ from rl360_ext.session.errors import (
     TooManySessionsError,
 )
 from rl360_ext.session.history import Mismatch, find_mismatch
-from rl360_ext.session.merge import MERGE_KEY, MergedSample, TurnRecord, merge
+from rl360_ext.session.merge import MERGE_KEY, MergedSample, TurnRecord, branches, merge
 from rl360_ext.session.metrics import SessionMetrics
+from rl360_ext.session.records import Exchange, session_view, tree_metadata
 from rl360_ext.session.routing import compact_rows, row_sources
 from rl360_ext.session.tito import TitoRenderer
 from rl360_ext.sglang import client as engine_client
@@ -55,7 +55,8 @@ from rl360_ext.templates.render import TemplateNotAppendOnlyError
 
 log = logging.getLogger("rl360.session")
 SESSION_KEY = "session"  # metadata key of the session's own facts
-RESERVED_METADATA_KEYS = (SESSION_KEY, MERGE_KEY)
+LEAF_KEY = "leaf"  # metadata key of a branch sample's place in the tree (Miles' v2 leaf descriptor)
+RESERVED_METADATA_KEYS = (SESSION_KEY, MERGE_KEY, LEAF_KEY)
 _FORGOTTEN_MAX = 65536
 ROUTING_KEY_MAX = 256
 _ROUTING_KEY = re.compile(rf"[\x21-\x7e]{{1,{ROUTING_KEY_MAX}}}")  # visible ASCII: a valid header value
@@ -130,6 +131,7 @@ class Session:
     forks: list[dict[str, Any]] = field(default_factory=list)
     turn_errors: list[dict[str, Any]] = field(default_factory=list)  # failed turns: {turn, status, cause}
     replies: dict[bytes, Reply] = field(default_factory=dict)  # request fingerprint -> its recorded reply
+    exchanges: dict[int, Exchange] = field(default_factory=dict)  # the agent's side of each turn, by index
 
 
 @dataclass
@@ -152,6 +154,8 @@ class SessionCore:
         self.sessions: dict[str, Session] = {}
         self._forgotten: OrderedDict[str, str] = OrderedDict()
         self.instance_id = self.config.instance_id
+        # the 8 hex digits every session id this process mints starts with (any --instance-id works)
+        self.instance_tag = hashlib.blake2b(self.instance_id.encode(), digest_size=4).hexdigest()
         self.vocab_size = self.config.vocab_size or len(tito.tokenizer)
 
     # ---- session table -------------------------------------------------------------------
@@ -185,7 +189,7 @@ class SessionCore:
                 f"{self.config.max_sessions}); delete finished sessions or raise --max-sessions"
             )
         now = time.monotonic()
-        sid = session_id or mint_session_id(self.instance_id[:8])
+        sid = session_id or mint_session_id(self.instance_tag)
         session = Session(sid, routing_key or sid, dict(metadata or {}), time.time(), now)
         self.sessions[sid] = session
         self.metrics.sessions_created.inc()
@@ -203,13 +207,13 @@ class SessionCore:
             gone = SessionGoneError if why.startswith("expired") else SessionNotFoundError
             raise gone(f"session {session_id} {why}")
         tag = minted_by(session_id)
-        if tag is not None and tag != self.instance_id[:8]:
+        if tag is not None and tag != self.instance_tag:
             raise SessionLostError(
                 f"session {session_id} was made by another process of this session server (instance "
-                f"{tag}..., this one is {self.instance_id[:8]}...): the server restarted and its turns "
+                f"{tag}..., this one is {self.instance_tag}...): the server restarted and its turns "
                 "are lost; open a new session"
             )
-        raise SessionNotFoundError(f"unknown session {session_id}")
+        raise SessionNotFoundError(f"session not found: session_id={session_id}")
 
     def _forget(self, session_id: str, why: str) -> None:
         self.sessions.pop(session_id, None)
@@ -246,6 +250,7 @@ class SessionCore:
         request = parse_chat_request(body)
         fingerprint = request_fingerprint(body)
         session = self.get(session_id)
+        requested_at = time.time()
         async with session.lock:
             session.last_used = time.monotonic()
             recorded = session.replies.get(fingerprint)
@@ -267,6 +272,14 @@ class SessionCore:
             )
             plan.segment.messages = [*request.messages, reply.message()]
             session.replies[fingerprint] = reply
+            session.exchanges[turn.index] = Exchange(
+                request_timestamp=requested_at,
+                timestamp=time.time(),
+                new_messages=request.messages[len(request.messages) - plan.new_messages :],
+                tools=request.tools,
+                sampling_params=self._sampling_params(request),
+                completion=reply.completion(),
+            )
             session.last_used = time.monotonic()
         return reply
 
@@ -457,6 +470,56 @@ class SessionCore:
             routing_dtype=None if shape is None else shape.dtype,
         )
 
+    def merge_branches(self, session: Session) -> tuple[list[MergedSample], dict[str, Any]]:
+        """One merged sample per branch (`merge.branches`) and the session's v2 metadata.
+
+        Each sample's metadata has Miles' `leaf` descriptor (its segment's last turn, that turn's
+        parent, the segment's turn ids as `path_node_ids`, the last reply's id); the session
+        metadata is `{"session": facts, "tree": Miles' v2 {"nodes", "leaves"}}`
+        (`records.tree_metadata`).
+        """
+        shape = self.config.routing_shape if self.config.r3 else None
+        tree = tree_metadata(session.turns, session.exchanges)
+        leaves = {leaf["node_id"]: leaf for leaf in tree["leaves"]}
+        nodes = {node["id"]: node for node in tree["nodes"]}
+        facts = self.session_facts(session)
+        samples = []
+        for turns in branches(session.turns, session.forks):
+            path = next(leaf for leaf in leaves.values() if turns[0].index in leaf["path_node_ids"])
+            leaf = nodes[path["node_id"]]
+            descriptor = {
+                "node_id": leaf["id"],
+                "parent": leaf["parent"],
+                "path_node_ids": path["path_node_ids"],
+                "response_id": leaf["response_id"],
+            }
+            samples.append(
+                merge(
+                    turns,
+                    session_id=session.id,
+                    metadata={**session.metadata, SESSION_KEY: facts, LEAF_KEY: descriptor},
+                    routing_tail_shape=None if shape is None else (shape.layers, shape.top_k),
+                    routing_dtype=None if shape is None else shape.dtype,
+                )
+            )
+        return samples, {SESSION_KEY: facts, "tree": tree}
+
+    async def merged_branches(self, session_id: str) -> tuple[list[MergedSample], dict[str, Any]]:
+        """`merge_branches` of the session (waits for a turn in flight on it to finish)."""
+        session = self.get(session_id)
+        async with session.lock:
+            session.last_used = time.monotonic()
+            return self.merge_branches(session)
+
+    def view(self, session_id: str) -> dict[str, Any]:
+        """Miles' `GET /sessions/{id}` body: the active segment's records and metadata (no lock:
+        a turn's state changes in one synchronous step, so a read never sees half a turn)."""
+        session = self.get(session_id)
+        tokens = [] if session.segment is None else session.segment.tokens
+        return session_view(
+            session.id, session.turns, session.exchanges, self.config.r3, self.session_facts(session), tokens
+        )
+
     async def merged(self, session_id: str) -> MergedSample:
         """The merged sample (waits for a turn in flight on this session to finish)."""
         session = self.get(session_id)
@@ -472,14 +535,14 @@ class SessionCore:
 
 
 def _engine_fault(exc: EngineError) -> SessionServerError:
-    """The error an agent gets for a failed engine call: retryable (429 -> 503, timeout, 5xx) or not (4xx)."""
+    """The error an agent gets for a failed engine call. An HTTP error from the engine passes through
+    with its status and body (as Miles' session server passes it): a 429 or 5xx stays retryable, a
+    4xx says the request fails again. A timeout is 504, a broken answer or a transport failure 502."""
     message = f"the engine failed this turn (not recorded): {exc}"
     if isinstance(exc, engine_client.EngineResponseError):
         return EngineProtocolError(f"the engine's response breaks the protocol (turn not recorded): {exc}")
-    if exc.is_overloaded:
-        return EngineBusyError(f"the engine is overloaded (HTTP 429), retry later (turn not recorded): {exc}")
     if isinstance(exc, engine_client.EngineTimeoutError):
         return EngineTimeoutError(message)
-    if exc.is_client_error:
-        return EngineRejectedError(message)
+    if exc.status is not None:
+        return EngineHTTPError(exc.status, exc.body or "", message)
     return EngineFaultError(message)

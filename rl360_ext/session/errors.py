@@ -4,7 +4,6 @@ Hierarchy (status, default `code` in the OpenAI-style error body)::
 
     SessionServerError                 500 internal_error
     ├── RequestError                   400 invalid_request      the agent's request is malformed
-    │   └── EngineRejectedError        400 engine_rejected      the engine refused the request (4xx)
     ├── UnauthorizedError              401 unauthorized         missing or wrong bearer token
     ├── SessionNotFoundError           404 unknown_session      no such session (typo, deleted)
     ├── HistoryMismatchError           409 history_mismatch     --history-mismatch reject
@@ -12,9 +11,12 @@ Hierarchy (status, default `code` in the OpenAI-style error body)::
     │   └── SessionLostError           410 session_lost         made by an earlier server process
     ├── PayloadTooLargeError           413 request_too_large    body over --max-request-bytes
     ├── TooManySessionsError           429 too_many_sessions    --max-sessions reached
-    ├── EngineFaultError               502 engine_failed        engine 5xx / transport failure
-    │   ├── EngineProtocolError        502 engine_protocol      the engine's answer breaks the protocol
-    │   └── EngineBusyError            503 engine_busy          the engine said 429: retry later
+    ├── EngineHTTPError                the engine's  engine_busy (429) / engine_rejected (4xx) /
+    │                                  status        engine_failed (5xx): the engine's HTTP error,
+    │                                                passed through with its body (+Retry-After: 1
+    │                                                on 429 and 503, so clients retry)
+    ├── EngineFaultError               502 engine_failed        transport failure
+    │   └── EngineProtocolError        502 engine_protocol      the engine's answer breaks the protocol
     └── EngineTimeoutError             504 engine_timeout       no answer within --engine-timeout
 
 The tree mirrors Miles' `miles/rollout/session/errors.py` (a status per class); the codes are
@@ -60,12 +62,6 @@ class RequestError(SessionServerError):
     default_code = "invalid_request"
 
 
-class EngineRejectedError(RequestError):
-    """The engine refused the request itself (a 4xx other than 429): the same body will fail again."""
-
-    default_code = "engine_rejected"
-
-
 class UnauthorizedError(SessionServerError):
     """The server has a bearer token and the request did not carry it."""
 
@@ -107,6 +103,23 @@ class TooManySessionsError(SessionServerError):
     retry_after_s = 1
 
 
+class EngineHTTPError(SessionServerError):
+    """The engine answered this turn with an HTTP error (nothing recorded): the agent gets the engine's
+    status and body as sent, as Miles' session server passes a backend's non-200 reply through. A
+    429 or 5xx stays retryable for the agent's client; a 4xx says the same request fails again."""
+
+    default_code = "engine_http_error"
+
+    def __init__(self, status: int, body: str, message: str) -> None:
+        code = "engine_busy" if status == 429 else "engine_rejected" if status < 500 else "engine_failed"
+        super().__init__(message, code=code)
+        self.status = status  # type: ignore[misc]  # this error's status is the engine's
+        self.body = body
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "1"} if self.status in (429, 503) else {}
+
+
 class EngineFaultError(SessionServerError):
     """The engine side failed this turn (nothing recorded): an infra fault, never the policy's."""
 
@@ -118,14 +131,6 @@ class EngineProtocolError(EngineFaultError):
     """The engine answered, but its answer breaks the protocol (nothing recorded)."""
 
     default_code = "engine_protocol"
-
-
-class EngineBusyError(EngineFaultError):
-    """The engine answered 429: retryable, so the agent's client retries instead of giving up."""
-
-    status = 503
-    default_code = "engine_busy"
-    retry_after_s = 1
 
 
 class EngineTimeoutError(EngineFaultError):

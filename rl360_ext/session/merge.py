@@ -6,7 +6,9 @@ tokens the policy sampled (0 on prompts, tool output and template tokens); `roll
 is the sampler's logprob there and 0 elsewhere; routing rows cover every token but the last; a
 turn that finished with `length` (or `abort`) is the last one kept, later turns are dropped and
 the status says TRUNCATED (or ABORTED). When the history forked, the sample is the last segment
-(the context the model saw last); earlier segments are counted in the metadata. It does not own
+(the context the model saw last); earlier segments are counted in the metadata. `branches` gives
+every segment's trainable turns instead (one sample per branch, Miles' v2 wire): an earlier
+segment loses only a last turn that the fork retried (Miles' drop_retries rule). It does not own
 producing turns (`core.py`) or their bytes on the wire (`wire.py`).
 """
 
@@ -274,3 +276,47 @@ def _empty(
         turns=[],
         metadata=meta,
     )
+
+
+def _reply_indices(segment_turns: Sequence[TurnRecord]) -> list[int]:
+    """The message index of each turn's reply in its segment's history (turns in order)."""
+    indices: list[int] = []
+    for turn in segment_turns:
+        indices.append(turn.new_messages if not indices else indices[-1] + 1 + turn.new_messages)
+    return indices
+
+
+def superseded(segment_turns: Sequence[TurnRecord], fork_message_index: int | None) -> bool:
+    """Did the fork that ended this segment retry its last turn (Miles' drop_retries rule)?
+
+    It did when the new history keeps the reply of the turn before the last (so it branched right
+    there) but not the last turn's reply: that reply was abandoned for the retry. A fork that keeps
+    no earlier reply (a rewritten or compacted history) or differs only in tools supersedes nothing.
+    """
+    if fork_message_index is None or len(segment_turns) < 2:
+        return False
+    replies = _reply_indices(segment_turns)
+    return replies[-2] < fork_message_index <= replies[-1]
+
+
+def branches(turns: Sequence[TurnRecord], forks: Sequence[dict[str, Any]]) -> list[list[TurnRecord]]:
+    """Each history segment's trainable turns, in commit order; a segment left with none is omitted.
+
+    `forks` are the session's fork records (`segment`: the segment the fork started, `message_index`:
+    where the history departed). The last segment is whole; an earlier one loses its last turn when
+    the fork that ended it retried that turn (`superseded`). Merging a branch's turns with `merge`
+    applies the length/abort cut as for any sample.
+    """
+    by_segment: dict[int, list[TurnRecord]] = {}
+    for turn in turns:
+        by_segment.setdefault(turn.segment, []).append(turn)
+    departed = {fork["segment"]: fork.get("message_index") for fork in forks}
+    last = max(by_segment, default=0)
+    out: list[list[TurnRecord]] = []
+    for segment, segment_turns in sorted(by_segment.items()):
+        keep = list(segment_turns)
+        if segment != last and superseded(keep, departed.get(segment + 1)):
+            keep.pop()
+        if keep:
+            out.append(keep)
+    return out

@@ -7,26 +7,31 @@ float64 and, with R3, `rollout_routed_experts.{i}` int32, plus a `_samples_meta`
 holding compact JSON `{samples: [...], session_metadata, empty_reason}`. The sample itself is
 `rl360_ext.session.miles_sample.to_miles_sample` (the one converter, with Miles' truncation rule,
 which rl360's generate hook calls too); when it yields none the reply has no samples and
-`empty_reason="all_truncated"`; a session without turns answers `empty_reason="no_records"`. It
-does not own the HTTP route (`app.py`), merging turns (`merge.py`) or rl360's own wire
+`empty_reason="all_truncated"`; a session without turns answers `empty_reason="no_records"`. Under
+Miles' `--use-session-server v2` (`encode_v2`) the reply is the same wire plus `reward` on each
+sample, one sample per history branch, with Miles' tree tables in `session_metadata`. It does not
+own the HTTP route (`app.py`), merging turns (`merge.py`) or rl360's own wire
 (`wire.py`). It imports neither Miles nor torch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import orjson
 import safetensors.numpy
 
-from rl360_ext.session.core import SESSION_KEY
+from rl360_ext.session.core import LEAF_KEY, SESSION_KEY
 from rl360_ext.session.errors import RequestError
-from rl360_ext.session.merge import MergedSample
+from rl360_ext.session.merge import MERGE_KEY, MergedSample
 from rl360_ext.session.miles_sample import Decode, MilesSample, to_miles_sample
 
 SAMPLES_META_KEY = "_samples_meta"
 MEDIA_TYPE = "application/octet-stream"
+V2_SERVER_KEYS = ("accumulated_token_ids", "tito_session_mismatch", LEAF_KEY, MERGE_KEY, SESSION_KEY)
+REWARD_KEY = "reward"  # the agent metadata key Miles' v2 assigns to every sample as Sample.reward
 NO_RECORDS = "no_records"
 ALL_TRUNCATED = "all_truncated"
 TENSOR_DTYPES: dict[str, np.dtype] = {
@@ -101,3 +106,38 @@ def _add_sample(tensors: dict[str, np.ndarray], index: int, sample: MilesSample)
         "metadata": sample.metadata,
         "nulls": nulls,
     }
+
+
+def encode_v2(
+    branches: Sequence[MergedSample],
+    session_metadata: dict[str, Any],
+    decode: Decode,
+    max_seq_len: int | None = None,
+    agent_metadata: dict[str, Any] | None = None,
+) -> bytes:
+    """The `/samples` reply under Miles' `--use-session-server v2`: one sample per branch.
+
+    Miles' v2 wire is the v1 wire with `reward` on every sample and any number of samples. Each
+    branch (`SessionCore.merge_branches`, in commit order) is cut by `max_seq_len` on its own; a
+    branch left with no turn is dropped. As Miles' default v2 post-process does, the agent's
+    metadata (the body's `metadata`) goes into every sample's metadata except the keys the server
+    owns, and its `reward`, when given, becomes every sample's `reward` (else null: Miles keeps
+    the driver's). `session_metadata` (`{"session": facts, "tree": {nodes, leaves}}`) gets
+    `"agent"`: the agent's metadata, as Miles' v2 server adds it.
+    """
+    agent = {k: v for k, v in (agent_metadata or {}).items() if k not in V2_SERVER_KEYS}
+    reward = (agent_metadata or {}).get(REWARD_KEY)
+    session_metadata = dict(session_metadata)
+    if agent_metadata is not None:
+        session_metadata["agent"] = agent_metadata
+    tensors: dict[str, np.ndarray] = {}
+    metas: list[dict[str, Any]] = []
+    for branch in branches:
+        miles = to_miles_sample(branch, decode, max_seq_len, agent) if len(branch.tokens) else None
+        if miles is not None:
+            metas.append({**_add_sample(tensors, len(metas), miles), REWARD_KEY: reward})
+    empty_reason = None if metas else (NO_RECORDS if not session_metadata["tree"]["nodes"] else ALL_TRUNCATED)
+    meta = {"samples": metas, "session_metadata": session_metadata, "empty_reason": empty_reason}
+    meta_bytes = orjson.dumps(meta, option=orjson.OPT_SERIALIZE_NUMPY)
+    tensors[SAMPLES_META_KEY] = np.frombuffer(meta_bytes, dtype=np.uint8)
+    return safetensors.numpy.save(tensors)

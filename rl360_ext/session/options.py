@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 HISTORY_MISMATCH_MODES = ("fork", "reject")
+SAMPLES_WIRES = ("v1", "v2")  # Miles' --use-session-server versions POST /samples answers
+DEFAULT_MODEL_NAME = "rl360-policy"  # replies' model name when neither the flag nor the backend names one
 
 
 @dataclass
@@ -42,8 +44,8 @@ class ServiceOptions:
     idle_ttl_s: float = field(default=7200.0, metadata={"flag": "--idle-ttl", "min": 0.001})
     """Drop sessions idle this many seconds."""
 
-    model_name: str = "rl360-policy"
-    """Model name in replies and /v1/models."""
+    model_name: str | None = None
+    """Model name in replies and /v1/models (default: the backend's /v1/models id, as SGLang names it)."""
 
     routing_layers: int | None = field(default=None, metadata={"flag": "--r3-layers", "min": 1})
     """MoE layers (default: config.json, /model_info)."""
@@ -75,9 +77,19 @@ class ServiceOptions:
     api_key_file: str | None = None
     """File holding the bearer token (keeps it out of the process list); wins over --api-key."""
 
+    instance_id: str | None = None
+    """session_server_instance_id that /health reports (Miles' per-server id; default: a random one)."""
+
+    samples_wire: str = "v1"
+    """Miles' --use-session-server version POST /samples answers: v1 (one sample), v2 (one per branch)."""
+
     def __post_init__(self) -> None:
         if self.history_mismatch not in HISTORY_MISMATCH_MODES:
             raise ValueError(f"history_mismatch must be fork or reject, got {self.history_mismatch!r}")
+        if self.samples_wire not in SAMPLES_WIRES:
+            raise ValueError(f"samples_wire must be v1 or v2, got {self.samples_wire!r}")
+        if self.instance_id is not None and not self.instance_id:
+            raise ValueError("instance_id must not be empty (leave it unset for a random one)")
 
     def bearer_token(self) -> str | None:
         """The token to require: the file's first line (stripped) when given, else `api_key`."""

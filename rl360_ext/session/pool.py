@@ -2,13 +2,16 @@
 
 Owns starting N actors (scheduling strategy SPREAD, so they land on different nodes when there
 are several), each running a session server over HTTP on its node; creating a session on the
-actor its id hashes to; collecting merged samples concurrently from the actors that hold them
+actor its id hashes to; collecting merged samples (or every branch of a forked session,
+`collect_branches`) concurrently from the actors that hold them
 (each actor encodes its samples in the wire format, the pool decodes them zero-copy); deleting
-sessions; shutdown. Session ids are unguessable (drawn here) so the ring spreads them evenly.
-It also owns where this process connects to Ray when the pool is the first to need it
-(`ensure_ray`): never from a thread that may exit, because Ray starts its head processes with a
-parent-death signal, which Linux sends when the *thread* that started them exits. It does not own
-session logic (`core.py`) or HTTP routes (`app.py`).
+sessions; shutdown; the args Miles' stock generate reads to reach the pool (`miles_args`: its
+servers' IP, ports and instance ids; ports can be given, one per server, as Miles'
+`--session-server-port` range names them). Session ids are unguessable (drawn here) so the ring
+spreads them evenly. It also owns where this process connects to Ray when the pool is the first to
+need it (`ensure_ray`): never from a thread that may exit, because Ray starts its head processes
+with a parent-death signal, which Linux sends when the *thread* that started them exits. It does
+not own session logic (`core.py`) or HTTP routes (`app.py`).
 """
 
 from __future__ import annotations
@@ -126,6 +129,18 @@ class SessionServerActor:
 
         return list(await asyncio.gather(*(one(sid) for sid in session_ids)))
 
+    async def collect_branches(self, session_ids: list[str]) -> list[list[bytes] | str]:
+        """Each session's branch samples (`SessionCore.merge_branches`) in the wire format, or the error."""
+
+        async def one(sid: str) -> list[bytes] | str:
+            try:
+                samples, _ = await self.core.merged_branches(sid)
+            except Exception as exc:  # reported per session; the pool raises with every reason
+                return f"{type(exc).__name__}: {exc}"
+            return [wire.encode(sample) for sample in samples]
+
+        return list(await asyncio.gather(*(one(sid) for sid in session_ids)))
+
     async def delete(self, session_ids: list[str]) -> list[str]:
         missing = []
         for sid in session_ids:
@@ -154,6 +169,7 @@ class SessionPool:
         *,
         host: str | None = None,
         port: int = 0,
+        ports: Sequence[int] | None = None,
         actor_num_cpus: float = 1.0,
         **options: Any,
     ) -> None:
@@ -161,19 +177,41 @@ class SessionPool:
 
         if not backend_url or not tokenizer_dir:
             raise ValueError("SessionPool needs backend_url and tokenizer_dir")
+        if ports is not None and len(ports) != num_servers:
+            raise ValueError(f"ports names {len(ports)} ports for {num_servers} servers (one per server)")
         ensure_ray()
         self.options = ServiceOptions(
             backend_url=backend_url, tokenizer_dir=str(tokenizer_dir), r3=r3, **options
         )
         self.ring = HashRing(num_servers)
         actor_class = ray.remote(SessionServerActor)
+        self.instance_ids = [secrets.token_hex(16) for _ in range(num_servers)]
         self.actors = [
             actor_class.options(scheduling_strategy="SPREAD", num_cpus=actor_num_cpus).remote(
-                replace(self.options), host, port
+                replace(self.options, instance_id=instance_id), host, port if ports is None else ports[i]
             )
-            for _ in range(num_servers)
+            for i, instance_id in enumerate(self.instance_ids)
         ]
         self.urls: list[str] = ray.get([actor.start.remote() for actor in self.actors])
+
+    def miles_args(self) -> dict[str, Any]:
+        """The driver-side args Miles' stock `agentic_tool_call.generate` reads to reach this pool.
+
+        `session_server_ip`, `session_server_ports` and `session_server_instance_ids`, as Miles'
+        launcher sets them for its own servers (or, with patches/miles/0004's
+        `--session-server-external`, from `--session-server-ip`/`--session-server-port`). Miles
+        addresses its session servers as one IP and a list of ports, so the pool's servers must
+        share a host (pass `host=`); raises ValueError naming the hosts otherwise.
+        """
+        hosts = sorted({url.removeprefix("http://").rsplit(":", 1)[0] for url in self.urls})
+        if len(hosts) != 1:
+            raise ValueError(f"Miles reaches session servers on one IP; this pool's are on {hosts}")
+        ports = [int(url.rsplit(":", 1)[1]) for url in self.urls]
+        return {
+            "session_server_ip": hosts[0],
+            "session_server_ports": ports,
+            "session_server_instance_ids": dict(zip(ports, self.instance_ids, strict=True)),
+        }
 
     def server_for(self, session_id: str) -> int:
         return self.ring.server_for(session_id)
@@ -185,7 +223,7 @@ class SessionPool:
         self, metadata: dict[str, Any] | None = None, routing_key: str | None = None
     ) -> tuple[str, str]:
         """(session_id, base_url): point an OpenAI client at base_url."""
-        session_id = secrets.token_urlsafe(18)
+        session_id = secrets.token_hex(16)
         actor = self.actors[self.server_for(session_id)]
         await actor.create_session.remote(session_id, metadata, routing_key)
         return session_id, self._base_url(session_id)
@@ -195,7 +233,7 @@ class SessionPool:
     ) -> tuple[str, str]:
         import ray
 
-        session_id = secrets.token_urlsafe(18)
+        session_id = secrets.token_hex(16)
         actor = self.actors[self.server_for(session_id)]
         ray.get(actor.create_session.remote(session_id, metadata, routing_key))
         return session_id, self._base_url(session_id)
@@ -234,6 +272,25 @@ class SessionPool:
         groups = self._by_server(session_ids)
         refs = [self.actors[server].collect.remote(ids) for server, ids in groups.items()]
         return self._decode(session_ids, groups, list(await asyncio.gather(*refs)))
+
+    def collect_branches(self, session_ids: Sequence[str]) -> list[list[MergedSample]]:
+        """Every branch a trainer can use (`merge.branches`: one sample per history segment, a
+        retried last turn dropped), per session in the order of `session_ids`."""
+        import ray
+
+        groups = self._by_server(session_ids)
+        refs = [self.actors[server].collect_branches.remote(ids) for server, ids in groups.items()]
+        found: dict[str, list[MergedSample]] = {}
+        errors: list[str] = []
+        for group, encoded in zip(groups.values(), ray.get(refs), strict=True):
+            for sid, item in zip(group, encoded, strict=True):
+                if isinstance(item, str):
+                    errors.append(f"{sid}: {item}")
+                else:
+                    found[sid] = [wire.decode(one) for one in item]
+        if errors:
+            raise SessionPoolError(f"could not collect {len(errors)} session(s): " + "; ".join(errors))
+        return [found[sid] for sid in session_ids]
 
     def delete(self, session_ids: str | Sequence[str]) -> None:
         import ray

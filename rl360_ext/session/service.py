@@ -21,7 +21,7 @@ import httpx
 
 from rl360_ext.session.config import ServerConfig
 from rl360_ext.session.core import SessionCore
-from rl360_ext.session.options import ServiceOptions
+from rl360_ext.session.options import DEFAULT_MODEL_NAME, ServiceOptions
 from rl360_ext.session.routing import RoutingShape, shape_from_model_config
 
 log = logging.getLogger("rl360.session")
@@ -50,6 +50,24 @@ def resolve_chat_template(tokenizer: Any, choice: str | None) -> str | None:
     if not path.is_file():
         raise ServiceStartupError(f"--chat-template: {choice} is not a file (or 'fixed')")
     return path.read_text()
+
+
+def served_model_name(backend_url: str) -> str:
+    """The model id the backend serves (`/v1/models`, as SGLang and the SMG gateway answer it).
+
+    Falls back to DEFAULT_MODEL_NAME, with a warning, when the backend does not say.
+    """
+    try:
+        response = httpx.get(backend_url.rstrip("/") + "/v1/models", timeout=10.0)
+        cards = response.json().get("data") if response.status_code == 200 else None
+        first = cards[0] if isinstance(cards, list) and cards else None
+        name = first.get("id") if isinstance(first, dict) else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        name = None
+    if isinstance(name, str) and name:
+        return name
+    log.warning("%s/v1/models names no model; replies say %r", backend_url, DEFAULT_MODEL_NAME)
+    return DEFAULT_MODEL_NAME
 
 
 def _shape_from_model_info(info: dict[str, Any]) -> RoutingShape | None:
@@ -133,13 +151,16 @@ def build_core(options: ServiceOptions) -> SessionCore:
     tokenizer = load_hf_tokenizer(options.tokenizer_dir)
     renderer = ChatRenderer(tokenizer, resolve_chat_template(tokenizer, options.chat_template))
     facts = check_template_or_refuse(renderer, options)
+    identity = {} if options.instance_id is None else {"instance_id": options.instance_id}
     config = ServerConfig(
+        **identity,
+        samples_wire=options.samples_wire,  # type: ignore[arg-type]
         r3=options.r3,
         routing_shape=resolve_routing_shape(options),
         history_mismatch=options.history_mismatch,  # type: ignore[arg-type]
         max_sessions=options.max_sessions,
         idle_ttl_s=options.idle_ttl_s,
-        model_name=options.model_name,
+        model_name=options.model_name or served_model_name(options.backend_url),
         template_facts=facts,
         template_append_only=facts["append_only"],
         vocab_size=resolve_vocab_size(tokenizer, options),

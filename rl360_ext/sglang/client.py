@@ -268,7 +268,6 @@ class EngineClient:
             "return_logprob": return_logprob,
             "logprob_start_len": -1,
             "return_prompt_token_ids": return_prompt_token_ids,
-            "stream": False,
         }
         if return_routed_experts:
             payload["return_routed_experts"] = True

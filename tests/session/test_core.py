@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import numpy as np
 import pytest
 
 from rl360_ext.session.core import ServerConfig, SessionCore
-from rl360_ext.session.errors import RequestError, SessionServerError
+from rl360_ext.session.errors import EngineHTTPError, RequestError, SessionServerError
 from rl360_ext.session.routing import SOURCE_DECODE, SOURCE_LATER_PREFILL, SOURCE_PROMPT
 from rl360_ext.session.tito import TitoRenderer
 from rl360_ext.sglang.client import EngineError
@@ -190,16 +191,18 @@ async def test_changed_tools_are_a_history_mismatch(make_core) -> None:
         await core.chat(sid, {"messages": [*history, {"role": "user", "content": "x"}]})
 
 
-async def test_engine_failure_is_502_and_the_turn_is_not_recorded(make_core) -> None:
+async def test_engine_failure_passes_through_and_the_turn_is_not_recorded(make_core) -> None:
     core, backend = make_core()
     sid = core.create().id
-    backend.push(Step(error=EngineError("POST /generate returned HTTP 503", status=503)))
-    with pytest.raises(SessionServerError) as err:
+    body = '{"error": "overloaded"}'
+    backend.push(Step(error=EngineError("POST /generate returned HTTP 503", status=503, body=body)))
+    with pytest.raises(EngineHTTPError) as err:
         await core.chat(sid, {"messages": [USER]})
-    assert err.value.status == 502 and core.get(sid).turns == []
+    assert (err.value.status, err.value.body) == (503, body) and core.get(sid).turns == []
     backend.push(Step(error=EngineError("POST /generate failed: ConnectError")))
-    with pytest.raises(SessionServerError, match="not recorded"):
+    with pytest.raises(SessionServerError, match="not recorded") as transport:
         await core.chat(sid, {"messages": [USER]})
+    assert transport.value.status == 502 and core.get(sid).turn_errors[-1]["status"] == 502
     await core.chat(sid, {"messages": [USER]})  # the agent's retry is not a history mismatch
     assert len(core.get(sid).turns) == 1 and core.get(sid).forks == []
 
@@ -253,10 +256,10 @@ def test_limits_and_lifecycle_errors_are_clear(make_core) -> None:
     with pytest.raises(SessionServerError, match="expired after 60 s idle") as expired:
         core.get(second)
     assert expired.value.status == 410
-    with pytest.raises(SessionServerError, match="unknown session nope") as unknown:
+    with pytest.raises(SessionServerError, match="session not found: session_id=nope") as unknown:
         core.get("nope")
     assert unknown.value.status == 404
-    assert len(core.create().id) >= 24  # room again; ids are long random tokens
+    assert re.fullmatch(r"[0-9a-f]{32}", core.create().id)  # room again; ids are 32 hex, as Miles'
 
 
 def test_bad_session_creation_input_names_the_field(make_core) -> None:

@@ -41,7 +41,8 @@ def test_every_error_class_has_its_own_status_and_code() -> None:
     assert len({c.default_code for c in classes}) == len(classes)
     assert errors.RequestError("x").status == 400
     assert errors.SessionLostError("x").status == 410
-    assert errors.EngineBusyError("x").status == 503 and errors.EngineBusyError("x").headers()
+    busy = errors.EngineHTTPError(429, "{}", "x")
+    assert (busy.status, busy.code, busy.headers()) == (429, "engine_busy", {"Retry-After": "1"})
     body = errors.PayloadTooLargeError("body: too big", param="body").to_json()["error"]
     assert body == {"message": "body: too big", "type": "invalid_request_error", "param": "body",
                     "code": "request_too_large"}  # fmt: skip
@@ -70,7 +71,7 @@ async def test_a_non_ascii_routing_key_over_http_is_a_400_not_a_500(make_core) -
     core, _ = make_core()
     async with _client(core) as http:
         response = await http.post("/sessions", json={"routing_key": "ключ"})
-        assert response.status_code == 400 and response.json()["error"]["param"] == "routing_key"
+        assert response.status_code == 400 and response.json()["param"] == "routing_key"
         ok = await http.post("/sessions", json={"routing_key": "group-7/sample_3"})
         assert ok.status_code == 200 and ok.json()["routing_key"] == "group-7/sample_3"
 
@@ -104,9 +105,9 @@ async def test_more_output_tokens_than_max_tokens_fail_the_turn(make_core) -> No
 @pytest.mark.parametrize(
     ("engine_error", "expected", "status"),
     [
-        (EngineError("HTTP 429", status=429), errors.EngineBusyError, 503),
-        (EngineError("HTTP 400", status=400), errors.EngineRejectedError, 400),
-        (EngineError("HTTP 500", status=500), errors.EngineFaultError, 502),
+        (EngineError("HTTP 429", status=429), errors.EngineHTTPError, 429),
+        (EngineError("HTTP 400", status=400), errors.EngineHTTPError, 400),
+        (EngineError("HTTP 500", status=500), errors.EngineHTTPError, 500),
         (EngineTimeoutError("timed out"), errors.EngineTimeoutError, 504),
         (EngineError("ConnectError"), errors.EngineFaultError, 502),
     ],
@@ -121,15 +122,17 @@ async def test_engine_failures_map_to_their_class(make_core, engine_error, expec
     assert core.get(sid).turn_errors == [{"turn": 0, "status": status, "cause": err.value.code}]
 
 
-async def test_an_engine_429_reaches_the_agent_as_a_retryable_503(make_core) -> None:
+async def test_an_engine_429_reaches_the_agent_as_a_retryable_429(make_core) -> None:
     core, backend = make_core()
     sid = core.create().id
-    backend.push(Step(error=EngineError("HTTP 429", status=429)))
+    body = '{"error": {"message": "overloaded", "code": 429}}'
+    backend.push(Step(error=EngineError("HTTP 429", status=429, body=body)))
     async with _client(core) as http:
         url = f"/sessions/{sid}/v1/chat/completions"
         busy = await http.post(url, json={"messages": [USER]})
-        assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
-        assert busy.json()["error"]["code"] == "engine_busy"
+        assert busy.status_code == 429 and busy.headers["retry-after"] == "1"
+        assert busy.json() == {"error": {"message": "overloaded", "code": 429}}  # the engine's body
+        assert core.get(sid).turn_errors[-1]["cause"] == "engine_busy"
         assert (await http.post(url, json={"messages": [USER]})).status_code == 200
 
 
@@ -206,14 +209,14 @@ def test_a_session_of_an_earlier_server_process_is_lost_not_unknown(make_core) -
     before, _ = make_core()
     after, _ = make_core()  # a new process: a new instance id
     sid = before.create().id
-    assert before.get(sid).id == sid and minted_by(sid) == before.instance_id[:8]
+    assert before.get(sid).id == sid and minted_by(sid) == before.instance_tag
     with pytest.raises(errors.SessionLostError, match="restarted") as err:
         after.get(sid)
     assert err.value.status == 410 and err.value.code == "session_lost"
     with pytest.raises(errors.SessionNotFoundError):
         after.get("0123456789abcdef0123456789abcdef")  # 32 hex digits whose check does not hold
     with pytest.raises(errors.SessionNotFoundError):
-        after.get(mint_session_id(after.instance_id[:8]))  # this process's form, never made
+        after.get(mint_session_id(after.instance_tag))  # this process's form, never made
 
 
 @given(tag=st.text("0123456789abcdef", min_size=8, max_size=8), position=st.integers(8, 27))

@@ -236,3 +236,36 @@ def test_the_wire_is_a_prefix_of_the_merged_sample(
     assert one["status"] in ("completed", "truncated", "aborted")
     if max_seq_len is None or max_seq_len >= len(sample.tokens):
         assert one["status"] == sample.status.lower() and n == len(sample.tokens)
+
+
+@st.composite
+def branch_sets(draw: st.DrawFn) -> tuple[list[MergedSample], int | None, dict[str, Any] | None]:
+    shapes = st.lists(st.tuples(st.integers(1, 6), st.integers(1, 5)), min_size=1, max_size=3)
+    branches = [_session(draw(shapes), r3=draw(st.booleans())) for _ in range(draw(st.integers(0, 3)))]
+    max_seq_len = draw(st.one_of(st.none(), st.integers(1, 30)))
+    agent = draw(st.one_of(st.none(), st.fixed_dictionaries({"reward": st.floats(-1, 1), "note": st.text()})))
+    return branches, max_seq_len, agent
+
+
+@settings(max_examples=60, deadline=None)
+@given(branch_sets())
+def test_v2_answers_each_branch_that_keeps_a_turn_with_the_agents_reward(
+    case: tuple[list[MergedSample], int | None, dict[str, Any] | None],
+) -> None:
+    branches, max_seq_len, agent = case
+    nodes = [{"id": i} for i in range(len(branches))]
+    session_metadata = {"session": SESSION_FACTS, "tree": {"nodes": nodes, "leaves": []}}
+    tensors, meta = _decode(miles_wire.encode_v2(branches, session_metadata, decode_text, max_seq_len, agent))
+    alone = [_decode(miles_wire.encode(b, decode_text, max_seq_len, agent)) for b in branches]
+    kept = [(t, m["samples"][0]) for t, m in alone if m["samples"]]  # each branch cut like a v1 sample
+    assert len(meta["samples"]) == len(kept)
+    for i, (one_tensors, one) in enumerate(kept):
+        got = meta["samples"][i]
+        assert got["reward"] == (None if agent is None else agent["reward"])
+        assert {k: v for k, v in got.items() if k != "reward"} == one
+        for name, value in one_tensors.items():
+            assert np.array_equal(tensors[name.replace(".0", f".{i}")], value)
+    assert len(tensors) == sum(len(t) for t, _ in kept)
+    expected_empty = None if kept else ("no_records" if not nodes else "all_truncated")
+    assert meta["empty_reason"] == expected_empty
+    assert meta["session_metadata"].get("agent") == agent

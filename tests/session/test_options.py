@@ -72,7 +72,7 @@ def test_bad_flag_values_are_usage_errors(monkeypatch) -> None:
 
 def test_the_core_config_takes_its_defaults_from_the_options() -> None:
     config = ServerConfig()
-    for name in ("max_sessions", "idle_ttl_s", "model_name", "history_mismatch", "r3"):
+    for name in ("max_sessions", "idle_ttl_s", "history_mismatch", "r3", "samples_wire"):
         assert getattr(config, name) == default_of(name)
     assert default_of("engine_timeout_s") == 3600.0
 
