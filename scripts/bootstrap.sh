@@ -30,6 +30,8 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ] || [ "$ROOT/constraints.txt" -nt "$STAMP" ]; then
   echo "rl360: installing rl360-ext[harbor,dev] into $VENV (first run takes a few minutes)" >&2
-  "$VENV/bin/python" -m pip install --quiet -c "$ROOT/constraints.txt" -e "$ROOT[harbor,dev]"
+  # --no-compile: byte-compiling all ~140 distributions up front is most of the install's CPU time
+  # (measured: 93 s -> 37 s user+sys); Python compiles what a command imports on first use instead.
+  "$VENV/bin/python" -m pip install --quiet --no-compile -c "$ROOT/constraints.txt" -e "$ROOT[harbor,dev]"
   touch "$STAMP"
 fi
