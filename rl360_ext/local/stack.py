@@ -44,6 +44,7 @@ from rl360_ext.util.procs import (
     rl360_argv,
     start_service,
 )
+from rl360_ext.util.signals import handlers_kept
 
 logger = logging.getLogger(__name__)
 
@@ -210,14 +211,15 @@ def _start_ray() -> str:
 
     if ray.is_initialized():
         raise DemoUnavailable("rl360 demo starts its own local Ray instance; call ray.shutdown() first")
-    context = ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level=logging.ERROR,
-        object_store_memory=RAY_OBJECT_STORE_BYTES,
-    )
+    with handlers_kept():  # Ray's SIGTERM handler would end the demo without stopping its stack
+        context = ray.init(
+            address="local",
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+            object_store_memory=RAY_OBJECT_STORE_BYTES,
+        )
     return str(context.address_info.get("gcs_address", ""))
 
 

@@ -275,6 +275,7 @@ def bench_collection(routing: dict[str, Any], sessions: int = 24, repeats: int =
     from rl360_ext.session.pool import SessionPool
     from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
     from rl360_ext.util.procs import running
+    from rl360_ext.util.signals import handlers_kept
 
     layers, experts, top_k = 24, 64, 8
     system_prompt = "You are a helpful coding agent. Run the tests and fix the bug. " * 150
@@ -286,7 +287,8 @@ def bench_collection(routing: dict[str, Any], sessions: int = 24, repeats: int =
         with running(engine):
             started_here = not ray.is_initialized()
             if started_here:
-                ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+                with handlers_kept():  # SIGTERM must still unwind through the `finally`s below
+                    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
             try:
                 for actors in (1, 2):
                     tokenizer = str(default_tokenizer_dir())
