@@ -11,6 +11,7 @@ It starts no server (the fixtures in `conftest.py` do).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 import requests
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
 REQUEST_TIMEOUT_S = 30.0
@@ -89,6 +91,18 @@ def fuzz_server(
     report = FuzzReport(name)
     started = time.monotonic()
     session = requests.Session()
+
+    def send(case: Any, label: str) -> None:
+        try:
+            response = case.call(base_url, session, headers, timeout=REQUEST_TIMEOUT_S)
+        except requests.RequestException as exc:
+            report.record(label, None, f"{type(exc).__name__}: {exc}")
+        else:
+            report.record(label, response.status_code, f"{case.as_curl_command()} -> {response.text[:300]}")
+        finally:
+            if reset is not None:
+                reset(label)
+
     for result in schema.get_all_operations():
         operation = result.ok()
         label = f"{operation.method.upper()} {operation.path}"
@@ -105,32 +119,36 @@ def fuzz_server(
                     continue
                 raise AssertionError(f"{name}: cannot generate cases for {label}: {exc}") from exc
 
-            @settings(
-                max_examples=max_examples,
-                deadline=None,
-                database=None,
-                phases=[Phase.generate],
-                suppress_health_check=list(HealthCheck),
-                derandomize=True,
-            )
-            @given(case=strategy)
-            def run(case: Any, label: str = label) -> None:
-                if time.monotonic() - started > budget_s:
-                    report.out_of_time = True
-                    return
-                try:
-                    response = case.call(
-                        base_url=base_url, session=session, headers=headers, timeout=REQUEST_TIMEOUT_S
-                    )
-                except requests.RequestException as exc:
-                    report.record(label, None, f"{type(exc).__name__}: {exc}")
-                else:
-                    detail = f"{case.as_curl_command()} -> {response.text[:300]}"
-                    report.record(label, response.status_code, detail)
-                finally:
-                    if reset is not None:
-                        reset(label)
-
-            run()
+            _fuzz_operation(strategy, label, report, started, budget_s, max_examples, send)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _fuzz_operation(
+    strategy: Any,
+    label: str,
+    report: FuzzReport,
+    started: float,
+    budget_s: float,
+    max_examples: int,
+    send: Callable[[Any, str], None],
+) -> None:
+    """`max_examples` cases of one operation (generation only: nothing to shrink, 5xx are tallied)."""
+
+    @settings(
+        max_examples=max_examples,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+        derandomize=True,
+    )
+    @given(case=strategy)
+    def run(case: Any) -> None:
+        if time.monotonic() - started > budget_s:
+            report.out_of_time = True
+            return
+        send(case, label)
+
+    with contextlib.suppress(Unsatisfiable):  # negative mode of an operation with nothing to break
+        run()

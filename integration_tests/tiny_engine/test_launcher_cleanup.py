@@ -103,6 +103,8 @@ def test_bench_r3_killed_by_sigterm_leaves_nothing_running(tmp_path: Path) -> No
         log.flush()
         tail = (tmp_path / "bench.log").read_text(errors="replace")[-3000:]
         assert not survivors, f"left running after SIGTERM: {survivors}\n{tail}"
+        # It unwound through Python (143, or 1 when ray.get turned the exit into its own), not killed.
+        assert bench.returncode >= 0, f"{bench.returncode}\n{tail}"
         print(f"\nbench r3: exit {bench.returncode} after SIGTERM; {len(tree)} processes, none left")
     finally:
         if bench.poll() is None:

@@ -49,6 +49,7 @@ from rl360_ext.util.prereqs import (
     smg_problem,
 )
 from rl360_ext.util.procs import Service
+from rl360_ext.util.signals import handlers_kept
 
 logger = logging.getLogger(__name__)
 
@@ -259,14 +260,15 @@ def _start_ray(reuse: bool) -> tuple[str, bool]:
         if not reuse:
             raise RuntimeError("rl360 demo starts its own local Ray instance; call ray.shutdown() first")
         return str(ray.get_runtime_context().gcs_address), False
-    context = ray.init(
-        address="local",
-        num_cpus=RAY_CPUS,
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level=logging.ERROR,
-        object_store_memory=RAY_OBJECT_STORE_BYTES,
-    )
+    with handlers_kept():  # Ray's SIGTERM handler would end the run without stopping its stack
+        context = ray.init(
+            address="local",
+            num_cpus=RAY_CPUS,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+            object_store_memory=RAY_OBJECT_STORE_BYTES,
+        )
     return str(context.address_info.get("gcs_address", "")), True
 
 

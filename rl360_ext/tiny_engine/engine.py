@@ -132,7 +132,9 @@ class TinyEngine:
         self.cache = RadixKVCache(self.config.kv_capacity)
         self.faults = FaultInjector(self.config.faults)
         self.weight_version = DEFAULT_WEIGHT_VERSION
-        self._model_lock = FairLock()
+        self._model_lock = FairLock()  # model steps (forward passes, weight swaps)
+        self._cache_lock = threading.Lock()  # the prefix cache and its epoch (taken after the model lock)
+        self._rng_lock = threading.Lock()  # the engine's own sampling generator
         self._state = threading.Condition()
         self._paused_mode: str | None = None
         self._inflight: dict[str, _Run] = {}
@@ -273,21 +275,25 @@ class TinyEngine:
         if want_input_logprobs:
             limit = min(limit, max(request.logprob_start_len - 1, 0))
         tokens = np.asarray(run.tokens, np.int64)
-        with self._model_lock:
-            match = self.cache.match(tokens, limit)
+        chunk = self.config.prefill_chunk or len(tokens)
+        logits_for = "all" if want_input_logprobs else "last"
+        logits: list[np.ndarray] = []
+        with self._model_lock:  # the cache lookup and the first chunk: one turn of the lock
+            with self._cache_lock:
+                match = self.cache.match(tokens, limit)
+                run.cache_epoch = self._cache_epoch
             spare = len(run.tokens) - match.length + min(request.sampling.max_new_tokens, 2048) + 1
             kv = match.kv_state(spare) or KVState.empty(self.model_config, spare)
-            run.cache_epoch = self._cache_epoch
-        chunk = self.config.prefill_chunk or len(tokens)
-        routing = [match.routing] if match.routing is not None else []
-        logits: list[np.ndarray] = []
-        for start in range(match.length, len(tokens), chunk):
-            if start > match.length:
-                self._raise_if_aborted(run)
+            routing = [match.routing] if match.routing is not None else []
+            out = self.model.forward(tokens[match.length : match.length + chunk], kv, logits_for=logits_for)
+            version = self.weight_version
+            self.counters["prefill_chunks"] += 1
+        routing.append(out.routing)
+        logits.append(out.logits)
+        for start in range(match.length + chunk, len(tokens), chunk):
+            self._raise_if_aborted(run)
             with self._model_lock:
-                out = self.model.forward(
-                    tokens[start : start + chunk], kv, logits_for="all" if want_input_logprobs else "last"
-                )
+                out = self.model.forward(tokens[start : start + chunk], kv, logits_for=logits_for)
                 version = self.weight_version
                 self.counters["prefill_chunks"] += 1
             routing.append(out.routing)
@@ -331,7 +337,7 @@ class TinyEngine:
         scores = adjusted_logits(logits, params, run.output_ids)
         banned = checker.banned_tokens(len(run.output_ids))
         if rng is None:
-            with self._model_lock:
+            with self._rng_lock:
                 token = sample_token(scores, params, self._sampling_rng, banned)
         else:
             token = sample_token(scores, params, rng, banned)
@@ -358,7 +364,7 @@ class TinyEngine:
         """Insert this request's KV (with the routing written alongside it) unless the cache was flushed."""
         if run.kv is None:
             return
-        with self._model_lock:
+        with self._cache_lock:
             if run.cache_epoch == self._cache_epoch:
                 routing = np.concatenate(run.routing, axis=0)
                 self.cache.insert(np.asarray(run.tokens[: run.kv.length], np.int64), run.kv, routing)
@@ -459,7 +465,7 @@ class TinyEngine:
         return self._paused_mode
 
     def flush_cache(self) -> None:
-        with self._model_lock:
+        with self._cache_lock:
             self.cache.flush()
             self._cache_epoch += 1
 
@@ -479,8 +485,9 @@ class TinyEngine:
             if weight_version is not None:
                 self.weight_version = weight_version
             if flush_cache:
-                self.cache.flush()
-                self._cache_epoch += 1
+                with self._cache_lock:
+                    self.cache.flush()
+                    self._cache_epoch += 1
 
     def update_weight_version(self, weight_version: str) -> None:
         with self._model_lock:

@@ -40,3 +40,22 @@ def signals_raise(signums: Sequence[int] = (signal.SIGTERM, signal.SIGHUP)) -> I
     finally:
         for signum, before in previous.items():
             signal.signal(signum, before)
+
+
+@contextlib.contextmanager
+def handlers_kept(signums: Sequence[int] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)) -> Iterator[None]:
+    """Put back this thread's signal handlers after the block (main thread only).
+
+    `ray.init` replaces the SIGTERM handler with Ray's own, which ends the driver at once (no
+    `finally` runs): start Ray inside this block to keep `signals_raise()` (or any handler) in force.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {signum: signal.getsignal(signum) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            if handler is not None:
+                signal.signal(signum, handler)

@@ -1,0 +1,62 @@
+"""A real `rl360 engine serve`: a 2-token request sent during a long prefill waits about one chunk,
+not the whole prefill (chunked prefill on), against the same engine with chunking off."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from rl360_ext.local.services import start_engine
+from rl360_ext.util.procs import running
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+LONG_PROMPT = 8192
+VOCAB = 580
+
+
+def _short_latency_behind_long_prefill(log_dir: Path, chunk: int) -> tuple[float, float]:
+    """(seconds the short request took, seconds the long request took)."""
+    flags = ("--chunked-prefill-size", str(chunk), "--kv-capacity", "0")
+    engine = start_engine(log_dir, *flags, name=f"chunk{chunk}")
+    with running(engine):
+        long_ids = [int(t) for t in np.random.default_rng(0).integers(3, VOCAB, LONG_PROMPT)]
+        long_body = {"input_ids": long_ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+        timings: dict[str, float] = {}
+
+        def long_request() -> None:
+            started = time.perf_counter()
+            httpx.post(engine.url + "/generate", json=long_body, timeout=600).raise_for_status()
+            timings["long"] = time.perf_counter() - started
+
+        thread = threading.Thread(target=long_request)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait until the long prefill holds the model
+            state = httpx.get(engine.url + "/server_info", timeout=10).json()["internal_states"][0]
+            if state["num_running_reqs"] >= 1 and (chunk < 0 or state["prefill_chunks"] >= 2):
+                break
+            time.sleep(0.05)
+        time.sleep(0.3)
+        short = {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+        started = time.perf_counter()
+        httpx.post(engine.url + "/generate", json=short, timeout=600).raise_for_status()
+        short_s = time.perf_counter() - started
+        thread.join(600)
+        return short_s, timings["long"]
+
+
+def test_short_request_is_not_stuck_behind_a_long_prefill(tmp_path: Path) -> None:
+    chunked_short, chunked_long = _short_latency_behind_long_prefill(tmp_path, 512)
+    whole_short, whole_long = _short_latency_behind_long_prefill(tmp_path, -1)
+    print(
+        f"\n{LONG_PROMPT}-token prefill: a 2-token request took {chunked_short:.2f} s with 512-token chunks "
+        f"(prefill {chunked_long:.1f} s), {whole_short:.2f} s unchunked (prefill {whole_long:.1f} s)"
+    )
+    assert chunked_short < 0.25 * whole_short, (chunked_short, whole_short)
+    assert chunked_short < 0.25 * chunked_long, (chunked_short, chunked_long)
