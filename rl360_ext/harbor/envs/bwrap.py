@@ -22,9 +22,10 @@ Design (the sandboxed code is hostile: the policy wrote it)
   `user` Harbor asks for. Each command runs in its own host process group, killed on timeout or
   cancellation.
 - `end_phase` kills every process of the sandbox (the holder is PID 1 of its namespace: the
-  kernel kills the rest and no fork survives) and starts a fresh holder over the same
-  directories. The /run server calls it when the agent phase ends and again when the verifier
-  starts, so nothing an agent left running can touch the verifier's files.
+  kernel kills the rest and no fork survives), empties the directories it is given and starts
+  a fresh holder over the same directories. The /run server calls it when the agent phase ends
+  and again, emptying /logs/verifier, when the verifier starts, so nothing an agent left
+  running or planted there can touch the verifier's files.
 - Filesystem: host /usr read-only (with the /bin, /lib, /lib64, /sbin links), a curated read-only
   /etc, a private /proc and /dev. Writable: /app, /logs (with /logs/agent, /logs/verifier,
   /logs/artifacts), /tests, /solution, /tmp and the task's workdir; each is a per-trial host
@@ -319,7 +320,8 @@ class BwrapEnvironment(BaseEnvironment):
             os.close(nofollow.open_dir(self.sandbox_dir, relative, create=True, owner=self.owner))
         for name in _LOG_DIRS:
             os.close(nofollow.open_dir(self.sandbox_dir, PurePosixPath(name), create=True, owner=self.owner))
-        os.chmod(self.sandbox_dir / "tmp", 0o1777)
+        with nofollow.opened_dir(self.sandbox_dir, PurePosixPath("tmp")) as tmp_fd:
+            os.fchmod(tmp_fd, 0o1777)
 
     async def start(self, force_build: bool) -> None:
         if bwrap_executable() is None:
@@ -416,14 +418,23 @@ class BwrapEnvironment(BaseEnvironment):
         await asyncio.to_thread(self._reap)
         self._init_pid = self._holder = None
 
-    async def end_phase(self) -> None:
-        """Kill every process the sandbox runs and start a fresh holder over the same files: what
-        one phase left running (an agent's background writer) cannot reach the next."""
+    async def end_phase(self, clear: Sequence[str] = ()) -> None:
+        """Kill every process the sandbox runs, empty the sandbox directories in `clear`, and
+        start a fresh holder over the same files: what one phase left running (an agent's
+        background writer) or left behind in the next phase's directories cannot reach it."""
         if self._stopped or self._init_pid is None:
             return
         await self._kill_sandbox()
         self._limits.detach()
+        for sandbox_path in clear:
+            await asyncio.to_thread(self._empty, sandbox_path)
         await self._launch()
+
+    def _empty(self, sandbox_path: str) -> None:
+        root, relative = self._host_path(sandbox_path)
+        with nofollow.opened_dir(root, relative, create=True, owner=self.owner) as fd:
+            for name in os.listdir(fd):
+                nofollow.remove_entry(fd, name)
 
     async def stop(self, delete: bool) -> None:
         if self._stopped:
