@@ -9,6 +9,7 @@ starts no services.
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -24,6 +25,8 @@ def bwrap_problem() -> str | None:
     binary = shutil.which("bwrap")  # found as rl360_ext.harbor.envs.bwrap finds it
     if binary is None:
         return "bubblewrap is not installed (apt-get install bubblewrap)"
+    if os.geteuid() != 0:
+        return "the bwrap sandbox runs as root (it maps the sandbox to an unprivileged uid)"
     probe = subprocess.run(
         [binary, "--unshare-all", "--ro-bind", "/", "/", "--", "true"],
         capture_output=True,
