@@ -118,6 +118,12 @@ _ETC_FILES = (
     "debian_version",
     "login.defs",
 )
+# Inside the sandbox: read the command's environment (NUL-separated KEY=VALUE) from fd $1, close
+# it, and exec the command with exactly that environment.
+_ENV_LOADER = (
+    'fd=$1; shift; entries=(); while IFS= read -r -d "" entry; do entries+=("$entry"); done <&"$fd"; '
+    'exec {fd}<&-; exec /usr/bin/env -i -- "${entries[@]}" "$@"'
+)
 _READY_TIMEOUT_S = 30.0
 _SETUP_SCRIPT_CAP = 1 << 20
 _log = logging.getLogger(__name__)
@@ -455,13 +461,15 @@ class BwrapEnvironment(BaseEnvironment):
 
     # -- commands -------------------------------------------------------------------------------
 
-    def _enter_argv(self, inner: Sequence[str], cwd: str) -> list[str]:
+    def _enter_argv(self, inner: Sequence[str], cwd: str, env_fd: int) -> list[str]:
+        """argv that runs `inner` in the sandbox as its user, in `cwd`, with exactly the
+        environment in `env_fd` (NUL-separated KEY=VALUE entries, applied only inside)."""
         if self._init_pid is None or self._stopped:
             raise RuntimeError(f"sandbox {self.session_id} is not running")
         uid = self.options.sandbox_uid
         return self._limits.wrap(
             [
-                "nsenter",
+                "/usr/bin/nsenter",
                 f"--target={self._init_pid}",
                 "--mount",
                 "--uts",
@@ -485,13 +493,22 @@ class BwrapEnvironment(BaseEnvironment):
                 "--no-new-privs",
                 "--",
                 "/usr/bin/env",
+                "-i",
                 "-C",
                 cwd,
+                f"PATH={SANDBOX_PATH}",
+                "/bin/bash",
+                "-c",
+                _ENV_LOADER,
+                "rl360-env",
+                str(env_fd),
                 *inner,
             ]
         )
 
     def _process_env(self, env: dict[str, str] | None) -> dict[str, str]:
+        """The environment a command sees inside the sandbox (never that of the host-side
+        processes that enter it: those run with PATH only, so no task env reaches root)."""
         return {
             "PATH": SANDBOX_PATH,
             "HOME": "/tmp",
@@ -511,14 +528,22 @@ class BwrapEnvironment(BaseEnvironment):
     ) -> ExecResult:
         """Run `inner` in the sandbox. Output goes to files, so a command that leaves a daemon
         holding its stdout returns when the command itself exits (as `docker exec` does)."""
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        entries = b"".join(f"{key}={value}".encode() + b"\0" for key, value in self._process_env(env).items())
+        with (
+            tempfile.TemporaryFile() as out,
+            tempfile.TemporaryFile() as err,
+            tempfile.TemporaryFile() as env_file,
+        ):
+            env_file.write(entries)
+            env_file.seek(0)
             process = await asyncio.create_subprocess_exec(
-                *self._enter_argv(inner, cwd),
+                *self._enter_argv(inner, cwd, env_file.fileno()),
                 stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
-                env=self._process_env(env),
+                env={"PATH": SANDBOX_PATH},  # root runs nsenter: no task-chosen PATH, LD_PRELOAD, ...
                 cwd="/",  # the server's cwd would reach the sandbox as PWD
+                pass_fds=(env_file.fileno(),),
                 start_new_session=True,
             )
             try:

@@ -254,7 +254,7 @@ class WatchdogLimits(SandboxLimits):
     def wrap(self, argv: list[str]) -> list[str]:
         if self._cpu_list is None:
             return argv
-        return ["taskset", "-c", ",".join(map(str, self._cpu_list)), *argv]
+        return ["/usr/bin/taskset", "-c", ",".join(map(str, self._cpu_list)), *argv]
 
     def attach(self, pidns_inode: int) -> None:
         self._pidns = pidns_inode
