@@ -182,6 +182,7 @@ class TrialRunner:
             "agent": self.agents.default,
             "agents": self.agents.names,
             "shutting_down": self.shutting_down,
+            "leftovers_removed_at_start": len(self.cleaned_at_start),
             "node_labels": list(settings.node_labels),
             "tasks_root": str(self.catalog.root),
         }
