@@ -216,13 +216,14 @@ async def test_a_command_s_environment_never_reaches_the_host_side_processes(
     canary, fake_bin = tmp_path / "ran-as-root", tmp_path / "bin"
     fake_bin.mkdir()
     for name in ("nsenter", "taskset", "setpriv", "env", "sh", "bash"):
-        (fake_bin / name).write_text(f"#!/bin/sh\necho {name} >> {canary}\nexec /usr/bin/{name} \"$@\"\n")
+        (fake_bin / name).write_text(f'#!/bin/sh\necho {name} >> {canary}\nexec /usr/bin/{name} "$@"\n')
         (fake_bin / name).chmod(0o755)
     env = make_env(tmp_path, limits=limits)
     await env.start(force_build=False)
     try:
-        hostile = {"PATH": f"{fake_bin}:/usr/bin:/bin", "LD_PRELOAD": str(tmp_path / "x.so"), "ODD": "a b\nc=d"}
-        result = await env.exec("printf '%s|' \"$PATH\" \"$ODD\" \"$HOME\"", env=hostile)
+        hostile = {"PATH": f"{fake_bin}:/usr/bin:/bin", "LD_PRELOAD": str(tmp_path / "x.so")}
+        hostile["ODD"] = "a b\nc=d"
+        result = await env.exec('printf \'%s|\' "$PATH" "$ODD" "$HOME"', env=hostile)
     finally:
         await env.stop(delete=True)
     assert result.stdout == f"{fake_bin}:/usr/bin:/bin|a b\nc=d|/tmp|", result.stderr
