@@ -19,8 +19,9 @@ Design (the sandboxed code is hostile: the policy wrote it)
   nests its user namespaces, so only an ancestor can enter those), changes root to the sandbox's
   root, drops to the sandbox's host uid, enters the sandbox's user namespace, sets
   `no_new_privs` and runs `bash -c` as uid 1000. Every command runs as that one user, whatever
-  `user` Harbor asks for. Each command runs in its own host process group, killed on timeout or
-  cancellation.
+  `user` Harbor asks for. The command's environment travels in a file descriptor and is applied
+  inside the sandbox only; the host-side processes (root) run with PATH only, by absolute path.
+  Each command runs in its own host process group, killed on timeout or cancellation.
 - `end_phase` kills every process of the sandbox (the holder is PID 1 of its namespace: the
   kernel kills the rest and no fork survives), empties the directories it is given and starts
   a fresh holder over the same directories. The /run server calls it when the agent phase ends
