@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,15 +15,23 @@ import pytest
 from integration_tests.components import bwrap_problem, skip_if_missing
 from rl360_ext.util.procs import Service, free_port, rl360_argv, start_service
 
+_SANDBOX_ROOTS = Path(tempfile.gettempdir()) / f"rl360-test-sandboxes-{os.getpid()}"
+
 
 def sandbox_root(tmp_path: Path) -> Path:
     """A sandbox root the unprivileged sandbox uid can reach (pytest's own tmp dirs are 0700):
     a 0711 directory under /tmp named after the test's tmp dir, removed with the test session."""
-    root = Path(tempfile.gettempdir()) / f"rl360-test-sandboxes-{os.getpid()}" / tmp_path.name
+    root = _SANDBOX_ROOTS / tmp_path.name
     root.mkdir(parents=True, exist_ok=True)
     for directory in (root, root.parent):
         directory.chmod(0o711)
     return root
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_sandbox_roots() -> Iterator[None]:
+    yield
+    shutil.rmtree(_SANDBOX_ROOTS, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

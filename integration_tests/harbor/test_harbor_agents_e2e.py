@@ -16,6 +16,7 @@ from harbor.models.agent.context import AgentContext
 from harbor.models.task.config import EnvironmentConfig, NetworkMode
 from harbor.models.trial.paths import TrialPaths
 
+from integration_tests.harbor.conftest import sandbox_root
 from rl360_ext.harbor.envs.bwrap import BwrapEnvironment
 from rl360_ext.local import agents as demo_agent
 from rl360_ext.local.fixtures import tasks_root as example_tasks_root
@@ -40,7 +41,18 @@ def stack(
     )  # fmt: skip
     try:
         session = start_service("session", session_argv, port, logs)
-        flags = ("--agent", "terminus-2", "--max-turns", "2", "--env-setup-s", "20", "--agent-setup-s", "20")
+        flags = (
+            "--agent",
+            "terminus-2",
+            "--agent",
+            demo_agent.BashToolAgent.import_path(),
+            "--max-turns",
+            "2",
+            "--env-setup-s",
+            "20",
+            "--agent-setup-s",
+            "20",
+        )
         with harbor_server(logs, *flags, "--margin-s", "5", "--min-agent-s", "5") as harbor:
             yield session, harbor
         session.stop()
@@ -139,7 +151,7 @@ async def test_the_demo_agent_runs_its_bash_tool_in_the_sandbox(
         session_id="demo-agent-probe",
         trial_paths=trial_paths,
         task_env_config=EnvironmentConfig(network_mode=NetworkMode.NO_NETWORK, cpus=1, memory_mb=512),
-        sandbox_root=str(tmp_path / "sandboxes"),
+        sandbox_root=str(sandbox_root(tmp_path)),
     )
     agent = demo_agent.BashToolAgent(
         trial_paths.agent_dir, api_base="http://model/v1", api_model="m", max_turns=4

@@ -205,3 +205,26 @@ async def test_the_sandbox_is_an_unprivileged_user_in_its_own_namespaces(env: Bw
     assert "unshare failed" in await out("unshare --user --map-root-user true 2>&1")
     assert await out("stat -c %u /app/seed.txt") == "1000"  # uploads belong to the sandbox user
     assert os.stat(env.sandbox_dir / "app" / "seed.txt").st_uid == 65534
+
+
+@pytest.mark.parametrize("limits", ["cgroup", "watchdog"])
+async def test_a_command_s_environment_never_reaches_the_host_side_processes(
+    tmp_path: Path, limits: str
+) -> None:
+    if limits == "cgroup" and not cgroups_usable():
+        pytest.skip("this process cannot create a limited child cgroup")
+    canary, fake_bin = tmp_path / "ran-as-root", tmp_path / "bin"
+    fake_bin.mkdir()
+    for name in ("nsenter", "taskset", "setpriv", "env", "sh", "bash"):
+        (fake_bin / name).write_text(f'#!/bin/sh\necho {name} >> {canary}\nexec /usr/bin/{name} "$@"\n')
+        (fake_bin / name).chmod(0o755)
+    env = make_env(tmp_path, limits=limits)
+    await env.start(force_build=False)
+    try:
+        hostile = {"PATH": f"{fake_bin}:/usr/bin:/bin", "LD_PRELOAD": str(tmp_path / "x.so")}
+        hostile["ODD"] = "a b\nc=d"
+        result = await env.exec('printf \'%s|\' "$PATH" "$ODD" "$HOME"', env=hostile)
+    finally:
+        await env.stop(delete=True)
+    assert result.stdout == f"{fake_bin}:/usr/bin:/bin|a b\nc=d|/tmp|", result.stderr
+    assert not canary.exists()

@@ -185,6 +185,13 @@ def harbor(tmp_path_factory: pytest.TempPathFactory, host: Path, listener: int) 
         "sleep 1; echo 0 > /logs/verifier/reward.txt; sleep 0.5\n"
         "echo swappers=$(ps -eo args | grep -c '[w]hile :')\n",
     )
+    # 4c. the agent leaves rewards (and a directory in reward.json's way) for the verifier
+    make_task(
+        root,
+        "reward-preplant",
+        "mkdir -p /logs/verifier/reward.json/x; echo 1 > /logs/verifier/reward.txt\n",
+        "echo 0 > /logs/verifier/reward.txt\n",
+    )
     # 5. task links that leave the task directory
     escape_app = make_task(root, "link-app", "true\n", "echo 0 > /logs/verifier/reward.txt\n")
     shutil.rmtree(escape_app / "environment" / "app")
@@ -271,6 +278,11 @@ def test_4b_no_agent_process_outlives_the_agent_phase(harbor: Harbor) -> None:
     assert (result["reward"], result["reward_source"]) == (0.0, "verifier"), result
     stdout = (harbor.trial_dir(result) / "verifier" / "test-stdout.txt").read_text()
     assert "swappers=0" in stdout
+
+
+def test_4c_what_the_agent_left_in_the_verifier_dir_is_gone_before_grading(harbor: Harbor) -> None:
+    result = harbor.run({"task": "reward-preplant"})
+    assert (result["reward"], result["reward_source"]) == (0.0, "verifier"), result
 
 
 @pytest.mark.parametrize(

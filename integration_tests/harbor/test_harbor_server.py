@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from integration_tests.harbor.conftest import sandbox_root
 from rl360_ext.util.procs import Service
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -128,7 +129,7 @@ async def test_fifty_concurrent_runs_are_bounded_and_all_answered(server: Servic
 async def test_flush_cancels_an_instance_and_releases_its_sandboxes(
     harbor_server: Callable[..., Any], descendants: Callable[[int], list[tuple[int, str]]], tmp_path: Path
 ) -> None:
-    sandboxes = tmp_path / "sandboxes"
+    sandboxes = sandbox_root(tmp_path)
     flags = ("--max-concurrent", "4", "--env-kwarg", f"sandbox_root={sandboxes}", *BUDGET_FLAGS)
     doomed_body = {"task": "slow-sum", "deadline_s": 120, "session_server_instance_id": "A"}
     with harbor_server(tmp_path, *flags) as service:

@@ -35,6 +35,7 @@ from harbor.models.trial.config import (
     VerifierConfig,
 )
 from harbor.models.trial.error_policy import ErrorPolicyOverride
+from harbor.models.trial.paths import EnvironmentPaths
 from harbor.trial.hooks import TrialEvent, TrialHookEvent
 from harbor.trial.trial import Trial
 
@@ -60,6 +61,7 @@ from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.harbor_exceptions import AGENT_TIMEOUT_ERROR
 
 FLUSH_WAIT_S = 60.0
+VERIFIER_DIR = str(EnvironmentPaths().verifier_dir)  # emptied, with no agent process left, before grading
 # An agent that ran out of its budget is cut off by us, not judged: skip grading, keep no reward.
 _ERROR_POLICY = {AGENT_TIMEOUT_ERROR: ErrorPolicyOverride(should_grade=False, has_valid_reward=False)}
 _log = logging.getLogger(__name__)
@@ -185,6 +187,7 @@ class TrialRunner:
             "agent": self.agents.default,
             "agents": self.agents.names,
             "shutting_down": self.shutting_down,
+            "leftovers_removed_at_start": len(self.cleaned_at_start),
             "node_labels": list(settings.node_labels),
             "tasks_root": str(self.catalog.root),
         }
@@ -361,9 +364,8 @@ class TrialRunner:
             async with scope:
                 trial = await Trial.create(config)
                 trial.add_hook(TrialEvent.ENVIRONMENT_START, self._on_sandbox_start)
-                end_phase = _phase_ender(trial)
-                trial.add_hook(TrialEvent.AGENT_END, end_phase)
-                trial.add_hook(TrialEvent.VERIFICATION_START, end_phase)
+                trial.add_hook(TrialEvent.AGENT_END, _phase_ender(trial))
+                trial.add_hook(TrialEvent.VERIFICATION_START, _phase_ender(trial, VERIFIER_DIR))
                 result = outcome.classify(await trial.run(), trial_dir)
         except TimeoutError as exc:
             if not scope.expired():
@@ -434,14 +436,15 @@ class TrialRunner:
         await self.flush_all()
 
 
-def _phase_ender(trial: Trial) -> Any:
-    """A hook that has the trial's environment kill what the last phase left running."""
+def _phase_ender(trial: Trial, *clear: str) -> Any:
+    """A hook that has the trial's environment kill what the last phase left running and empty
+    the sandbox directories `clear`."""
 
     async def end_phase(event: TrialHookEvent) -> None:
         environment = getattr(trial, "agent_environment", None)
         ender = getattr(environment, "end_phase", None)
         if ender is not None:
-            await ender()
+            await ender(clear)
 
     return end_phase
 

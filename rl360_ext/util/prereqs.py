@@ -84,6 +84,8 @@ def bwrap_problem() -> str | None:
     binary = shutil.which("bwrap")  # found as rl360_ext.harbor.envs.bwrap finds it
     if binary is None:
         return f"bubblewrap is not installed ({apt_command(['bubblewrap'])})"
+    if os.geteuid() != 0:
+        return "the bwrap sandbox needs root (it maps each sandbox to an unprivileged uid of its own)"
     try:
         probe = subprocess.run(
             [binary, "--unshare-all", "--ro-bind", "/", "/", "--", "true"],

@@ -19,12 +19,14 @@ Design (the sandboxed code is hostile: the policy wrote it)
   nests its user namespaces, so only an ancestor can enter those), changes root to the sandbox's
   root, drops to the sandbox's host uid, enters the sandbox's user namespace, sets
   `no_new_privs` and runs `bash -c` as uid 1000. Every command runs as that one user, whatever
-  `user` Harbor asks for. Each command runs in its own host process group, killed on timeout or
-  cancellation.
+  `user` Harbor asks for. The command's environment travels in a file descriptor and is applied
+  inside the sandbox only; the host-side processes (root) run with PATH only, by absolute path.
+  Each command runs in its own host process group, killed on timeout or cancellation.
 - `end_phase` kills every process of the sandbox (the holder is PID 1 of its namespace: the
-  kernel kills the rest and no fork survives) and starts a fresh holder over the same
-  directories. The /run server calls it when the agent phase ends and again when the verifier
-  starts, so nothing an agent left running can touch the verifier's files.
+  kernel kills the rest and no fork survives), empties the directories it is given and starts
+  a fresh holder over the same directories. The /run server calls it when the agent phase ends
+  and again, emptying /logs/verifier, when the verifier starts, so nothing an agent left
+  running or planted there can touch the verifier's files.
 - Filesystem: host /usr read-only (with the /bin, /lib, /lib64, /sbin links), a curated read-only
   /etc, a private /proc and /dev. Writable: /app, /logs (with /logs/agent, /logs/verifier,
   /logs/artifacts), /tests, /solution, /tmp and the task's workdir; each is a per-trial host
@@ -116,6 +118,12 @@ _ETC_FILES = (
     "os-release",
     "debian_version",
     "login.defs",
+)
+# Inside the sandbox: read the command's environment (NUL-separated KEY=VALUE) from fd $1, close
+# it, and exec the command with exactly that environment.
+_ENV_LOADER = (
+    'fd=$1; shift; entries=(); while IFS= read -r -d "" entry; do entries+=("$entry"); done <&"$fd"; '
+    'exec {fd}<&-; exec /usr/bin/env -i -- "${entries[@]}" "$@"'
 )
 _READY_TIMEOUT_S = 30.0
 _SETUP_SCRIPT_CAP = 1 << 20
@@ -319,7 +327,8 @@ class BwrapEnvironment(BaseEnvironment):
             os.close(nofollow.open_dir(self.sandbox_dir, relative, create=True, owner=self.owner))
         for name in _LOG_DIRS:
             os.close(nofollow.open_dir(self.sandbox_dir, PurePosixPath(name), create=True, owner=self.owner))
-        os.chmod(self.sandbox_dir / "tmp", 0o1777)
+        with nofollow.opened_dir(self.sandbox_dir, PurePosixPath("tmp")) as tmp_fd:
+            os.fchmod(tmp_fd, 0o1777)
 
     async def start(self, force_build: bool) -> None:
         if bwrap_executable() is None:
@@ -416,14 +425,23 @@ class BwrapEnvironment(BaseEnvironment):
         await asyncio.to_thread(self._reap)
         self._init_pid = self._holder = None
 
-    async def end_phase(self) -> None:
-        """Kill every process the sandbox runs and start a fresh holder over the same files: what
-        one phase left running (an agent's background writer) cannot reach the next."""
+    async def end_phase(self, clear: Sequence[str] = ()) -> None:
+        """Kill every process the sandbox runs, empty the sandbox directories in `clear`, and
+        start a fresh holder over the same files: what one phase left running (an agent's
+        background writer) or left behind in the next phase's directories cannot reach it."""
         if self._stopped or self._init_pid is None:
             return
         await self._kill_sandbox()
         self._limits.detach()
+        for sandbox_path in clear:
+            await asyncio.to_thread(self._empty, sandbox_path)
         await self._launch()
+
+    def _empty(self, sandbox_path: str) -> None:
+        root, relative = self._host_path(sandbox_path)
+        with nofollow.opened_dir(root, relative, create=True, owner=self.owner) as fd:
+            for name in os.listdir(fd):
+                nofollow.remove_entry(fd, name)
 
     async def stop(self, delete: bool) -> None:
         if self._stopped:
@@ -444,13 +462,15 @@ class BwrapEnvironment(BaseEnvironment):
 
     # -- commands -------------------------------------------------------------------------------
 
-    def _enter_argv(self, inner: Sequence[str], cwd: str) -> list[str]:
+    def _enter_argv(self, inner: Sequence[str], cwd: str, env_fd: int) -> list[str]:
+        """argv that runs `inner` in the sandbox as its user, in `cwd`, with exactly the
+        environment in `env_fd` (NUL-separated KEY=VALUE entries, applied only inside)."""
         if self._init_pid is None or self._stopped:
             raise RuntimeError(f"sandbox {self.session_id} is not running")
         uid = self.options.sandbox_uid
         return self._limits.wrap(
             [
-                "nsenter",
+                "/usr/bin/nsenter",
                 f"--target={self._init_pid}",
                 "--mount",
                 "--uts",
@@ -474,13 +494,22 @@ class BwrapEnvironment(BaseEnvironment):
                 "--no-new-privs",
                 "--",
                 "/usr/bin/env",
+                "-i",
                 "-C",
                 cwd,
+                f"PATH={SANDBOX_PATH}",
+                "/bin/bash",
+                "-c",
+                _ENV_LOADER,
+                "rl360-env",
+                str(env_fd),
                 *inner,
             ]
         )
 
     def _process_env(self, env: dict[str, str] | None) -> dict[str, str]:
+        """The environment a command sees inside the sandbox (never that of the host-side
+        processes that enter it: those run with PATH only, so no task env reaches root)."""
         return {
             "PATH": SANDBOX_PATH,
             "HOME": "/tmp",
@@ -500,14 +529,22 @@ class BwrapEnvironment(BaseEnvironment):
     ) -> ExecResult:
         """Run `inner` in the sandbox. Output goes to files, so a command that leaves a daemon
         holding its stdout returns when the command itself exits (as `docker exec` does)."""
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        entries = b"".join(f"{key}={value}".encode() + b"\0" for key, value in self._process_env(env).items())
+        with (
+            tempfile.TemporaryFile() as out,
+            tempfile.TemporaryFile() as err,
+            tempfile.TemporaryFile() as env_file,
+        ):
+            env_file.write(entries)
+            env_file.seek(0)
             process = await asyncio.create_subprocess_exec(
-                *self._enter_argv(inner, cwd),
+                *self._enter_argv(inner, cwd, env_file.fileno()),
                 stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
-                env=self._process_env(env),
+                env={"PATH": SANDBOX_PATH},  # root runs nsenter: no task-chosen PATH, LD_PRELOAD, ...
                 cwd="/",  # the server's cwd would reach the sandbox as PWD
+                pass_fds=(env_file.fileno(),),
                 start_new_session=True,
             )
             try:

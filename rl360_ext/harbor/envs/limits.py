@@ -254,7 +254,7 @@ class WatchdogLimits(SandboxLimits):
     def wrap(self, argv: list[str]) -> list[str]:
         if self._cpu_list is None:
             return argv
-        return ["taskset", "-c", ",".join(map(str, self._cpu_list)), *argv]
+        return ["/usr/bin/taskset", "-c", ",".join(map(str, self._cpu_list)), *argv]
 
     def attach(self, pidns_inode: int) -> None:
         self._pidns = pidns_inode
@@ -332,20 +332,22 @@ def cgroup_owner(path: Path) -> str:
     return f"{pid}.{rest.partition('.')[0]}"
 
 
-def clean_stale_cgroups() -> list[str]:
-    """Kill the processes of, and remove, sandbox cgroups under this process's cgroup whose
-    server (named by the owner tag in the cgroup's name) is gone; returns the removed paths."""
+def clean_stale_cgroups(wait_s: float = 5.0) -> list[str]:
+    """Remove the sandbox cgroups under this process's cgroup whose server (named by the owner
+    tag in the cgroup's name) is gone; returns the removed paths. A dead server's sandboxes die
+    with it (bwrap's --die-with-parent), so its cgroups empty within moments; one that still has
+    processes after `wait_s` is left alone (never kill what another PID namespace may own)."""
     removed = []
     for path in sandbox_cgroups():
         if owner_alive(cgroup_owner(path)):
             continue
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError, ValueError):
-                kill_pids([int(p) for p in (path / "cgroup.procs").read_text().split()])
+        deadline = time.monotonic() + wait_s
+        while True:
             try:
                 path.rmdir()
             except OSError:
+                if time.monotonic() > deadline:
+                    break
                 time.sleep(0.05)
                 continue
             removed.append(str(path))

@@ -271,7 +271,11 @@ def _copy_out(
     keep: Callable[[PurePosixPath], bool] | None,
     depth: int,
 ) -> None:
-    for name in sorted(os.listdir(dir_fd)):
+    with os.scandir(dir_fd) as entries:  # lazily: a directory of millions of names is not listed
+        names = [entry.name for _, entry in zip(range(budget.max_files + 1), entries, strict=False)]
+    if len(names) > budget.max_files:
+        budget.skipped.append(f"{relative}/ (more than {budget.max_files} entries)")
+    for name in sorted(names[: budget.max_files]):
         rel = relative / name
         try:
             info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
