@@ -28,9 +28,10 @@ TOP_K = typer.Option(2, "--top-k", min=1, help="Experts routed per token.")
 
 def _serve_options() -> list[inspect.Parameter]:
     """One typer option per EngineConfig field: name, default, help and bounds from the dataclass."""
-    from rl360_ext.tiny_engine.config import EngineConfig, field_help
+    from rl360_ext.tiny_engine.config import EngineConfig
+    from rl360_ext.util.fielddocs import field_docs
 
-    docs = field_help(EngineConfig)
+    docs = field_docs(EngineConfig)
     hints = typing.get_type_hints(EngineConfig)
     params = []
     for item in dataclasses.fields(EngineConfig):

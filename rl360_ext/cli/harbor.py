@@ -16,7 +16,8 @@ from typing import Any
 
 import typer
 
-from rl360_ext.harbor.settings import ServerSettings, field_help, flag_name
+from rl360_ext.harbor.settings import ServerSettings, flag_name
+from rl360_ext.util.fielddocs import field_docs
 
 app = typer.Typer(
     help="The Harbor /run server (one deadline, waves, reservations, pinning) and example tasks.",
@@ -40,7 +41,7 @@ def _option(item: dataclasses.Field[Any], hints: dict[str, Any]) -> inspect.Para
     option = typer.Option(
         default,
         f"--{flag_name(item.name)}",
-        help=field_help()[item.name],
+        help=field_docs(ServerSettings)[item.name],
         min=item.metadata.get("min"),
         envvar=item.metadata.get("envvar"),
         show_default=not repeatable and item.name != "token",

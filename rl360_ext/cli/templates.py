@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rl360_ext.cli.options import key_values
+from rl360_ext.util.flags import key_values
 
 app = typer.Typer(
     help="Chat templates: the append-only checker and the fixed templates.", no_args_is_help=True

@@ -1,7 +1,7 @@
 """The Harbor /run server's settings: one flat dataclass, one field per `rl360 harbor serve` flag.
 
 Owns every server setting, its default, its bounds and its help text: the docstring under each
-field is the flag's help (`field_help` reads them from this module's source), `metadata` holds
+field is the flag's help (`rl360_ext.util.fielddocs.field_docs` reads them), `metadata` holds
 a field's `min`, a repeatable flag's `repeatable`, and an environment variable. The CLI
 (`rl360_ext.cli.harbor`) builds its flags from these fields and nothing else; the runner reads
 the derived objects (`environment`, `budget`, `capacity`, ...). Validation errors are
@@ -10,11 +10,6 @@ the derived objects (`environment`, `budget`, `capacity`, ...). Validation error
 
 from __future__ import annotations
 
-import ast
-import functools
-import inspect
-import itertools
-import json
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -22,6 +17,7 @@ from typing import Any
 
 from rl360_ext.harbor.admission import Reservation
 from rl360_ext.harbor.budget import BudgetPolicy
+from rl360_ext.util.flags import key_values
 
 KEEP_TRIALS = ("all", "failed", "none")
 
@@ -111,16 +107,10 @@ class ServerSettings:
 
     def parse_env_kwargs(self) -> dict[str, Any]:
         """--env-kwarg pairs; a VALUE is read as JSON when it parses (true, 3, "x"), else as a string."""
-        parsed: dict[str, Any] = {}
-        for pair in self.env_kwarg:
-            key, sep, value = pair.partition("=")
-            if not sep or not key:
-                raise ValueError(f"--env-kwarg expects KEY=VALUE, got {pair!r}")
-            try:
-                parsed[key] = json.loads(value)
-            except ValueError:
-                parsed[key] = value
-        return parsed
+        try:
+            return key_values(self.env_kwarg)
+        except ValueError as exc:
+            raise ValueError(f"--env-kwarg: {exc}") from None
 
     @property
     def node_labels(self) -> tuple[str, ...]:
@@ -158,20 +148,3 @@ class ServerSettings:
 def flag_name(field_name: str) -> str:
     return field_name.replace("_", "-")
 
-
-@functools.cache
-def field_help(cls: type = ServerSettings) -> dict[str, str]:
-    """Each field's docstring (the string literal right under it in the class body)."""
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    helps: dict[str, str] = {}
-    for node, following in itertools.pairwise(body):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(following, ast.Expr)
-            and isinstance(following.value, ast.Constant)
-            and isinstance(following.value.value, str)
-        ):
-            helps[node.target.id] = " ".join(following.value.value.split())
-    return helps

@@ -2,19 +2,14 @@
 
 Owns `EngineConfig` (the analogue of SGLang's `ServerArgs`: model shape, cache, context, chunked
 prefill, served name, bind address, bearer token, fault injection), its validation, and the help
-text of each field, read from the docstring under it (`field_help`). `rl360 engine serve` derives
-its flags from these fields (`rl360_ext.cli.engine`); a field's `metadata` may rename its flag
+text of each field, the docstring under it (read by `rl360_ext.util.fielddocs.field_docs`).
+`rl360 engine serve` derives its flags from these fields (`rl360_ext.cli.engine`); a field's `metadata` may rename its flag
 (`flag`), bound it (`min`), or give the text -> value parser of a flag that is not a plain value
 (`parse`). It does not run anything.
 """
 
 from __future__ import annotations
 
-import ast
-import functools
-import inspect
-import itertools
-import textwrap
 from dataclasses import dataclass, field, fields
 
 from rl360_ext.tiny_engine.faults import FaultConfig
@@ -79,20 +74,3 @@ class EngineConfig:
         """Tokens per prefill step, or None when chunked prefill is disabled."""
         return None if self.chunked_prefill_size == CHUNKED_PREFILL_DISABLED else self.chunked_prefill_size
 
-
-@functools.cache
-def field_help(cls: type = EngineConfig) -> dict[str, str]:
-    """Each dataclass field's docstring (the string literal right under it), whitespace-joined."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for node, following in itertools.pairwise(body):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(following, ast.Expr)
-            and isinstance(following.value, ast.Constant)
-            and isinstance(following.value.value, str)
-        ):
-            docs[node.target.id] = " ".join(following.value.value.split())
-    return docs

@@ -1,19 +1,22 @@
 """Dataclass field docstrings (the string literal right below a field), read from the class source.
 
 Owns `field_docs`, so a config dataclass can be the single place a field's help text is written
-and a CLI derives its flags' help from it.
+and a CLI derives its flags' help from it (the session, Harbor and engine servers' flags all do).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import itertools
 import textwrap
 
 
+@functools.cache
 def field_docs(cls: type) -> dict[str, str]:
-    """{field name: its docstring} for every annotated field of `cls` followed by a string literal."""
+    """{field name: its docstring, whitespace-joined} for every annotated field of `cls` followed by
+    a string literal."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
     docs: dict[str, str] = {}
@@ -25,5 +28,5 @@ def field_docs(cls: type) -> dict[str, str]:
             and isinstance(following.value, ast.Constant)
             and isinstance(following.value.value, str)
         ):
-            docs[node.target.id] = inspect.cleandoc(following.value.value)
+            docs[node.target.id] = " ".join(following.value.value.split())
     return docs

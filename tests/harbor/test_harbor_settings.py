@@ -14,7 +14,8 @@ import typer.main
 from rl360_ext.cli.harbor import app
 from rl360_ext.harbor.envs import bwrap
 from rl360_ext.harbor.envs.limits import owner_alive, owner_tag
-from rl360_ext.harbor.settings import ServerSettings, field_help
+from rl360_ext.harbor.settings import ServerSettings
+from rl360_ext.util.fielddocs import field_docs
 
 FLAGS_BEFORE = (
     "host",
@@ -53,8 +54,9 @@ def test_every_field_is_a_flag_with_its_docstring_as_help() -> None:
     options = {param.name: param for param in serve_command().params if param.param_type_name == "option"}
     names = [item.name for item in dataclasses.fields(ServerSettings)]
     assert sorted(options) == sorted(names)
+    docs = field_docs(ServerSettings)
     for name in names:
-        assert options[name].help == field_help()[name] and len(field_help()[name]) > 5
+        assert options[name].help == docs[name] and len(docs[name]) > 5
     flags = {flag.removeprefix("--") for option in options.values() for flag in option.opts}
     assert set(FLAGS_BEFORE) <= flags and {"token-file", "default-agent", "max-deadline-s"} <= flags
     assert options["agent"].multiple and options["env_kwarg"].multiple

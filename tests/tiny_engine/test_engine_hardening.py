@@ -186,9 +186,9 @@ def test_engine_config_is_the_source_of_the_serve_flags() -> None:
     from typer.testing import CliRunner
 
     from rl360_ext.cli import app
-    from rl360_ext.tiny_engine.config import field_help
+    from rl360_ext.util.fielddocs import field_docs
 
-    docs = field_help(EngineConfig)
+    docs = field_docs(EngineConfig)
     result = CliRunner().invoke(app, ["engine", "serve", "--help"], terminal_width=400)
     assert result.exit_code == 0, result.output
     for flag in (

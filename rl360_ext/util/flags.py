@@ -1,4 +1,4 @@
-"""Flag values more than one command parses: KEY=VALUE pairs (`--env-kwarg`, `--kwarg`)."""
+"""Flag values several components parse: KEY=VALUE pairs (`--env-kwarg`, `--kwarg`)."""
 
 from __future__ import annotations
 
