@@ -3,9 +3,9 @@
 Owns `EngineConfig` (the analogue of SGLang's `ServerArgs`: model shape, cache, context, chunked
 prefill, served name, bind address, bearer token, fault injection), its validation, and the help
 text of each field, the docstring under it (read by `rl360_ext.util.fielddocs.field_docs`).
-`rl360 engine serve` derives its flags from these fields (`rl360_ext.cli.engine`); a field's `metadata` may rename its flag
-(`flag`), bound it (`min`), or give the text -> value parser of a flag that is not a plain value
-(`parse`). It does not run anything.
+`rl360 engine serve` derives its flags from these fields (`rl360_ext.cli.engine`); a field's
+`metadata` may rename its flag (`flag`), bound it (`min`), or give the text -> value parser of a
+flag that is not a plain value (`parse`). It does not run anything.
 """
 
 from __future__ import annotations
