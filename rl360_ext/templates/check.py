@@ -490,11 +490,13 @@ class _Replay:
             probe["tool_calls"] = [_mapping_arguments(call) for call in assistant["tool_calls"]]
         return probe
 
-    def _with_reasoning(self, request_text: str, rest: str, reasoning: str | None) -> str:
+    def _with_reasoning(self, request_text: str, rest: str, reasoning: str | None, prompted: bool) -> str:
         """The template's render of the turn (`rest`, after the generation prompt) with the
         reasoning block where the model emits it, whether or not the template renders it."""
         mode = self.emission.reasoning
         opened = mode == "think" and request_text.rstrip(" \n").endswith(THINK_OPEN)
+        if opened and PROBE_REASONING in rest:
+            return rest
         if opened:  # the prompt opened the block: the model writes the reasoning and closes it
             body = PROBE_REASONING if reasoning is not None else ""
             return body + (rest if rest.lstrip().startswith(THINK_CLOSE) else f"\n{THINK_CLOSE}\n\n" + rest)
@@ -506,6 +508,8 @@ class _Replay:
             empty = THINK_OPEN + THINK_CLOSE
             if empty in rest:
                 return rest.replace(empty, THINK_OPEN + PROBE_REASONING + THINK_CLOSE, 1)
+            if not prompted:
+                return rest  # no generation prompt: the model continues its turn (after tool outputs)
             return self.emission.think_open + PROBE_REASONING + THINK_CLOSE + rest
         return f"<|channel|>analysis<|message|>{PROBE_REASONING}<|end|><|start|>assistant" + rest
 
@@ -515,7 +519,13 @@ class _Replay:
         if not ends:
             return emitted, "", None
         anchor = 0
-        for marker in (PROBE_CONTENT, PROBE_REASONING, *_call_names(assistant.get("tool_calls"))):
+        markers = (
+            PROBE_CONTENT,
+            PROBE_REASONING,
+            "<|start|>assistant",
+            *_call_names(assistant.get("tool_calls")),
+        )
+        for marker in markers:
             at = emitted.rfind(marker)
             if at >= 0:
                 anchor = max(anchor, at + len(marker))
@@ -532,6 +542,8 @@ class _Replay:
     ) -> _Generated:
         """The tokens the model emits for `assistant` (see `Emission`)."""
         reasoning = assistant.get("reasoning_content") if self.emission.reasoning != "none" else None
+        if self.emission.reasoning == "think" and request_text.rstrip(" \n").endswith(THINK_CLOSE):
+            reasoning = None  # the prompt closed an empty block: thinking is off for this turn
         reply_text = self.render([*history, self._probe_message(assistant, reasoning)], False)
         head = request_text
         if not reply_text.startswith(request_text):
@@ -544,7 +556,8 @@ class _Replay:
             elif head != request_text:
                 reply_text = request_text + reply_text[len(head) :]
                 head = request_text
-        rest = self._with_reasoning(request_text, reply_text[len(head) :], reasoning)
+        prompted = reasoning is None or self.render(history, False) != request_text
+        rest = self._with_reasoning(request_text, reply_text[len(head) :], reasoning, prompted)
         text, trailer, end_token = self._cut(rest, assistant)
         text = text.replace(PROBE_REASONING, reasoning or "").replace(
             PROBE_CONTENT, _text_of(assistant.get("content"))

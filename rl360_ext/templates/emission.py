@@ -28,8 +28,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 REASONING_MODES = ("think", "harmony", "none")
-PARSED_TOOL_FORMATS = ("hermes", "glm-xml", "llama3-json", "harmony")
-UNPARSED_TOOL_FORMATS = ("deepseek", "kimi", "mistral", "gemma")
+PARSED_TOOL_FORMATS = ("hermes", "glm-xml", "llama3-json", "harmony", "deepseek")
+UNPARSED_TOOL_FORMATS = ("kimi", "mistral", "gemma")
 TOOL_FORMATS = (*PARSED_TOOL_FORMATS, *UNPARSED_TOOL_FORMATS, "none")
 HARMONY_END_TOKENS = ("<|return|>", "<|call|>", "<|end|>")
 THINK_OPEN = "<think>"

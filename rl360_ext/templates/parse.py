@@ -14,7 +14,9 @@ template uses, and the family's tool-call format (`rl360_ext.templates.emission`
 default), "glm-xml" (`<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>`,
 arguments returned as the JSON object text of the pairs), "llama3-json" (the whole reply is
 `{"name": …, "parameters": …}`) or "harmony" (gpt-oss channels: `analysis` is the reasoning,
-`final` the content, each `to=functions.NAME` commentary message a tool call). Reasoning is a
+`final` the content, each `to=functions.NAME` commentary message a tool call) or "deepseek"
+(`<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>…<｜tool▁calls▁end｜>`
+ending the reply). Reasoning is a
 `<think>…</think>` block at the start (`think_open` is the opener the template uses, e.g.
 "\\n<think>" for GLM; `think_close` the closer with the separator the template puts before the
 content, e.g. "</think>\\n\\n" for Qwen3: layout, not content), or, when the prompt already
@@ -36,6 +38,11 @@ _TOOL_CALL = re.compile(re.escape(TOOL_CALL_START) + r"(.*?)" + re.escape(TOOL_C
 _NAME_THEN_ARGS = re.compile(r'^\{"name": "((?:[^"\\]|\\.)*)", "arguments": (.*)\}$', re.DOTALL)
 _LLAMA3_CALL = re.compile(r'^\{"name": "((?:[^"\\]|\\.)*)", "parameters": (.*)\}$', re.DOTALL)
 _GLM_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>\s*", re.DOTALL)
+_DEEPSEEK_CALLS = re.compile(
+    r"<｜tool▁calls▁begin｜>((?:<｜tool▁call▁begin｜>.*?<｜tool▁call▁end｜>)+)<｜tool▁calls▁end｜>$",
+    re.DOTALL,
+)
+_DEEPSEEK_CALL = re.compile(r"<｜tool▁call▁begin｜>([^<]+?)<｜tool▁sep｜>(.*?)<｜tool▁call▁end｜>", re.DOTALL)
 _HARMONY_START = "<|start|>assistant"
 _HARMONY_MESSAGE = "<|message|>"
 _HARMONY_END = "<|end|>"
@@ -151,7 +158,7 @@ def parse_harmony(text: str) -> ParsedAssistant:
             parsed.tool_calls.append(call)
         elif header == "<|channel|>analysis" and parsed.reasoning is None and not contents:
             parsed.reasoning = body
-        elif header == "<|channel|>final":
+        elif header in ("<|channel|>final", "<|channel|>commentary") and not parsed.tool_calls:
             contents.append(body)
         else:
             return ParsedAssistant(content=text)
@@ -176,12 +183,33 @@ def _parse_llama3(text: str) -> ParsedAssistant | None:
     return ParsedAssistant(content="", tool_calls=[call])
 
 
+def _parse_deepseek(text: str) -> tuple[str, list[dict[str, Any]]] | None:
+    match = _DEEPSEEK_CALLS.search(text)
+    if match is None:
+        return None
+    calls = []
+    for name, arguments in _DEEPSEEK_CALL.findall(match.group(1)):
+        try:
+            json.loads(arguments)
+        except ValueError:
+            return None
+        calls.append(
+            {
+                "id": f"call_{secrets.token_hex(8)}",
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            }
+        )
+    return text[: match.start()], calls
+
+
 def parse_assistant(
     text: str,
     tool_call_separator: str = "",
     tool_format: str = "hermes",
     think_open: str = THINK_START,
     think_close: str = THINK_END,
+    separator_always: bool = False,
 ) -> ParsedAssistant:
     """Split generated text (end-of-turn token already removed) into content, reasoning, tool calls.
 
@@ -199,6 +227,11 @@ def parse_assistant(
             parsed.reasoning = reasoning
             return parsed
         return ParsedAssistant(content=text, reasoning=reasoning)
+    if tool_format == "deepseek":
+        found = _parse_deepseek(text)
+        if found is None:
+            return ParsedAssistant(content=text, reasoning=reasoning)
+        return ParsedAssistant(content=found[0], reasoning=reasoning, tool_calls=found[1])
     parse_call = _parse_glm_call if tool_format == "glm-xml" else _parse_tool_call
     calls: list[dict[str, Any]] = []
     kept: list[str] = []
@@ -208,7 +241,9 @@ def parse_assistant(
         if call is None:
             continue
         before = text[cursor : match.start()]
-        kept.append(_drop_separator(before, tool_call_separator, keep_nonempty=not calls))
+        kept.append(
+            _drop_separator(before, tool_call_separator, keep_nonempty=not calls and not separator_always)
+        )
         calls.append(call)
         cursor = match.end()
     kept.append(text[cursor:])

@@ -185,11 +185,36 @@ class ChatRenderer:
         between = text[first_end + len(TOOL_CALL_END) : second]
         return before_first if before_first == between else ""
 
+    @cached_property
+    def tool_call_separator_always(self) -> bool:
+        """True when the template renders the separator before the first tool call even when the
+        content is empty (GLM: "</think>\n<tool_call>")."""
+        separator = self.tool_call_separator
+        if not separator:
+            return False
+        user = [{"role": "user", "content": "hi"}]
+        call = {"id": "call_0", "type": "function", "function": {"name": "probe", "arguments": {}}}
+        message = {"role": "assistant", "content": "", "tool_calls": [call]}
+        try:
+            head = self.render_text(user, [_PROBE_TOOL], add_generation_prompt=True)
+            text = self.render_text([*user, message], [_PROBE_TOOL])
+        except Exception:  # no tool-call support: nothing to separate
+            return False
+        if not text.startswith(head) or TOOL_CALL_START not in text[len(head) :]:
+            return False
+        lead = text[len(head) : text.index(TOOL_CALL_START, len(head))]
+        return lead.rpartition("</think>")[2] == separator
+
     def parse_assistant(self, text: str) -> ParsedAssistant:
         """Generated text (end-of-turn token removed) as message fields that re-render verbatim."""
         emission = self.emission
         return parse_assistant(
-            text, self.tool_call_separator, emission.tool_format, emission.think_open, emission.think_close
+            text,
+            self.tool_call_separator,
+            emission.tool_format,
+            emission.think_open,
+            emission.think_close,
+            self.tool_call_separator_always,
         )
 
     def use_emission(self, emission: Emission) -> None:
@@ -197,6 +222,7 @@ class ChatRenderer:
         self._emission = emission
         self._mapping_arguments = emission.needs_mapping_arguments
         self.__dict__.pop("tool_call_separator", None)
+        self.__dict__.pop("tool_call_separator_always", None)
 
 
 def _with_mapping_arguments(message: Message) -> Message:

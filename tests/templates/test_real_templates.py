@@ -194,3 +194,37 @@ def test_cli_no_empty_text_lines_and_zero_split_points_is_loud(tmp_path) -> None
     assert "WARNING: 0 split points checked" in result.output
     assert "text: session '' ▏ ''" not in result.output
     assert UNCLASSIFIED not in result.output
+
+
+# ---- fixed templates for more families, proven on each family's tokenizer fixture --------------
+
+FIXED = {
+    "deepseek-r1": ("deepseek", None),
+    "deepseek-v3.1": ("deepseek", {"thinking": False}),
+    "glm-4.6": ("glm4", None),
+    "gpt-oss": ("harmony", None),
+    "llama3.1": ("llama3", None),
+    "qwen3": ("qwen3", None),
+    "qwen2.5": ("qwen3", None),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FIXED))
+def test_fixed_template_is_picked_and_append_only_on_the_family_tokenizer(family: str) -> None:
+    from rl360_ext.templates.select import choose_fixed_template, fixed_template_for
+
+    name, kwargs = FIXED[family]
+    tokenizer = real_tokenizer(family)
+    choice = choose_fixed_template(tokenizer)
+    assert choice.name == name, choice.reason
+    report = check_template(tokenizer, fixed_template_for(tokenizer), cases=120, template_kwargs=kwargs)
+    assert report.ok, report.summary()
+    assert report.split_points > 200
+
+
+def test_families_without_a_fixed_template_say_why() -> None:
+    from rl360_ext.templates.select import choose_fixed_template
+
+    for family in ("kimi-k2", "mistral-nemo", "gemma-4"):
+        choice = choose_fixed_template(real_tokenizer(family))
+        assert choice.name is None and "no fixed template" in choice.reason
