@@ -4,8 +4,10 @@ Owns the session's use of `ChatRenderer` (every message the session tokenizes go
 `prompt_ids` / `suffix_ids`, the contract the append-only checker proves), the end-of-turn
 facts of a template (which token ends an assistant turn and the text the template renders after
 the assistant's content), the closing tokens appended when a turn did not end with that token
-(a `length` cut or a stop string), and decoding sampled tokens into the reply text. It does not
-own sessions (`core.py`) or the parsing rules (`rl360_ext.templates.parse`).
+(a `length` cut or a stop string), decoding sampled tokens into the reply text, and the drift
+check of a merged trajectory (its held tokens vs one canonical render of its final messages,
+`rl360_ext.templates.drift`). It does not own sessions (`core.py`) or the parsing rules
+(`rl360_ext.templates.parse`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rl360_ext.templates.drift import find_drift, not_checked
 from rl360_ext.templates.parse import ParsedAssistant
 from rl360_ext.templates.render import ChatRenderer
 
@@ -90,3 +93,25 @@ class TitoRenderer:
         if finish_type == "stop" and isinstance(matched, str) and matched and matched in text:
             text = text[: text.index(matched)]
         return text
+
+    def drift(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None,
+        tokens: Sequence[int],
+        finish_reasons: Sequence[str],
+    ) -> dict[str, Any]:
+        """The merged trajectory's drift record (`rl360_ext.templates.drift`): compared only when every
+        turn of the segment was merged and the last one stopped (a cut turn renders differently)."""
+        if not messages or not finish_reasons or finish_reasons[-1] != "stop":
+            return not_checked("the last turn did not stop normally")
+        try:
+            return find_drift(self.renderer, messages, tools, tokens).to_json()
+        except Exception as exc:  # the template raising on the final messages is drift too
+            return {
+                "checked": True,
+                "mismatch": True,
+                "position": 0,
+                "kind": "render-error",
+                "evidence": str(exc),
+            }
