@@ -49,6 +49,7 @@ from rl360_ext.rollout import metrics as metrics_module
 from rl360_ext.rollout.rewards import verifier_reward_value
 from rl360_ext.rollout.sample import GenerateFnInput, GenerateFnOutput, Sample
 from rl360_ext.session.merge import ABORTED, COMPLETED, FAILED, TRUNCATED, MergedSample
+from rl360_ext.templates.drift import DRIFT_KEY
 from rl360_ext.train import reducers as reducers_module
 
 logger = logging.getLogger(__name__)
@@ -109,6 +110,10 @@ class GenerateOptions:
     task_key: str
     max_seq_len: int | None
     agent_function_path: str | None
+    on_template_drift: str = "keep"
+
+
+TEMPLATE_DRIFT_POLICIES = ("keep", "mask")
 
 
 def _arg(args: Any, name: str, default: Any = None) -> Any:
@@ -165,7 +170,17 @@ def options_from_args(args: Any) -> GenerateOptions:
         task_key=_arg(args, "rl360_task_key", env.task_key),
         max_seq_len=None if max_seq_len is None else int(max_seq_len),
         agent_function_path=getattr(args, "custom_agent_function_path", None),
+        on_template_drift=_drift_policy(args),
     )
+
+
+def _drift_policy(args: Any) -> str:
+    policy = _arg(args, "rl360_on_template_drift", "keep")
+    if policy not in TEMPLATE_DRIFT_POLICIES:
+        raise ValueError(
+            f"--rl360-on-template-drift must be one of {TEMPLATE_DRIFT_POLICIES}, got {policy!r}"
+        )
+    return policy
 
 
 def _has_option(parser: argparse.ArgumentParser, option: str) -> bool:
@@ -230,6 +245,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         )
         group.add_argument(
             "--rl360-agent", type=str, default=None, help="Harbor agent for /run (default: the server's)."
+        )
+        group.add_argument(
+            "--rl360-on-template-drift",
+            choices=TEMPLATE_DRIFT_POLICIES,
+            default=None,
+            help="Trajectories whose tokens drift from the canonical render: 'keep' (default; counted in "
+            "tito/render_mismatch_frac) or 'mask' (zero loss mask).",
         )
         group.add_argument(
             "--rl360-task-key",
@@ -424,7 +446,20 @@ def session_metadata(merged: MergedSample | None) -> dict[str, Any]:
         "prompt_tokens": int(merge_facts.get("prompt_tokens_total", 0)),
         "routing_bytes": int(merge_facts.get("routing_wire_bytes_moved", 0)),
         "r3_rows_from_prefill_fraction": merged.r3_rows_from_prefill_fraction,
+        DRIFT_KEY: merged.metadata.get(DRIFT_KEY),
     }
+
+
+def mask_template_drift(sample: Any, policy: str) -> bool:
+    """`--rl360-on-template-drift mask`: a trajectory whose tokens drift from the canonical render
+    is kept out of the loss (loss mask all zero; its verifier reward still counts in the group
+    baseline). True when the sample was masked."""
+    record = (sample.metadata or {}).get(DRIFT_KEY) or {}
+    if policy != "mask" or not record.get("mismatch") or not sample.loss_mask:
+        return False
+    sample.loss_mask = [0] * len(sample.loss_mask)
+    sample.metadata["template_drift_masked"] = True
+    return True
 
 
 def run_metadata(result: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -651,6 +686,7 @@ async def generate(input: GenerateFnInput) -> GenerateFnOutput:
         max_seq_len=options.max_seq_len,
         reward_key=getattr(args, "reward_key", None),
     )
+    mask_template_drift(sample, options.on_template_drift)
     sample.non_generation_time = non_generation_time(result, timings["agent"], merged)
     sample.metadata.update(
         session_id=session_id,

@@ -359,3 +359,30 @@ def test_client_errors_and_clean_sessions_keep_the_verifier_reward() -> None:
     assert classify(verifier_result(0.0), None, "score", rejected) == "valid"
     assert classify(verifier_result(0.0), None, "score", with_turn_errors([])) == "valid"
     assert classify(verifier_result(0.0), None, "score", None) == "valid"
+
+
+def test_template_drift_mask_zeroes_the_loss_mask_only_when_asked() -> None:
+    from types import SimpleNamespace
+
+    from rl360_ext.rollout.generate import mask_template_drift, options_from_args
+
+    def sample(mismatch: bool) -> SimpleNamespace:
+        return SimpleNamespace(
+            loss_mask=[1, 0, 1], metadata={"template_drift": {"checked": True, "mismatch": mismatch}}
+        )
+
+    drifting = sample(True)
+    assert not mask_template_drift(drifting, "keep") and drifting.loss_mask == [1, 0, 1]
+    assert mask_template_drift(drifting, "mask") and drifting.loss_mask == [0, 0, 0]
+    assert drifting.metadata["template_drift_masked"] is True
+    clean = sample(False)
+    assert not mask_template_drift(clean, "mask") and clean.loss_mask == [1, 0, 1]
+    with pytest.raises(ValueError, match="--rl360-on-template-drift"):
+        options_from_args(
+            SimpleNamespace(
+                rl360_harbor_url="http://h",
+                rl360_session_backend="http://b",
+                rl360_tokenizer="/t",
+                rl360_on_template_drift="drop",
+            )
+        )
