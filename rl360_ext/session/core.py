@@ -237,7 +237,9 @@ class SessionCore:
             if mismatch is None:
                 new = request.messages[len(held.messages) :]
                 try:
-                    suffix = self.tito.suffix(request.messages[: len(held.messages)], new, request.tools)
+                    suffix = self.tito.suffix(
+                        request.messages[: len(held.messages)], new, request.tools, held.tokens
+                    )
                 except TemplateNotAppendOnlyError as exc:
                     mismatch = Mismatch(len(held.messages), f"the template is not append-only here: {exc}")
                 else:

@@ -258,3 +258,24 @@ def parse_emission_override(
     if tool_format is not None:
         changes["tool_format"] = tool_format
     return replace(detected, detected=False, **changes) if changes else detected
+
+
+def next_role_tokens(renderer: Any) -> tuple[str, ...]:
+    """The role tokens that start the message after an assistant turn (a user message, a tool
+    result): where the next role token ends the turn (`end_tokens == ()`), the model stops by
+    sampling one of them."""
+    added = _added_tokens(renderer.tokenizer)
+    user = {"role": "user", "content": _PROBE_USER}
+    plain = {"role": "assistant", "content": PROBE_CONTENT}
+    call = {"role": "assistant", "content": "", "tool_calls": [_probe_call({"arg": "v"})]}
+    result = {"role": "tool", "tool_call_id": "rl360call", "content": _PROBE_NEXT}
+    found: list[str] = []
+    for history, after, tools in (
+        ([user, plain], {"role": "user", "content": _PROBE_NEXT}, None),
+        ([user, call], result, [_PROBE_TOOL]),
+    ):
+        base, longer = _render(renderer, history, tools), _render(renderer, [*history, after], tools)
+        token = _first_token(longer[len(base) :], added) if base and longer.startswith(base) else None
+        if token is not None and token not in found:
+            found.append(token)
+    return tuple(found)

@@ -80,3 +80,37 @@ async def test_drift_check_costs_one_render_per_merged_sample(make_core) -> None
     per_merge = (time.perf_counter() - started) / 50
     render_s = sample.metadata[DRIFT_KEY]["render_s"]
     assert 0 < render_s < per_merge < 0.05
+
+
+async def test_glm_turn_ends_at_the_role_token_it_sampled_and_holds_it_once() -> None:
+    """GLM has no end token: the model stops at `<|user|>` / `<|observation|>`, which the session
+    asks the engine to stop at and holds once (the next suffix starts after it); no drift."""
+    from rl360_ext.templates.select import fixed_template
+    from tests.templates.real import real_tokenizer
+
+    glm = ChatRenderer(real_tokenizer("glm-4.6"), fixed_template("glm4"))
+    backend = ScriptedBackend(glm)
+    core = SessionCore(TitoRenderer(glm), backend, ServerConfig())
+    vocab = glm.tokenizer.get_vocab()
+    assert {vocab["<|user|>"], vocab["<|observation|>"]} <= set(core.tito.stop_token_ids)
+    call = (
+        "\n<think>look</think>\n<tool_call>bash\n<arg_key>command</arg_key>\n"
+        "<arg_value>ls</arg_value>\n</tool_call>"
+    )
+    backend.push(
+        Step(call + "<|observation|>", finish={"type": "stop", "matched": vocab["<|observation|>"]}),
+        Step("\n<think></think>done<|user|>", finish={"type": "stop", "matched": vocab["<|user|>"]}),
+    )
+    sid = core.create().id
+    reply = await core.chat(sid, {"messages": [USER], "tools": TOOLS})
+    assert reply.parsed.tool_calls[0]["function"] == {"name": "bash", "arguments": '{"command": "ls"}'}
+    assert reply.parsed.reasoning == "look"
+    tool = {"role": "tool", "tool_call_id": reply.parsed.tool_calls[0]["id"], "content": "a.py"}
+    second = await core.chat(sid, {"messages": [USER, reply.message(), tool], "tools": TOOLS})
+    assert second.parsed.content == "done"
+    sample = await core.merged(sid)
+    final = [USER, reply.message(), tool, second.message()]
+    rendered = glm.encode(glm.render_text([*final, {"role": "user", "content": "x"}], TOOLS))
+    assert sample.tokens.tolist() == rendered[: len(sample.tokens)]
+    assert sample.tokens.tolist().count(vocab["<|observation|>"]) == 1
+    assert not sample.metadata[DRIFT_KEY]["mismatch"]
