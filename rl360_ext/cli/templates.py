@@ -1,7 +1,9 @@
 """`rl360 template ...` commands (thin: parse flags, call into rl360_ext.templates).
 
 `check` exits 0 when the template is append-only on every generated conversation, 1 on a
-violation, 2 on bad input (missing directory, unreadable template, unloadable tokenizer).
+violation or when nothing was checked (0 split points), 2 on bad input (missing directory,
+unreadable template, unloadable tokenizer, an `--end-token` that is no token of the tokenizer, an
+unknown `--reasoning` / `--tool-format`).
 """
 
 from __future__ import annotations
@@ -56,7 +58,20 @@ def check(
     cases: int = typer.Option(200, min=1, help="Generated conversations to check."),
     seed: int = typer.Option(0, help="Seed of the conversation generator."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-    end_token: str | None = typer.Option(None, help="End-of-turn token (default: read off the template)."),
+    end_token: list[str] = typer.Option(
+        [],
+        "--end-token",
+        help="A token that ends the model's turn (repeatable; 'none': the next role token ends it). "
+        "Default: read off the template.",
+    ),
+    reasoning: str | None = typer.Option(
+        None, help="How the model emits reasoning: think, harmony or none (default: detected)."
+    ),
+    tool_format: str | None = typer.Option(
+        None,
+        help="The model's tool-call format: hermes, glm-xml, llama3-json, harmony, deepseek, kimi, "
+        "mistral, gemma or none (default: detected).",
+    ),
     kwarg: list[str] = typer.Option(
         [], help="Template variable KEY=JSON, e.g. enable_thinking=false (repeatable)."
     ),
@@ -89,7 +104,9 @@ def check(
             text,
             cases=cases,
             seed=seed,
-            end_token=end_token,
+            end_token=end_token or None,
+            reasoning=reasoning,
+            tool_format=tool_format,
             template_kwargs=template_kwargs,
             label=label,
         )

@@ -145,6 +145,27 @@ class SessionPoolConfig:
         return replace(self, session_backend=str(backend), tokenizer=str(tokenizer), r3=bool(r3))
 
 
+TEMPLATE_DRIFT_POLICIES = ("keep", "mask")
+
+
+@dataclass(frozen=True)
+class TemplateDriftConfig:
+    """What the generate hook does with a trajectory whose tokens drift from the canonical render."""
+
+    on_template_drift: str = _doc(
+        "Trajectories whose tokens drift from the canonical render: 'keep' (counted in "
+        "tito/render_mismatch_frac) or 'mask' (zero loss mask).",
+        "keep",
+    )
+
+    def __post_init__(self) -> None:
+        if self.on_template_drift not in TEMPLATE_DRIFT_POLICIES:
+            raise ValueError(
+                f"--rl360-on-template-drift must be one of {TEMPLATE_DRIFT_POLICIES}, "
+                f"got {self.on_template_drift!r}"
+            )
+
+
 @dataclass(frozen=True)
 class GenerateConfig:
     """Everything the generate hook reads from Miles' args for one attempt."""
@@ -153,6 +174,7 @@ class GenerateConfig:
     pool: SessionPoolConfig
     max_seq_len: int | None = None  # Miles' --max-seq-len
     agent_function_path: str | None = None  # Miles' --custom-agent-function-path
+    on_template_drift: str = TemplateDriftConfig.on_template_drift
 
     @classmethod
     def from_args(cls, args: Any) -> GenerateConfig:
@@ -167,6 +189,7 @@ class GenerateConfig:
             pool=pool,
             max_seq_len=None if max_seq_len is None else int(max_seq_len),
             agent_function_path=getattr(args, "custom_agent_function_path", None),
+            on_template_drift=TemplateDriftConfig(**_set_flags(TemplateDriftConfig, args)).on_template_drift,
         )
 
 

@@ -52,6 +52,7 @@ from rl360_ext.rollout.config import (
     AgentConfig,
     GenerateConfig,
     SessionPoolConfig,
+    TemplateDriftConfig,
     add_dataclass_arguments,
     flag_name,
 )
@@ -60,6 +61,7 @@ from rl360_ext.rollout.rewards import verifier_reward_value
 from rl360_ext.rollout.sample import GenerateFnInput, GenerateFnOutput, Sample
 from rl360_ext.session.merge import ABORTED, FAILED, MERGE_KEY, MergedSample
 from rl360_ext.session.miles_sample import MilesSample, to_miles_sample
+from rl360_ext.templates.drift import DRIFT_KEY
 from rl360_ext.train import reducers as reducers_module
 
 logger = logging.getLogger(__name__)
@@ -94,6 +96,7 @@ _SGLANG_TO_OPENAI = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_toke
 # ---- flags ------------------------------------------------------------------------------------------
 
 
+
 def _has_option(parser: argparse.ArgumentParser, option: str) -> bool:
     return option in getattr(parser, "_option_string_actions", {})
 
@@ -108,6 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group("rl360 rollout (rl360_ext.rollout.generate)")
         add_dataclass_arguments(group, AgentConfig)
         add_dataclass_arguments(group, SessionPoolConfig)
+        add_dataclass_arguments(group, TemplateDriftConfig)
     if not _has_option(parser, "--custom-agent-function-path"):
         parser.add_argument(
             "--custom-agent-function-path",
@@ -321,7 +325,20 @@ def session_metadata(merged: MergedSample | None) -> dict[str, Any]:
         "prompt_tokens": int(merge_facts.get("prompt_tokens_total", 0)),
         "routing_bytes": int(merge_facts.get("routing_wire_bytes_moved", 0)),
         "r3_rows_from_prefill_fraction": merged.r3_rows_from_prefill_fraction,
+        DRIFT_KEY: merged.metadata.get(DRIFT_KEY),
     }
+
+
+def mask_template_drift(sample: Any, policy: str) -> bool:
+    """`--rl360-on-template-drift mask`: a trajectory whose tokens drift from the canonical render
+    is kept out of the loss (loss mask all zero; its verifier reward still counts in the group
+    baseline). True when the sample was masked."""
+    record = (sample.metadata or {}).get(DRIFT_KEY) or {}
+    if policy != "mask" or not record.get("mismatch") or not sample.loss_mask:
+        return False
+    sample.loss_mask = [0] * len(sample.loss_mask)
+    sample.metadata["template_drift_masked"] = True
+    return True
 
 
 def run_metadata(result: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -546,6 +563,7 @@ async def generate(input: GenerateFnInput) -> GenerateFnOutput:
         max_seq_len=options.max_seq_len,
         reward_key=getattr(args, "reward_key", None),
     )
+    mask_template_drift(sample, options.on_template_drift)
     sample.non_generation_time = non_generation_time(result, timings["agent"], merged)
     sample.metadata.update(
         session_id=session_id,

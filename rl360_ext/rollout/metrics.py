@@ -19,8 +19,10 @@ Metric names (JSONL "metrics"; Miles tracking gets them with a "rollout/" prefix
 them against rollout/step): reward/unfiltered_mean, reward/kept_mean, reward/valid_fraction,
 infra/failure_rate, infra/<cause>_rate, infra/masked_fraction, domain/<d>/{unfiltered_mean,
 kept_mean,attempts,valid_fraction}, count/{attempts,valid,infra,trained,masked,kept_groups,
-dropped_groups,unused_groups}, count/infra/<cause>, count/dropped_groups/<reason>, and
-audit/* (what upstream defaults would have done to this step; see rl360_ext.rollout.audit), and
+dropped_groups,unused_groups}, count/infra/<cause>, count/dropped_groups/<reason>,
+tito/render_mismatch_frac (of trained attempts the session compared, the fraction whose tokens
+drift from the canonical render of their final messages), audit/* (what upstream defaults would
+have done to this step; see rl360_ext.rollout.audit), and
 occupancy/{queue,sandbox_setup,model,tools,verifier} over every attempt in flight
 (rl360_ext.rollout.occupancy).
 """
@@ -53,6 +55,7 @@ from rl360_ext.rollout.audit import AuditAttempt, audit_step
 from rl360_ext.rollout.config import MetricsConfig, add_dataclass_arguments, env_name
 from rl360_ext.rollout.occupancy import step_occupancy
 from rl360_ext.rollout.rewards import flatten_group, reward_value
+from rl360_ext.templates.drift import DRIFT_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +63,7 @@ SCHEMA_VERSION = 1
 METRICS_PATH_ENV = env_name("metrics_path")  # RL360_METRICS_PATH
 METRICS_ATTEMPTS_ENV = env_name("metrics_attempts")  # RL360_METRICS_ATTEMPTS
 MAX_PENDING_GROUPS = 16384
+TEMPLATE_DRIFT = DRIFT_KEY  # metadata key: the session's drift record of the trajectory
 ROUTING_BYTES = "routing_bytes"  # metadata key: bytes of routing-replay (R3) data the attempt carried
 
 
@@ -146,7 +150,17 @@ def attempt_summary(sample: Any, reward_key: str | None = None) -> dict[str, Any
         "prompt_tokens": prompt_tokens,
         "non_generation_time": getattr(sample, "non_generation_time", None),
         "routing_bytes": _routing_bytes(metadata),
+        "render_mismatch": _render_mismatch(metadata),
     }
+
+
+def _render_mismatch(metadata: Mapping[str, Any]) -> bool | None:
+    """Whether the session found the trajectory's tokens drift from the canonical render (None:
+    not compared), from `rl360_ext.templates.drift`'s record."""
+    record = metadata.get(TEMPLATE_DRIFT)
+    if not isinstance(record, Mapping) or not record.get("checked"):
+        return None
+    return bool(record.get("mismatch"))
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -169,6 +183,8 @@ def step_metrics(trained: Sequence[Mapping[str, Any]], seen: Sequence[GroupRecor
         "count/kept_groups": len(trained_groups),
     }
     seen_attempts = None if seen is None else [a for group in seen for a in group.attempts]
+    compared = [a["render_mismatch"] for a in trained if a.get("render_mismatch") is not None]
+    metrics["tito/render_mismatch_frac"] = sum(compared) / len(compared) if compared else None
     metrics.update(_prefilter_metrics(seen, seen_attempts, trained_groups))
     metrics.update(_domain_metrics(trained, seen_attempts))
     in_flight = trained if seen_attempts is None else seen_attempts

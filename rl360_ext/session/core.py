@@ -50,6 +50,7 @@ from rl360_ext.session.routing import compact_rows, row_sources
 from rl360_ext.session.tito import TitoRenderer
 from rl360_ext.sglang import client as engine_client
 from rl360_ext.sglang.client import EngineError, GenerateResult
+from rl360_ext.templates.drift import DRIFT_KEY, not_checked
 from rl360_ext.templates.parse import ParsedAssistant
 from rl360_ext.templates.render import TemplateNotAppendOnlyError
 
@@ -301,7 +302,9 @@ class SessionCore:
             if mismatch is None:
                 new = request.messages[len(held.messages) :]
                 try:
-                    suffix = self.tito.suffix(request.messages[: len(held.messages)], new, request.tools)
+                    suffix = self.tito.suffix(
+                        request.messages[: len(held.messages)], new, request.tools, held.tokens
+                    )
                 except TemplateNotAppendOnlyError as exc:
                     mismatch = Mismatch(len(held.messages), f"the template is not append-only here: {exc}")
                 else:
@@ -462,13 +465,27 @@ class SessionCore:
 
     def merge_session(self, session: Session) -> MergedSample:
         shape = self.config.routing_shape if self.config.r3 else None
-        return merge(
+        sample = merge(
             session.turns,
             session_id=session.id,
             metadata={**session.metadata, SESSION_KEY: self.session_facts(session)},
             routing_tail_shape=None if shape is None else (shape.layers, shape.top_k),
             routing_dtype=None if shape is None else shape.dtype,
         )
+        self._check_drift(session, sample)
+        return sample
+
+    def _check_drift(self, session: Session, sample: MergedSample) -> None:
+        """One canonical render of the final messages vs the merged tokens, into the metadata."""
+        segment = session.segment
+        merged = [t for t in session.turns if segment is not None and t.segment == segment.index]
+        if segment is None or len(sample.turns) != len(merged):
+            record = not_checked("the merge kept only part of the last segment")
+        else:
+            finishes = [t.finish_reason for t in merged]
+            record = self.tito.drift(segment.messages, segment.tools, sample.tokens.tolist(), finishes)
+        sample.metadata[DRIFT_KEY] = record
+        self.metrics.record_drift(record)
 
     def merge_branches(self, session: Session) -> tuple[list[MergedSample], dict[str, Any]]:
         """One merged sample per branch (`merge.branches`) and the session's v2 metadata.

@@ -6,6 +6,8 @@ Owns the metric names and their updates from turn records. It does not own servi
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from rl360_ext.session.merge import TurnRecord
@@ -64,6 +66,17 @@ class SessionMetrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
             registry=r,
         )
+        self.drift_checked = Counter(
+            "rl360_session_template_drift_checked",
+            "Merged trajectories re-rendered with the canonical template",
+            registry=r,
+        )
+        self.drift = Counter(
+            "rl360_session_template_drift",
+            "Merged trajectories whose tokens differ from the canonical render, by kind",
+            ["kind"],
+            registry=r,
+        )
         self._sampled_rows = 0
         self._prefill_rows = 0
         self._prompt = 0
@@ -87,6 +100,13 @@ class SessionMetrics:
             self._prefill_rows += int((sources == SOURCE_LATER_PREFILL).sum())
             if self._sampled_rows:
                 self.prefill_fraction.set(self._prefill_rows / self._sampled_rows)
+
+    def record_drift(self, record: dict[str, Any]) -> None:
+        """Count one merged trajectory's drift record (`rl360_ext.templates.drift`)."""
+        if record.get("checked"):
+            self.drift_checked.inc()
+        if record.get("mismatch"):
+            self.drift.labels(str(record.get("kind") or "unclassified")).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

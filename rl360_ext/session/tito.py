@@ -4,8 +4,11 @@ Owns the session's use of `ChatRenderer` (every message the session tokenizes go
 `prompt_ids` / `suffix_ids`, the contract the append-only checker proves), the end-of-turn
 facts of a template (which token ends an assistant turn and the text the template renders after
 the assistant's content), the closing tokens appended when a turn did not end with that token
-(a `length` cut or a stop string), and decoding sampled tokens into the reply text. It does not
-own sessions (`core.py`) or the parsing rules (`rl360_ext.templates.parse`).
+(a `length` cut or a stop string), the role tokens a family with no end token stops at (GLM),
+decoding sampled tokens into the reply text, and the drift
+check of a merged trajectory (its held tokens vs one canonical render of its final messages,
+`rl360_ext.templates.drift`). It does not own sessions (`core.py`) or the parsing rules
+(`rl360_ext.templates.parse`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rl360_ext.templates.drift import find_drift, not_checked
+from rl360_ext.templates.emission import next_role_tokens
 from rl360_ext.templates.parse import ParsedAssistant
 from rl360_ext.templates.render import ChatRenderer
 
@@ -33,6 +38,8 @@ def turn_end(renderer: ChatRenderer) -> TurnEnd:
     """The template's closing text and the special token it starts with (else the eos token)."""
     tokenizer = renderer.tokenizer
     eos_text = tokenizer.eos_token or ""
+    if not renderer.emission.end_tokens:  # the next role token ends the turn: nothing to close
+        return TurnEnd("", None, "")
     closing = renderer.assistant_closing()
     if closing is None:
         closing = eos_text
@@ -50,10 +57,15 @@ class TitoRenderer:
         self.renderer = renderer
         self.tokenizer = renderer.tokenizer
         self.turn_end = turn_end(renderer)
+        # Families with no end token (GLM): the model stops at the next message's role token,
+        # which the next suffix renders again.
+        roles = next_role_tokens(renderer) if not renderer.emission.end_tokens else ()
+        vocab = self.tokenizer.get_vocab()
+        self.role_stop_ids = {vocab[token] for token in roles if token in vocab}
 
     @property
     def stop_token_ids(self) -> list[int]:
-        ids = {self.turn_end.end_token_id, self.tokenizer.eos_token_id}
+        ids = {self.turn_end.end_token_id, self.tokenizer.eos_token_id, *self.role_stop_ids}
         return sorted(i for i in ids if i is not None)
 
     def first_prompt(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None) -> list[int]:
@@ -64,9 +76,15 @@ class TitoRenderer:
         history: Sequence[Message],
         new_messages: Sequence[Message],
         tools: Sequence[dict[str, Any]] | None,
+        held: Sequence[int] = (),
     ) -> list[int]:
-        """Raises TemplateNotAppendOnlyError when the history's render is not a prefix."""
-        return self.renderer.suffix_ids(history, new_messages, tools)
+        """Raises TemplateNotAppendOnlyError when the history's render is not a prefix. When the
+        held tokens end with the role token the model stopped at (a family with no end token), the
+        suffix starts after it, so the token is held once."""
+        suffix = self.renderer.suffix_ids(history, new_messages, tools)
+        if held and suffix and held[-1] in self.role_stop_ids and suffix[0] == held[-1]:
+            return suffix[1:]
+        return suffix
 
     def closing_ids(self, output_ids: Sequence[int]) -> list[int]:
         """Tokens the template renders after this turn's output that the model did not sample."""
@@ -90,3 +108,27 @@ class TitoRenderer:
         if finish_type == "stop" and isinstance(matched, str) and matched and matched in text:
             text = text[: text.index(matched)]
         return text
+
+    def drift(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None,
+        tokens: Sequence[int],
+        finish_reasons: Sequence[str],
+    ) -> dict[str, Any]:
+        """The merged trajectory's drift record (`rl360_ext.templates.drift`): compared only when every
+        turn of the segment was merged and the last one stopped (a cut turn renders differently)."""
+        if not messages or not finish_reasons or finish_reasons[-1] != "stop":
+            return not_checked("the last turn did not stop normally")
+        if tokens and tokens[-1] in self.role_stop_ids:
+            tokens = tokens[:-1]  # the next message's role token the model stopped at
+        try:
+            return find_drift(self.renderer, messages, tools, tokens).to_json()
+        except Exception as exc:  # the template raising on the final messages is drift too
+            return {
+                "checked": True,
+                "mismatch": True,
+                "position": 0,
+                "kind": "render-error",
+                "evidence": str(exc),
+            }

@@ -23,13 +23,21 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jinja2
 
-from rl360_ext.templates.conversations import Conversation, generate_conversations, shrink_candidates
-from rl360_ext.templates.parse import THINK_END, ParsedAssistant
+from rl360_ext.templates.conversations import Conversation, Turn, generate_conversations, shrink_candidates
+from rl360_ext.templates.emission import (
+    PROBE_CONTENT,
+    PROBE_REASONING,
+    THINK_CLOSE,
+    THINK_OPEN,
+    Emission,
+    parse_emission_override,
+)
+from rl360_ext.templates.parse import ParsedAssistant
 from rl360_ext.templates.render import ChatRenderer, TemplateNotAppendOnlyError
 
 Message = dict[str, Any]
@@ -44,8 +52,10 @@ GENERATION_PROMPT = "generation-prompt-mismatch"
 TOOL_CALLS_NOT_PARSED = "tool-call-format-not-parsed"
 RENDER_ERROR = "render-error"
 TOKEN_BOUNDARY = "token-boundary"
-
-_PROBE = "\u2063rl360-end-probe\u2063"
+CONTENT_REWRITTEN = "content-rewritten"
+REASONING_REWRITTEN = "reasoning-rewritten"
+END_TOKEN_REWRITTEN = "end-token-rewritten"
+UNCLASSIFIED = "unclassified"
 _CONTEXT_TOKENS = 6
 _CONTEXT_CHARS = 48
 
@@ -104,6 +114,30 @@ KINDS: dict[str, KindInfo] = {
         "the template cannot render a conversation agents send (system prompt, tools, tool results, ...)",
         "support system, user, assistant (reasoning_content, tool_calls) and tool messages",
     ),
+    CONTENT_REWRITTEN: KindInfo(
+        "the reply's content is rendered differently",
+        "the agent echoes the content the model emitted, but the template renders it changed (stripped, "
+        "trimmed, split at a think tag), so the held tokens are not what the template renders",
+        "render content verbatim",
+    ),
+    REASONING_REWRITTEN: KindInfo(
+        "the reply's reasoning is rendered differently",
+        "the agent echoes the reasoning the model emitted, but the template renders it changed (e.g. "
+        "stripped of its leading newline)",
+        "render reasoning_content verbatim",
+    ),
+    END_TOKEN_REWRITTEN: KindInfo(
+        "the turn's end token is replaced once more messages follow",
+        "the model ended its turn with one end token (e.g. harmony's <|return|>) and the template renders "
+        "another one (<|end|>) for the same turn in history",
+        "render the end token the model sampled; where the model was trained on the other one, the family "
+        "cannot be made append-only without changing what it saw in training",
+    ),
+    UNCLASSIFIED: KindInfo(
+        "the session's tokens differ from the template's render (no kind proven)",
+        "no evidence names the cause; the evidence line shows where the two texts differ",
+        "inspect the two texts at the first difference",
+    ),
     TOKEN_BOUNDARY: KindInfo(
         "same text, different tokens at a boundary",
         "pieces tokenized alone tokenize differently from the whole text around a boundary",
@@ -114,7 +148,8 @@ KINDS: dict[str, KindInfo] = {
 
 @dataclass
 class Mismatch:
-    """One property failing on one conversation, with the two token streams compared."""
+    """One property failing on one conversation, with the two token streams compared and the
+    evidence its kind was read from."""
 
     property: str
     kind: str
@@ -124,6 +159,7 @@ class Mismatch:
     canonical_ids: list[int]
     server_text: str
     canonical_text: str
+    evidence: str = ""
 
 
 @dataclass
@@ -136,7 +172,11 @@ class _Generated:
     text: str
     ids: list[int]
     trailer: str
+    end_token: str | None
     parsed: ParsedAssistant
+    history: list[Message] = field(default_factory=list)
+    echo: Message | None = None
+    following: list[Message] = field(default_factory=list)
 
 
 @dataclass
@@ -172,61 +212,152 @@ def _contains(haystack: Sequence[int], needle: Sequence[int]) -> bool:
 
 
 def find_end_token(renderer: ChatRenderer) -> str:
-    """The token that ends an assistant turn: the first added token the template renders after an
-    assistant's content (read off a turn that is not the last), else the tokenizer's eos token."""
-    tokenizer = renderer.tokenizer
-    messages = [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": _PROBE},
-        {"role": "user", "content": "ok"},
-    ]
-    try:
-        text = renderer.render_text(messages)
-    except Exception:  # a template that cannot render the probe: fall back to eos
-        text = ""
-    tail = text[text.index(_PROBE) + len(_PROBE) :] if _PROBE in text else ""
-    best: tuple[int, int, str] | None = None
-    for token in tokenizer.get_added_vocab():
-        at = tail.find(token) if token.strip() else -1
-        if at >= 0 and (best is None or (at, -len(token)) < best[:2]):
-            best = (at, -len(token), token)
-    if best is not None:
-        return best[2]
-    if tokenizer.eos_token:
-        return tokenizer.eos_token
-    raise ValueError("cannot tell which token ends an assistant turn; pass end_token explicitly")
+    """The (first) token that ends an assistant turn, as `Emission.end_tokens` detects it: the
+    first added token the template renders after an assistant's content in a turn that is not the
+    last, else the tokenizer's eos token. Raises ValueError for a template whose turns end at the
+    next role token (`end_tokens == ()`)."""
+    ends = renderer.emission.end_tokens
+    if not ends:
+        raise ValueError("the template has no end-of-turn token: the next role token ends the turn")
+    return ends[0]
 
 
-def _in_reasoning(server_text: str, at: int, g: _Generated) -> bool:
-    """True when character `at` of `server_text` falls in turn g's generated reasoning block."""
-    if g.parsed.reasoning is None:
-        return False
-    start = len(g.request_text)
-    if server_text[start : start + len(g.text)] != g.text:
-        return False
-    return start <= at < start + g.text.index(THINK_END) + len(THINK_END)
+def _short(text: str, limit: int = 40) -> str:
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
 
 
-def _classify(server_text: str, canonical_text: str, generated: Sequence[_Generated], end_token: str) -> str:
-    """Name the violation from where and how the session's text departs from the template's
-    (`generated`: every generated turn up to the one checked)."""
+def _count_evidence(what: str, needle: str, server_text: str, canonical_text: str) -> str | None:
+    held, rendered = server_text.count(needle), canonical_text.count(needle)
+    if needle.strip() and held > rendered:
+        return (
+            f"{what} {_short(needle)} is in the session's tokens {held}x, "
+            f"in the template's render {rendered}x"
+        )
+    return None
+
+
+def _classify(
+    renderer: ChatRenderer,
+    server_text: str,
+    canonical_text: str,
+    generated: Sequence[_Generated],
+    tools: Any,
+) -> tuple[str, str]:
+    """The violation's kind and the evidence it was read from (`generated`: every generated turn
+    up to the one checked). "unclassified" when no evidence names a kind."""
     at = _first_difference(server_text, canonical_text)
-    if server_text[:at].endswith(end_token) and any(
-        g.trailer and canonical_text[at:].startswith(g.trailer) for g in generated
-    ):
-        return AFTER_END
-    if any(_in_reasoning(server_text, at, g) for g in generated):
-        return REASONING_DROPPED
     for g in generated:
-        reasoning = (g.parsed.reasoning or "").strip()
-        if reasoning and server_text.count(reasoning) > canonical_text.count(reasoning):
-            return REASONING_DROPPED
+        ended = g.end_token and g.trailer and server_text[:at].endswith(g.end_token)
+        if ended and canonical_text[at:].startswith(g.trailer):
+            return AFTER_END, (
+                f"the session's tokens end turn {g.turn} at {g.end_token!r}; the template renders "
+                f"{_short(g.trailer)} after it"
+            )
+    for g in generated:
+        if not g.end_token:
+            continue
+        start = server_text.rfind(g.end_token, 0, at + len(g.end_token))
+        if start < 0 or not start <= at <= start + len(g.end_token):
+            continue
+        for other in renderer.emission.end_tokens:
+            if other != g.end_token and canonical_text[start:].startswith(other):
+                return END_TOKEN_REWRITTEN, (
+                    f"turn {g.turn} ended with {g.end_token!r} as sampled; the template renders "
+                    f"{other!r} there once more messages follow"
+                )
+    for g in generated:
+        reasoning = _reasoning_block(g)
+        evidence = _count_evidence(f"turn {g.turn}'s reasoning", reasoning, server_text, canonical_text)
+        if evidence:
+            return REASONING_DROPPED, evidence
     for g in generated:
         for call in g.parsed.tool_calls:
             arguments = call["function"]["arguments"]
-            if server_text.count(arguments) > canonical_text.count(arguments):
-                return TOOL_CALL_RESERIALIZED
-    return LOOP_POSITION
+            evidence = _count_evidence(
+                f"turn {g.turn}'s tool-call arguments", arguments, server_text, canonical_text
+            )
+            if evidence:
+                return TOOL_CALL_RESERIALIZED, evidence
+    for g in generated:
+        evidence = _count_evidence(f"turn {g.turn}'s content", g.parsed.content, server_text, canonical_text)
+        if evidence:
+            return CONTENT_REWRITTEN, evidence
+    for g in generated:
+        found = _echo_evidence(renderer, g, tools)
+        if found:
+            return found
+    around = slice(max(0, at - 20), at + 20)
+    return UNCLASSIFIED, (
+        f"first difference at character {at}: session {_short(server_text[around], 60)} vs "
+        f"template {_short(canonical_text[around], 60)}"
+    )
+
+
+def _reasoning_block(g: _Generated) -> str:
+    """Turn g's reasoning with the markers around it as the model emitted them ("" if none)."""
+    reasoning = g.parsed.reasoning
+    if reasoning == "":
+        empty = next((b for b in (THINK_OPEN + THINK_CLOSE, "analysis<|message|><|end|>") if b in g.text), "")
+        return empty
+    at = g.text.find(reasoning) if reasoning is not None else -1
+    if reasoning is None or at < 0:
+        return ""
+    before, after = g.text[:at], g.text[at + len(reasoning) :]
+    opening = next((m for m in (THINK_OPEN, "<|message|>") if before.endswith(m)), "")
+    closing = next((m for m in (THINK_CLOSE, "<|end|>") if after.startswith(m)), "")
+    return opening + reasoning + closing
+
+
+def _echo_evidence(renderer: ChatRenderer, g: _Generated, tools: Any) -> tuple[str, str] | None:
+    """What the template does with the echoed message: it does not reproduce the model's turn even
+    as the last message (content rewritten, or unclassified), or it does, and renders the same
+    message differently once a message follows it (two renders that differ only by position)."""
+    if g.echo is None:
+        return None
+    alone = [*g.history, g.echo]
+    followed = [*alone, *(g.following or [{"role": "user", "content": "\u2063rl360-next\u2063"}])]
+    try:
+        last = renderer.render_text(alone, tools)
+        not_last = renderer.render_text(followed, tools)
+    except Exception:  # the evidence needs both renders
+        return None
+    body = g.text[: -len(g.end_token)] if g.end_token else g.text
+    emitted = g.request_text + body
+    if not last.startswith(g.request_text):
+        at = _first_difference(g.request_text, last)
+        return GENERATION_PROMPT, (
+            f"turn {g.turn} was generated after the prompt {_short(g.request_text[max(0, at - 10) :])}; "
+            f"its render has {_short(last[max(0, at - 10) : at + 30])}"
+        )
+    if not last.startswith(emitted):
+        at = _first_difference(emitted, last)
+        evidence = (
+            f"turn {g.turn} as the last message renders {_short(last[at : at + 30])} "
+            f"where the model emitted {_short(emitted[at : at + 30])}"
+        )
+        fields = [(REASONING_REWRITTEN, g.parsed.reasoning), (CONTENT_REWRITTEN, g.parsed.content)]
+        fields += [(TOOL_CALL_RESERIALIZED, call["function"]["arguments"]) for call in g.parsed.tool_calls]
+        for kind, field_text in fields:
+            start = emitted.find(field_text, len(g.request_text)) if field_text else -1
+            if start >= 0 and start <= at <= start + len(field_text):
+                return kind, f"{evidence} (inside {_short(field_text)})"
+        return UNCLASSIFIED, evidence
+    if (
+        g.end_token
+        and not_last.startswith(emitted + g.end_token)
+        and not last.startswith(emitted + g.end_token)
+    ):
+        return LOOP_POSITION, (
+            f"turn {g.turn}'s message renders without the end token {g.end_token!r} the model sampled when "
+            f"it is the last message ({_short(last[len(emitted) :])}) and with it when a message follows"
+        )
+    if not_last.startswith(last):
+        return None
+    at = _first_difference(last, not_last)
+    return LOOP_POSITION, (
+        f"turn {g.turn}'s message renders as {_short(last[at : at + 30])} when it is the last message and "
+        f"as {_short(not_last[at : at + 30])} when a message follows it"
+    )
 
 
 def _echo(parsed: ParsedAssistant, original: Message) -> Message:
@@ -255,13 +386,54 @@ def _call_names(calls: Sequence[Mapping[str, Any]] | None) -> list[str]:
     return [(call.get("function") or call).get("name", "") for call in calls or []]
 
 
-class _Replay:
-    """Replays one conversation through the session server's rendering calls."""
+def _text_of(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content if isinstance(content, str) else ""
 
-    def __init__(self, renderer: ChatRenderer, conversation: Conversation, end_token: str) -> None:
+
+def _mapping_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
+    """The call with its arguments as the mapping a template serializes (what the model learned
+    to emit); arguments that are not a JSON object stay as given."""
+    function = dict(call.get("function") or {})
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            value = json.loads(arguments)
+        except ValueError:
+            value = None
+        if isinstance(value, dict):
+            function["arguments"] = value
+    return {**call, "function": function}
+
+
+def fit_to_emission(conversation: Conversation, emission: Emission) -> Conversation:
+    """The conversation as this family can produce it: at most `emission.max_tool_calls` calls per
+    generated turn (harmony stops at `<|call|>`), the dropped calls' results removed."""
+    limit = emission.max_tool_calls
+    if limit is None or all(len(t.assistant.get("tool_calls") or []) <= limit for t in conversation.turns):
+        return conversation
+    turns = []
+    for turn in conversation.turns:
+        calls = turn.assistant.get("tool_calls") or []
+        if len(calls) <= limit:
+            turns.append(turn)
+            continue
+        kept = {call.get("id") for call in calls[:limit]}
+        assistant = {**turn.assistant, "tool_calls": calls[:limit]}
+        new = [m for m in turn.new_messages if m.get("role") != "tool" or m.get("tool_call_id") in kept]
+        turns.append(Turn(assistant, new))
+    return Conversation(conversation.prompt, turns, conversation.tools)
+
+
+class _Replay:
+    """Replays one conversation through the session server's rendering calls, with the model's
+    turns built from what the family emits (`renderer.emission`)."""
+
+    def __init__(self, renderer: ChatRenderer, conversation: Conversation) -> None:
         self.renderer = renderer
-        self.conversation = conversation
-        self.end_token = end_token
+        self.emission = renderer.emission
+        self.conversation = fit_to_emission(conversation, self.emission)
         self.tools = conversation.tools
         self.result = CaseResult()
         self.generated: list[_Generated] = []
@@ -276,8 +448,9 @@ class _Replay:
         except _RenderFailed as failed:
             cause = failed.__cause__
             detail = f"turn {len(self.generated)}: {type(cause).__name__}: {cause}"
-            self.result.add(Mismatch(GENERATION, RENDER_ERROR, len(self.generated), detail, [], [], "", ""))
-            return self.result
+            self.result.add(
+                Mismatch(GENERATION, RENDER_ERROR, len(self.generated), detail, [], [], "", "", str(cause))
+            )
         self._generation_property()
         return self.result
 
@@ -288,13 +461,14 @@ class _Replay:
         request_ids = _rendering(self.renderer.prompt_ids, history, self.tools)
         for k, turn in enumerate(conversation.turns):
             generated = self._generate(k, turn.assistant, history, request_text, request_ids)
-            if generated is None:
-                return
-            history.append(
+            echo = (
                 _echo(generated.parsed, turn.assistant)
                 if self._parsed_ok(generated, turn.assistant)
                 else turn.assistant
             )
+            generated.history, generated.echo = list(history), echo
+            generated.following = list(turn.new_messages)
+            history.append(echo)
             if not turn.new_messages:
                 final_text = self.render(history, False)
                 self.later.append((k, final_text, self.renderer.encode(final_text)))
@@ -307,53 +481,138 @@ class _Replay:
             history.extend(turn.new_messages)
             request_text, request_ids = expected_text, expected_ids
 
+    def _probe_message(self, assistant: Message, reasoning: str | None) -> Message:
+        content = assistant.get("content")
+        probe: Message = {"role": "assistant", "content": PROBE_CONTENT if _text_of(content) else content}
+        if reasoning is not None:
+            probe["reasoning_content"] = PROBE_REASONING
+        if assistant.get("tool_calls"):
+            probe["tool_calls"] = [_mapping_arguments(call) for call in assistant["tool_calls"]]
+        return probe
+
+    def _with_reasoning(self, request_text: str, rest: str, reasoning: str | None, prompted: bool) -> str:
+        """The template's render of the turn (`rest`, after the generation prompt) with the
+        reasoning block where the model emits it, whether or not the template renders it."""
+        mode = self.emission.reasoning
+        opened = mode == "think" and request_text.rstrip(" \n").endswith(THINK_OPEN)
+        if opened and PROBE_REASONING in rest:
+            return rest
+        if opened:  # the prompt opened the block: the model writes the reasoning and closes it
+            body = PROBE_REASONING if reasoning is not None else ""
+            return body + (rest if rest.lstrip().startswith(THINK_CLOSE) else f"\n{THINK_CLOSE}\n\n" + rest)
+        if reasoning is None or mode == "none" or PROBE_REASONING in rest:
+            return rest
+        if mode == "think":
+            if request_text.rstrip(" \n").endswith(THINK_CLOSE):
+                return rest  # the prompt closed an empty block: thinking is off
+            empty = THINK_OPEN + THINK_CLOSE
+            if empty in rest:
+                return rest.replace(empty, THINK_OPEN + PROBE_REASONING + THINK_CLOSE, 1)
+            if not prompted:
+                return rest  # no generation prompt: the model continues its turn (after tool outputs)
+            return self.emission.think_open + PROBE_REASONING + THINK_CLOSE + rest
+        return f"<|channel|>analysis<|message|>{PROBE_REASONING}<|end|><|start|>assistant" + rest
+
+    def _cut(self, emitted: str, assistant: Message) -> tuple[str, str, str | None]:
+        """The turn as the model emits it: through the first end token after its last field."""
+        ends = self.emission.end_tokens
+        if not ends:
+            return emitted, "", None
+        anchor = 0
+        markers = (
+            PROBE_CONTENT,
+            PROBE_REASONING,
+            "<|start|>assistant",
+            *_call_names(assistant.get("tool_calls")),
+        )
+        for marker in markers:
+            at = emitted.rfind(marker)
+            if at >= 0:
+                anchor = max(anchor, at + len(marker))
+        found = [(emitted.find(token, anchor), token) for token in ends if emitted.find(token, anchor) >= 0]
+        if not found:  # the template leaves the turn open; the model still samples an end token
+            calls = assistant.get("tool_calls") and "<|call|>" in ends
+            token = "<|call|>" if calls else ends[0]
+            return emitted + token, "", token
+        at, token = min(found)
+        return emitted[: at + len(token)], emitted[at + len(token) :], token
+
     def _generate(
         self, k: int, assistant: Message, history: list[Message], request_text: str, request_ids: list[int]
-    ) -> _Generated | None:
-        """The tokens the model emits for `assistant`: its render after the generation prompt."""
-        reply_text = self.render([*history, assistant], False)
+    ) -> _Generated:
+        """The tokens the model emits for `assistant` (see `Emission`)."""
+        reasoning = assistant.get("reasoning_content") if self.emission.reasoning != "none" else None
+        if self.emission.reasoning == "think" and request_text.rstrip(" \n").endswith(THINK_CLOSE):
+            reasoning = None  # the prompt closed an empty block: thinking is off for this turn
+        reply_text = self.render([*history, self._probe_message(assistant, reasoning)], False)
+        head = request_text
         if not reply_text.startswith(request_text):
-            at = _first_difference(request_text, reply_text)
-            detail = (
-                f"turn {k}: the render with this assistant message differs from the generation prompt at "
-                f"character {at}"
-            )
-            reply_ids = self.renderer.encode(reply_text)
-            self.result.add(
-                Mismatch(
-                    GENERATION, GENERATION_PROMPT, k, detail, request_ids, reply_ids, request_text, reply_text
-                )
-            )
-            return None
-        rest = reply_text[len(request_text) :]
-        at = rest.find(self.end_token)
-        text = rest[: at + len(self.end_token)] if at >= 0 else rest + self.end_token
-        trailer = rest[at + len(self.end_token) :] if at >= 0 else ""
-        parsed = self.renderer.parse_assistant(text[: -len(self.end_token)])
+            opened = request_text.rstrip(" \n")
+            head = opened[: -len(THINK_OPEN)] if opened.endswith(THINK_OPEN) else request_text
+            if not reply_text.startswith(head) or head == request_text:
+                at = _first_difference(request_text, reply_text)
+                self._generation_prompt_mismatch(k, request_text, request_ids, reply_text, at)
+                head = request_text[:at]
+            elif head != request_text:
+                reply_text = request_text + reply_text[len(head) :]
+                head = request_text
+        prompted = reasoning is None or self.render(history, False) != request_text
+        rest = self._with_reasoning(request_text, reply_text[len(head) :], reasoning, prompted)
+        text, trailer, end_token = self._cut(rest, assistant)
+        text = text.replace(PROBE_REASONING, reasoning or "").replace(
+            PROBE_CONTENT, _text_of(assistant.get("content"))
+        )
+        body = text[: -len(end_token)] if end_token else text
+        parsed = self.renderer.parse_assistant(body)
         generated = _Generated(
-            k, request_text, request_ids, text, self.renderer.encode(text), trailer, parsed
+            k, request_text, request_ids, text, self.renderer.encode(text), trailer, end_token, parsed
         )
         self.generated.append(generated)
         self.result.generated_turns += 1
         return generated
 
-    def _parsed_ok(self, generated: _Generated, assistant: Message) -> bool:
-        if _call_names(generated.parsed.tool_calls) == _call_names(assistant.get("tool_calls")):
-            return True
+    def _generation_prompt_mismatch(
+        self, k: int, request_text: str, request_ids: list[int], reply_text: str, at: int
+    ) -> None:
         detail = (
-            f"turn {generated.turn}: the model's tool calls {_call_names(assistant.get('tool_calls'))} parse "
-            f"as {_call_names(generated.parsed.tool_calls)}"
+            f"turn {k}: the render with this assistant message differs from the generation prompt at "
+            f"character {at}"
         )
+        evidence = (
+            f"generation prompt ends {_short(request_text[max(0, at - 10) :])}; the assistant's render has "
+            f"{_short(reply_text[max(0, at - 10) : at + 30])}"
+        )
+        reply_ids = self.renderer.encode(reply_text)
         self.result.add(
             Mismatch(
                 GENERATION,
-                TOOL_CALLS_NOT_PARSED,
-                generated.turn,
+                GENERATION_PROMPT,
+                k,
                 detail,
-                generated.request_ids + generated.ids,
-                generated.request_ids + generated.ids,
-                generated.request_text + generated.text,
-                generated.request_text + generated.text,
+                request_ids,
+                reply_ids,
+                request_text,
+                reply_text,
+                evidence,
+            )
+        )
+
+    def _parsed_ok(self, generated: _Generated, assistant: Message) -> bool:
+        expected = _call_names(assistant.get("tool_calls"))
+        got = _call_names(generated.parsed.tool_calls)
+        if got == expected:
+            return True
+        detail = f"turn {generated.turn}: the model's tool calls {expected} parse as {got}"
+        evidence = (
+            f"tool-call format {self.emission.tool_format!r}"
+            + ("" if self.emission.session_parses_tool_calls else " (the session server does not parse it)")
+            + f"; generated {_short(generated.text, 80)}"
+        )
+        held = generated.request_text + generated.text
+        ids = generated.request_ids + generated.ids
+        self.result.add(
+            Mismatch(
+                GENERATION, TOOL_CALLS_NOT_PARSED, generated.turn, detail, ids, ids, held, held, evidence
             )
         )
         return False
@@ -376,9 +635,9 @@ class _Replay:
                 f"turn {k}: suffix_ids refused (TemplateNotAppendOnlyError): the history's render is not a "
                 f"prefix of the conversation's render (first difference at character {exc.position})"
             )
-            kind = _classify(held_text, expected_text, self.generated, self.end_token)
+            kind, evidence = _classify(self.renderer, held_text, expected_text, self.generated, self.tools)
             self.result.add(
-                Mismatch(PREFIX, kind, k, detail, held_ids, expected_ids, held_text, expected_text)
+                Mismatch(PREFIX, kind, k, detail, held_ids, expected_ids, held_text, expected_text, evidence)
             )
             return
         server_ids = held_ids + suffix_ids
@@ -390,14 +649,22 @@ class _Replay:
             start = len(generated.request_ids)
             detail = f"turn {k}: same text, tokens differ at position {at}"
             mismatch = Mismatch(
-                PREFIX, TOKEN_BOUNDARY, k, detail, server_ids, expected_ids, server_text, expected_text
+                PREFIX,
+                TOKEN_BOUNDARY,
+                k,
+                detail,
+                server_ids,
+                expected_ids,
+                server_text,
+                expected_text,
+                "the same text tokenizes differently in pieces and whole",
             )
             self.result.add(mismatch, note=start - 1 <= at <= start)
             return
-        kind = _classify(server_text, expected_text, self.generated, self.end_token)
+        kind, evidence = _classify(self.renderer, server_text, expected_text, self.generated, self.tools)
         detail = f"turn {k}: the session's tokens differ from the render of the conversation"
         self.result.add(
-            Mismatch(PREFIX, kind, k, detail, server_ids, expected_ids, server_text, expected_text)
+            Mismatch(PREFIX, kind, k, detail, server_ids, expected_ids, server_text, expected_text, evidence)
         )
 
     def _generation_property(self) -> None:
@@ -411,19 +678,37 @@ class _Replay:
                 if g.text in text:
                     detail = f"turn {g.turn}: generated text is in the render, its tokens are not"
                     mismatch = Mismatch(
-                        GENERATION, TOKEN_BOUNDARY, g.turn, detail, held_ids, ids, held_text, text
+                        GENERATION,
+                        TOKEN_BOUNDARY,
+                        g.turn,
+                        detail,
+                        held_ids,
+                        ids,
+                        held_text,
+                        text,
+                        "the generated text is in the render; its tokens are not",
                     )
                     self.result.add(mismatch, note=True)
                     continue
-                kind = _classify(held_text, text, self.generated[: g.turn + 1], self.end_token)
+                window = text[: len(held_text) + 200] if text.startswith(g.request_text) else text
+                kind, evidence = _classify(
+                    self.renderer, held_text, window, self.generated[: g.turn + 1], self.tools
+                )
                 detail = f"turn {g.turn}: the model's tokens do not appear in the render after turn {turn}"
-                self.result.add(Mismatch(GENERATION, kind, g.turn, detail, held_ids, ids, held_text, text))
+                self.result.add(
+                    Mismatch(GENERATION, kind, g.turn, detail, held_ids, ids, held_text, text, evidence)
+                )
                 break
 
 
-def check_conversation(renderer: ChatRenderer, conversation: Conversation, end_token: str) -> CaseResult:
-    """Replay one conversation and check both properties on it."""
-    return _Replay(renderer, conversation, end_token).run()
+def check_conversation(
+    renderer: ChatRenderer, conversation: Conversation, end_token: str | None = None
+) -> CaseResult:
+    """Replay one conversation and check both properties on it (`end_token`: an override of the
+    renderer's detected end tokens)."""
+    if end_token is not None and renderer.emission.end_tokens != (end_token,):
+        renderer.use_emission(replace(renderer.emission, end_tokens=(end_token,), detected=False))
+    return _Replay(renderer, conversation).run()
 
 
 # ---- report ------------------------------------------------------------------------------------
@@ -464,6 +749,7 @@ class Violation:
     canonical: TokenContext
     server_text: tuple[str, str]
     canonical_text: tuple[str, str]
+    evidence: str = ""
 
     @property
     def info(self) -> KindInfo:
@@ -477,6 +763,7 @@ class Violation:
             "why": self.info.why,
             "fix": self.info.fix,
             "detail": self.detail,
+            "evidence": self.evidence,
             "cases": self.cases,
             "conversation": self.conversation.to_json(),
             "turn": self.turn,
@@ -517,6 +804,7 @@ def _violation(tokenizer: Any, mismatch: Mismatch, conversation: Conversation, c
         canonical=_token_context(tokenizer, mismatch.canonical_ids, at or 0),
         server_text=_text_context(mismatch.server_text, chars),
         canonical_text=_text_context(mismatch.canonical_text, chars),
+        evidence=mismatch.evidence,
     )
 
 
@@ -542,7 +830,7 @@ class CheckReport:
     """The checker's verdict for one template: `ok`, the violations, notes, and what was checked."""
 
     template: str
-    end_token: str
+    emission: Emission
     cases: int
     seed: int
     split_points: int
@@ -552,14 +840,31 @@ class CheckReport:
     elapsed_s: float
 
     @property
+    def end_token(self) -> str:
+        """The first end token ("none": the next role token ends the turn)."""
+        return self.emission.end_tokens[0] if self.emission.end_tokens else "none"
+
+    @property
+    def warnings(self) -> list[str]:
+        if self.split_points == 0:
+            return [
+                "0 split points checked: no conversation reached a second request, so the prefix property "
+                "was never tested and nothing is proven (a conversation's replay stops at a render error)"
+            ]
+        return []
+
+    @property
     def ok(self) -> bool:
-        return not self.violations
+        """No violation, and at least one split point checked (an empty run proves nothing)."""
+        return not self.violations and self.split_points > 0
 
     def to_json(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
             "template": self.template,
             "end_token": self.end_token,
+            "emission": self.emission.to_json(),
+            "warnings": self.warnings,
             "cases": self.cases,
             "seed": self.seed,
             "split_points": self.split_points,
@@ -573,15 +878,20 @@ class CheckReport:
         return json.dumps(self.to_json(), indent=2, ensure_ascii=False)
 
     def summary(self) -> str:
+        source = "detected" if self.emission.detected else "given"
         lines = [
-            f"chat template: {self.template} (end-of-turn token {self.end_token!r})",
+            f"chat template: {self.template}",
+            f"model emits ({source}): {self.emission.describe()}",
             f"checked {self.cases} conversations (seed {self.seed}): {self.split_points} split points, "
             f"{self.generated_turns} generated turns in {self.elapsed_s:.2f} s",
         ]
+        lines += [f"WARNING: {warning}" for warning in self.warnings]
         if self.ok:
             lines.append("OK: append-only. The prefix and generation properties hold on every conversation.")
-        else:
+        elif self.violations:
             lines.append(f"NOT APPEND-ONLY: {len(self.violations)} kind(s) of violation")
+        else:
+            lines.append("NOT PROVEN: no violation found, but nothing was checked")
         for number, violation in enumerate(self.violations, 1):
             lines.extend(_violation_lines(number, violation, self.cases))
         for note in self.notes:
@@ -622,9 +932,14 @@ def _violation_lines(number: int, v: Violation, cases: int) -> list[str]:
             f"     session holds   : {v.server.line()}",
             f"     template renders: {v.canonical.line()}",
         ]
+    if any(v.server_text) or any(v.canonical_text):
+        lines += [
+            f"   text: session {v.server_text[0][-24:]!r} ▏ {v.server_text[1][:24]!r}",
+            f"         template {v.canonical_text[0][-24:]!r} ▏ {v.canonical_text[1][:24]!r}",
+        ]
+    if v.evidence:
+        lines.append(f"   evidence: {v.evidence}")
     lines += [
-        f"   text: session {v.server_text[0][-24:]!r} ▏ {v.server_text[1][:24]!r}",
-        f"         template {v.canonical_text[0][-24:]!r} ▏ {v.canonical_text[1][:24]!r}",
         f"   why: {v.info.why}",
         f"   fix: {v.info.fix}",
     ]
@@ -632,7 +947,7 @@ def _violation_lines(number: int, v: Violation, cases: int) -> list[str]:
 
 
 def _shrink(
-    renderer: ChatRenderer, conversation: Conversation, mismatch: Mismatch, end_token: str, budget: int
+    renderer: ChatRenderer, conversation: Conversation, mismatch: Mismatch, budget: int
 ) -> tuple[Conversation, Mismatch]:
     """Greedy: keep the first smaller variant that still shows the same property and kind."""
     key = (mismatch.property, mismatch.kind)
@@ -646,9 +961,7 @@ def _shrink(
                 continue
             tried += 1
             found = [
-                m
-                for m in check_conversation(renderer, candidate, end_token).mismatches
-                if (m.property, m.kind) == key
+                m for m in check_conversation(renderer, candidate).mismatches if (m.property, m.kind) == key
             ]
             if found:
                 conversation, mismatch, improved = candidate, found[0], True
@@ -664,15 +977,19 @@ def check_template(
     cases: int = 200,
     seed: int = 0,
     *,
-    end_token: str | None = None,
+    end_token: str | Sequence[str] | None = None,
+    reasoning: str | None = None,
+    tool_format: str | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
     label: str | None = None,
     shrink_budget: int = 300,
 ) -> CheckReport:
     """Check a chat template (the tokenizer's own when None) on `cases` generated conversations.
 
-    `end_token` overrides the detected end-of-turn token; `template_kwargs` are extra template
-    variables (e.g. {"enable_thinking": False}); `label` names the template in the report.
+    `end_token` (one token, several, or ["none"]: the next role token ends the turn),
+    `reasoning` and `tool_format` override the detected emission facts (ValueError on a value the
+    tokenizer or the checker does not know); `template_kwargs` are extra template variables (e.g.
+    {"enable_thinking": False}); `label` names the template in the report.
     """
     if cases < 1:
         raise ValueError(f"cases: must be at least 1, got {cases}")
@@ -684,12 +1001,13 @@ def check_template(
         raise ValueError(f"chat template does not compile: {exc}") from None
     except Exception:  # a template that raises at run time is reported per conversation
         pass
-    end = end_token or find_end_token(renderer)
+    ends = [end_token] if isinstance(end_token, str) else end_token
+    renderer.use_emission(parse_emission_override(renderer.emission, tokenizer, reasoning, ends, tool_format))
     groups: dict[tuple[str, str], list[tuple[Conversation, Mismatch]]] = {}
     note_groups: dict[tuple[str, str], list[tuple[Conversation, Mismatch]]] = {}
     split_points = generated_turns = 0
     for conversation in generate_conversations(cases, seed):
-        result = check_conversation(renderer, conversation, end)
+        result = check_conversation(renderer, conversation)
         split_points += result.split_points
         generated_turns += result.generated_turns
         for mismatch in result.mismatches:
@@ -699,7 +1017,7 @@ def check_template(
     violations = []
     for key in sorted(groups):
         conversation, mismatch = min(groups[key], key=lambda item: item[0].size())
-        conversation, mismatch = _shrink(renderer, conversation, mismatch, end, shrink_budget)
+        conversation, mismatch = _shrink(renderer, conversation, mismatch, shrink_budget)
         violations.append(_violation(tokenizer, mismatch, conversation, len(groups[key])))
     notes = []
     for key in sorted(note_groups):
@@ -707,7 +1025,7 @@ def check_template(
         notes.append(_violation(tokenizer, note, conversation, len(note_groups[key])))
     return CheckReport(
         template=label or ("given template" if chat_template else "the tokenizer's chat_template"),
-        end_token=end,
+        emission=renderer.emission,
         cases=cases,
         seed=seed,
         split_points=split_points,

@@ -5,17 +5,23 @@ Owns how a conversation's first prompt is tokenized and how new messages are ren
 template facts both the session server and the checker need: the text an assistant turn closes
 with and the separator the template puts before a tool call (so generated text parses back into
 fields that re-render byte for byte). The session server and the append-only checker both call
-this module, so what the checker proves is what the server does. It does not own template
-selection (`rl360_ext.templates.select`), the checker (`rl360_ext.templates.check`) or the parsing
-rules themselves (`rl360_ext.templates.parse`).
+this module, so what the checker proves is what the server does. The renderer also holds the
+family's emission facts (`rl360_ext.templates.emission`: reasoning, end tokens, tool-call format;
+detected from the template unless given), parses replies with that tool-call format, and, for
+formats that render arguments key by key (GLM), hands the template the arguments as a mapping
+(OpenAI clients send a JSON string). It does not own template selection
+(`rl360_ext.templates.select`), the checker (`rl360_ext.templates.check`) or the parsing rules
+themselves (`rl360_ext.templates.parse`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
+from rl360_ext.templates.emission import Emission, detect_emission
 from rl360_ext.templates.parse import TOOL_CALL_END, TOOL_CALL_START, ParsedAssistant, parse_assistant
 
 Message = dict[str, Any]
@@ -54,7 +60,8 @@ class ChatRenderer:
     """Renders messages with a tokenizer's chat template (or an override) and tokenizes them.
 
     `template_kwargs` are extra variables the template sees on every render (for example
-    `{"enable_thinking": False}` for Qwen3-style templates).
+    `{"enable_thinking": False}` for Qwen3-style templates). `emission` overrides the detected
+    emission facts.
     """
 
     def __init__(
@@ -62,10 +69,34 @@ class ChatRenderer:
         tokenizer: Any,
         chat_template: str | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        emission: Emission | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.chat_template = _resolve_template(tokenizer, chat_template)
         self.template_kwargs = dict(template_kwargs or {})
+        self._emission: Emission | None = None
+        self._mapping_arguments = False
+        self._detecting = False
+        if emission is not None:
+            self.use_emission(emission)
+
+    @property
+    def emission(self) -> Emission:
+        """The family's emission facts (detected once from the template, unless given)."""
+        if self._emission is None:
+            self._detecting = True
+            try:
+                detected = detect_emission(self)
+            finally:
+                self._detecting = False
+            self.use_emission(detected)
+        assert self._emission is not None
+        return self._emission
+
+    def _template_messages(self, messages: Sequence[Message]) -> list[Message]:
+        if not self._mapping_arguments:
+            return list(messages)
+        return [_with_mapping_arguments(message) for message in messages]
 
     def render_text(
         self,
@@ -73,8 +104,10 @@ class ChatRenderer:
         tools: Sequence[dict[str, Any]] | None = None,
         add_generation_prompt: bool = False,
     ) -> str:
+        if self._emission is None and not self._detecting:
+            self.emission  # noqa: B018 - detection decides how arguments reach the template
         return self.tokenizer.apply_chat_template(
-            list(messages),
+            self._template_messages(messages),
             tools=list(tools) if tools else None,
             chat_template=self.chat_template,
             tokenize=False,
@@ -152,6 +185,61 @@ class ChatRenderer:
         between = text[first_end + len(TOOL_CALL_END) : second]
         return before_first if before_first == between else ""
 
+    @cached_property
+    def tool_call_separator_always(self) -> bool:
+        """True when the template renders the separator before the first tool call even when the
+        content is empty (GLM: "</think>\n<tool_call>")."""
+        separator = self.tool_call_separator
+        if not separator:
+            return False
+        user = [{"role": "user", "content": "hi"}]
+        call = {"id": "call_0", "type": "function", "function": {"name": "probe", "arguments": {}}}
+        message = {"role": "assistant", "content": "", "tool_calls": [call]}
+        try:
+            head = self.render_text(user, [_PROBE_TOOL], add_generation_prompt=True)
+            text = self.render_text([*user, message], [_PROBE_TOOL])
+        except Exception:  # no tool-call support: nothing to separate
+            return False
+        if not text.startswith(head) or TOOL_CALL_START not in text[len(head) :]:
+            return False
+        lead = text[len(head) : text.index(TOOL_CALL_START, len(head))]
+        return lead.rpartition("</think>")[2] == separator
+
     def parse_assistant(self, text: str) -> ParsedAssistant:
         """Generated text (end-of-turn token removed) as message fields that re-render verbatim."""
-        return parse_assistant(text, self.tool_call_separator)
+        emission = self.emission
+        return parse_assistant(
+            text,
+            self.tool_call_separator,
+            emission.tool_format,
+            emission.think_open,
+            emission.think_close,
+            self.tool_call_separator_always,
+        )
+
+    def use_emission(self, emission: Emission) -> None:
+        """Render and parse with these emission facts (mapping arguments for key-by-key formats)."""
+        self._emission = emission
+        self._mapping_arguments = emission.needs_mapping_arguments
+        self.__dict__.pop("tool_call_separator", None)
+        self.__dict__.pop("tool_call_separator_always", None)
+
+
+def _with_mapping_arguments(message: Message) -> Message:
+    """The message with JSON-object string arguments as mappings (key order kept)."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    out = []
+    for call in calls:
+        function = call.get("function") or {}
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                value = json.loads(arguments)
+            except ValueError:
+                value = None
+            if isinstance(value, dict):
+                call = {**call, "function": {**function, "arguments": value}}
+        out.append(call)
+    return {**message, "tool_calls": out}

@@ -7,6 +7,14 @@ that picks one for a tokenizer from its special tokens and original template tex
   `<tool_call>` JSON, grouped `<tool_response>`s) with the turn separator moved before
   `<|im_start|>`, reasoning kept for every turn and tool-call arguments rendered verbatim. For
   tokenizers with ChatML turn tokens and Hermes tool-call tokens (Qwen2.5 / Qwen3 / QwQ families).
+- "deepseek": `deepseek_append_only.jinja`, DeepSeek-R1 / V3 (reasoning kept for every turn,
+  V3-style tool calls with arguments verbatim). For tokenizers with `<｜User｜>`, `<｜Assistant｜>`.
+- "glm4": `glm4_append_only.jinja`, GLM-4.5 / 4.6 (reasoning kept, content verbatim, XML tool
+  calls). For tokenizers with `<|user|>`, `<|assistant|>`, `<|observation|>`.
+- "harmony": `harmony_append_only.jinja`, gpt-oss (analysis kept, `<|return|>` kept in history,
+  arguments verbatim). For tokenizers with `<|start|>`, `<|channel|>`, `<|message|>`.
+- "llama3": `llama3_append_only.jinja`, Llama 3.1 / 3.2 / 3.3 with tool calls (content and
+  arguments verbatim). For tokenizers with `<|start_header_id|>`, `<|eot_id|>`.
 - "reference": the reference template (`templates/data/reference.jinja`), where nothing at
   all is emitted between `<|im_end|>` and the next `<|im_start|>`. It is the design reference and
   the template the tiny engine ships; it is one file, not a copy.
@@ -36,17 +44,34 @@ _THINKING = (THINK_START, THINK_END)
 _XML_TOOL_CALLS = ("<function=", "<parameter=")  # Qwen3-Coder style: not the Hermes JSON we parse
 
 
+_FILES = {
+    "qwen3": "qwen3_append_only.jinja",
+    "deepseek": "deepseek_append_only.jinja",
+    "glm4": "glm4_append_only.jinja",
+    "harmony": "harmony_append_only.jinja",
+    "llama3": "llama3_append_only.jinja",
+    "reference": "reference.jinja",
+}
+# Families fingerprinted by special tokens (ChatML/Qwen is handled first, with its own checks).
+_FAMILIES = (
+    ("deepseek", ("<｜User｜>", "<｜Assistant｜>"), "DeepSeek-R1 / V3 family (<｜User｜>, <｜Assistant｜>)"),
+    ("glm4", ("<|user|>", "<|assistant|>", "<|observation|>"), "GLM-4.5 / 4.6 family"),
+    ("harmony", ("<|start|>", "<|channel|>", "<|message|>"), "gpt-oss (harmony)"),
+    ("llama3", ("<|start_header_id|>", "<|eot_id|>"), "Llama 3.x family"),
+)
+
+
 def fixed_template_names() -> tuple[str, ...]:
-    return ("qwen3", "reference")
+    return tuple(_FILES)
 
 
 def fixed_template(name: str) -> str:
-    """The text of a fixed template by name ("qwen3" or "reference")."""
-    if name == "qwen3":
-        return resources.files("rl360_ext.templates").joinpath("data/qwen3_append_only.jinja").read_text()
-    if name == "reference":
-        return resources.files("rl360_ext.templates").joinpath("data/reference.jinja").read_text()
-    raise ValueError(f"unknown fixed template {name!r}; choose one of {', '.join(fixed_template_names())}")
+    """The text of a fixed template by name (see `fixed_template_names()`)."""
+    if name not in _FILES:
+        raise ValueError(
+            f"unknown fixed template {name!r}; choose one of {', '.join(fixed_template_names())}"
+        )
+    return resources.files("rl360_ext.templates").joinpath(f"data/{_FILES[name]}").read_text()
 
 
 @dataclass(frozen=True)
@@ -79,8 +104,13 @@ def choose_fixed_template(tokenizer: Any) -> FixedTemplateChoice:
             )
     vocab = tokenizer.get_vocab()
     if not _has_tokens(vocab, _CHATML):
+        for name, tokens, family in _FAMILIES:
+            if _has_tokens(vocab, tokens):
+                return FixedTemplateChoice(name, fixed_template(name), f"{' '.join(tokens)}: {family}")
         return FixedTemplateChoice(
-            None, None, "no ChatML turn tokens (<|im_start|>, <|im_end|>): no fixed template"
+            None,
+            None,
+            "no ChatML turn tokens (<|im_start|>, <|im_end|>) and no other known family: no fixed template",
         )
     if any(marker in original for marker in _XML_TOOL_CALLS):
         return FixedTemplateChoice(

@@ -421,3 +421,31 @@ def test_the_session_measured_model_time_joins_the_attempts_phase_timings() -> N
     assert finish(Sample(), None, "infra:session_vanished", verifier_result()).metadata["phase_timings"] == {
         "agent": 3.0
     }
+
+
+def test_template_drift_mask_zeroes_the_loss_mask_only_when_asked() -> None:
+    from types import SimpleNamespace
+
+    from rl360_ext.rollout.config import GenerateConfig
+    from rl360_ext.rollout.generate import mask_template_drift
+
+    def sample(mismatch: bool) -> SimpleNamespace:
+        return SimpleNamespace(
+            loss_mask=[1, 0, 1], metadata={"template_drift": {"checked": True, "mismatch": mismatch}}
+        )
+
+    drifting = sample(True)
+    assert not mask_template_drift(drifting, "keep") and drifting.loss_mask == [1, 0, 1]
+    assert mask_template_drift(drifting, "mask") and drifting.loss_mask == [0, 0, 0]
+    assert drifting.metadata["template_drift_masked"] is True
+    clean = sample(False)
+    assert not mask_template_drift(clean, "mask") and clean.loss_mask == [1, 0, 1]
+    with pytest.raises(ValueError, match="--rl360-on-template-drift"):
+        GenerateConfig.from_args(
+            SimpleNamespace(
+                rl360_harbor_url="http://h",
+                rl360_session_backend="http://b",
+                rl360_tokenizer="/t",
+                rl360_on_template_drift="drop",
+            )
+        )

@@ -64,6 +64,8 @@ def reference_metrics(groups: list[GroupRecord], trained: list[dict]) -> dict[st
     ref["count/masked"] = len(trained) - len(valid_trained)
     trained_groups = {a["group_index"] for a in trained}
     ref["count/kept_groups"] = len(trained_groups)
+    compared = [a["render_mismatch"] for a in trained if a["render_mismatch"] is not None]
+    ref["tito/render_mismatch_frac"] = sum(compared) / len(compared) if compared else None
     ref["count/dropped_groups"] = sum(1 for g in groups if not g.keep)
     ref["count/unused_groups"] = sum(1 for g in groups if g.keep and g.group_index not in trained_groups)
     for cls in {a["attempt_class"] for a in seen} - {"valid"}:
@@ -224,3 +226,16 @@ def test_a_json_line_that_is_not_an_object_is_named(tmp_path) -> None:
     path.write_text('{"kind": "step", "schema": 1, "rollout_id": 0, "metrics": {}}\n[1, 2]\n')
     with pytest.raises(ValueError, match=r"metrics\.jsonl:2: not a JSON object"):
         read_metrics(path)
+
+
+def test_render_mismatch_fraction_counts_only_compared_trajectories() -> None:
+    drift = {"checked": True, "mismatch": True, "position": 7, "kind": "unclassified"}
+    clean_record = {"checked": True, "mismatch": False}
+    samples = [valid(0, 0, 1.0), valid(0, 1, 0.0), valid(0, 2, 1.0), valid(0, 3, 0.0)]
+    for sample, record in zip(
+        samples, [drift, clean_record, {"checked": False, "mismatch": False}, None], strict=True
+    ):
+        sample.metadata = {**(sample.metadata or {}), "template_drift": record}
+    trained = [attempt_summary(s) for s in samples]
+    assert [a["render_mismatch"] for a in trained] == [True, False, None, None]
+    assert step_metrics(trained, None)["tito/render_mismatch_frac"] == 0.5

@@ -162,3 +162,47 @@ def test_parse_then_render_reproduces_generated_text(tokenizer, template, messag
         c["function"]["name"] for c in message.get("tool_calls", [])
     ]
     assert generated_text(renderer, parsed.to_message()) == text
+
+
+def test_family_tool_call_formats_parse_into_openai_fields() -> None:
+    from rl360_ext.templates.parse import parse_assistant
+
+    glm = parse_assistant(
+        "\n<think>plan</think>\nok\n<tool_call>bash\n<arg_key>command</arg_key>\n"
+        "<arg_value>ls -la</arg_value>\n"
+        "<arg_key>n</arg_key>\n<arg_value>2</arg_value>\n</tool_call>",
+        "\n",
+        "glm-xml",
+        "\n<think>",
+        separator_always=True,
+    )
+    assert (glm.reasoning, glm.content) == ("plan", "\nok")
+    assert glm.tool_calls[0]["function"] == {"name": "bash", "arguments": '{"command": "ls -la", "n": 2}'}
+    harmony = parse_assistant(
+        "<|channel|>analysis<|message|>think<|end|><|start|>assistant to=functions.bash"
+        '<|channel|>commentary json<|message|>{"command": "ls"}',
+        tool_format="harmony",
+    )
+    assert harmony.reasoning == "think" and harmony.content == ""
+    assert harmony.tool_calls[0]["function"] == {"name": "bash", "arguments": '{"command": "ls"}'}
+    llama = parse_assistant('{"name": "bash", "parameters": {"command": "ls"}}', tool_format="llama3-json")
+    assert llama.tool_calls[0]["function"]["arguments"] == '{"command": "ls"}'
+    assert parse_assistant("just text", tool_format="llama3-json").content == "just text"
+    deepseek = parse_assistant(
+        "reasoning</think>hi<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>bash<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        tool_format="deepseek",
+    )
+    assert (deepseek.reasoning, deepseek.content) == ("reasoning", "hi")
+    assert deepseek.tool_calls[0]["function"] == {"name": "bash", "arguments": "{}"}
+
+
+def test_qwen3_think_layout_is_not_content() -> None:
+    """Qwen3's `</think>\\n\\n` is layout: an empty block before a tool call leaves the content empty."""
+    from rl360_ext.templates.parse import parse_assistant
+
+    parsed = parse_assistant(
+        '<think>\n\n</think>\n\n<tool_call>\n{"name": "bash", "arguments": {}}\n</tool_call>',
+        "\n",
+        think_close="</think>\n\n",
+    )
+    assert (parsed.reasoning, parsed.content, len(parsed.tool_calls)) == ("\n\n", "", 1)

@@ -86,3 +86,20 @@ def test_dropped_reasoning_fails_when_a_user_follows_reasoning(tokenizer, fixtur
         )
     )
     assert kinds(renderer, conversation) == {REASONING_DROPPED}
+
+
+@pytest.mark.parametrize(
+    ("family", "template"),
+    [("deepseek-r1", "deepseek"), ("glm-4.6", "glm4"), ("gpt-oss", "harmony"), ("llama3.1", "llama3")],
+)
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_fixed_family_templates_hold_on_any_conversation(family, template, data) -> None:
+    """The session parses what each family emits (GLM XML, harmony, Llama 3 JSON, DeepSeek calls)
+    into fields its fixed template renders back byte for byte, on arbitrary text."""
+    from tests.templates.real import real_tokenizer
+
+    renderer = ChatRenderer(real_tokenizer(family), fixed_template(template))
+    conversation = build_conversation(DataChooser(data))
+    mismatches = check_conversation(renderer, conversation).mismatches
+    assert [(m.kind, m.evidence) for m in mismatches] == []
