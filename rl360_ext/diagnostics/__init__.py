@@ -1,1 +1,1 @@
-"""Diagnostics: rollout audit, HTML step reports with charts, benchmarks."""
+"""Diagnostics: the HTML step report with charts (`rl360 report`) and the machine check (`rl360 doctor`)."""

@@ -1,1 +1,2 @@
-"""Miles rollout-side hooks: agent function, generate, infra classifier, filter, rewards, metrics."""
+"""Miles rollout-side hooks: agent function (and its Harbor routing), generate, filter, rewards,
+metrics (occupancy, the audit of upstream defaults)."""
