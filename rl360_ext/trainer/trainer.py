@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from rl360_ext.tiny_engine.model import ModelConfig, init_weights, load_weights, save_weights
+from rl360_ext.tiny_engine.threads import limit_blas_threads
 from rl360_ext.trainer.backward import Tape, TrainModel
 from rl360_ext.trainer.data import TrainData, train_data
 from rl360_ext.trainer.loss import micro_batch_loss, reducer_coefficients, sum_of_sample_mean
@@ -153,6 +154,7 @@ class Trainer:
     def __init__(
         self, model_config: ModelConfig, weights: dict[str, np.ndarray], config: TrainerConfig | None = None
     ) -> None:
+        limit_blas_threads(1)  # small matrices: a multi-threaded BLAS only spins on a shared machine
         self.model_config = model_config
         self.config = config or TrainerConfig()
         self.weights = {name: np.array(value, dtype=np.float64) for name, value in weights.items()}
