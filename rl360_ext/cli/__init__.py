@@ -50,17 +50,28 @@ def doctor() -> None:
 
 @app.command()
 def demo(
-    steps: int = typer.Option(3, min=1, help="Rollout steps."),
+    steps: int = typer.Option(20, min=1, help="Rollout steps (one train step and weight push after each)."),
     tasks: int = typer.Option(8, min=1, help="Task groups per step."),
     attempts: int = typer.Option(4, min=2, help="Attempts per task group."),
     faults: float = typer.Option(0.0, min=0.0, max=1.0, help="Rate of injected infrastructure faults."),
     engines: int = typer.Option(2, min=1, help="Tiny engines behind the SMG gateway."),
     out: Path = typer.Option(Path("runs/demo"), help="Output folder for metrics.jsonl and report.html."),
+    lr: float = typer.Option(1e-3, min=0.0, help="The reference trainer's AdamW learning rate."),
+    dtype: str = typer.Option("float64", help="The tiny engines' arithmetic: float64 or float32."),
 ) -> None:
-    """Run the whole rollout loop on this CPU machine and write a step report."""
+    """Run the whole RL loop on this CPU machine (rollouts, the reference trainer, weight pushes)
+    and write a step report."""
     from rl360_ext.local.demo import run_demo
+    from rl360_ext.local.demo_plan import DemoConfig
 
-    result = run_demo(steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out)
+    settings = {"lr": lr, "engine_dtype": dtype}
+    try:
+        DemoConfig(steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, **settings)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    result = run_demo(
+        steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out, **settings
+    )
     raise typer.Exit(1 if result.problems else 0)
 
 

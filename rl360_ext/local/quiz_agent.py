@@ -82,6 +82,16 @@ except ImportError:  # no Harbor here (Python 3.11 / no harbor extra): only the 
     BaseAgent = None  # type: ignore[assignment,misc]
 
 
+def look_messages(instruction: str) -> list[dict[str, Any]]:
+    """The conversation an attempt starts with: the quiz system prompt and the task's question."""
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": instruction}]
+
+
+def probe_message(call_id: str, output: str) -> dict[str, Any]:
+    """The tool message that carries the probe's output back to the model."""
+    return {"role": "tool", "tool_call_id": call_id, "content": output}
+
+
 def probe_output(return_code: int | None, stdout: str | None, stderr: str | None) -> str:
     """The tool message content of the probe: exit code and output, capped at PROBE_OUTPUT_CHARS."""
     text = f"exit code: {return_code}\nstdout:\n{stdout or ''}\nstderr:\n{stderr or ''}"
@@ -92,7 +102,7 @@ if BaseAgent is not None:
     from harbor.environments.base import BaseEnvironment
     from harbor.models.agent.context import AgentContext
 
-    from rl360_ext.local.agents import SessionChatAgent, assistant_message, opening_messages
+    from rl360_ext.local.agents import SessionChatAgent, assistant_message
 
     class QuizAgent(SessionChatAgent):
         """Looks (one short turn), probes the sandbox, answers; writes the letter to /app/answer.txt."""
@@ -116,14 +126,14 @@ if BaseAgent is not None:
             return probe_output(result.return_code, result.stdout, result.stderr)
 
         async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
-            messages = opening_messages(SYSTEM_PROMPT, instruction)
+            messages = look_messages(instruction)
             async with self.session_client() as client:
                 look = await self.chat(client, messages, None, max_tokens=LOOK_TURN_TOKENS)
                 looked = look.choices[0].message
                 messages.append(assistant_message(looked))
                 call_id = looked.tool_calls[0].id if looked.tool_calls else PROBE_CALL_ID
                 output = await self._probe(environment)
-                messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
+                messages.append(probe_message(call_id, output))
                 reply = await self.chat(client, messages, None)
             message = reply.choices[0].message
             calls = [call.model_dump() for call in message.tool_calls or []]

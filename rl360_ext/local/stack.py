@@ -182,7 +182,8 @@ def _harbor(config: DemoConfig, logs: Path) -> Service:
 
 
 def _engine(config: DemoConfig, logs: Path, number: int) -> Callable[[], Service]:
-    return lambda: start_engine(logs, "--seed", str(config.seed), name=f"engine{number}")
+    flags = ("--seed", str(config.seed), "--dtype", config.engine_dtype)
+    return lambda: start_engine(logs, *flags, name=f"engine{number}")
 
 
 def _set_engine_faults(engines: list[Service], error_rate: float, seed: int) -> None:

@@ -39,24 +39,37 @@ def fit_head(
     prompts: Sequence[Sequence[int]],
     tokens: Sequence[int],
     *,
-    steps: int = 300,
-    lr: float = 0.05,
+    target_mass: float = 0.9,
+    max_steps: int = 500,
+    lr: float = 0.01,
 ) -> tuple[dict[str, np.ndarray], float]:
-    """New weights (only `lm_head` differs) and the mean probability the fitted head gives `tokens`."""
+    """New weights (only the `tokens`' columns of `lm_head` differ) and the mean probability the
+    fitted head gives `tokens` after the prompts.
+
+    The columns are first set to their mean, so the tokens are exactly equally likely after any
+    prompt, then moved together (AdamW on one shared column, cross-entropy toward the uniform
+    distribution over `tokens`) until their mean total probability reaches `target_mass` (a head
+    pushed to certainty would make every later update of the layers below swing the answer), or
+    after `max_steps`.
+    """
     if not prompts or not tokens:
         raise ValueError("fit_head needs at least one prompt and one target token")
+    if not 0 < target_mass < 1:
+        raise ValueError(f"target_mass must be in (0, 1), got {target_mass}")
+    chosen = sorted(set(int(t) for t in tokens))
     features = head_features(model_config, weights, prompts)
-    target = np.zeros(model_config.vocab_size)
-    target[list(tokens)] = 1.0 / len(tokens)
-    head = {"lm_head": weights["lm_head"].astype(np.float64).copy()}
-    optimizer = AdamW(head, lr)
-    for _ in range(steps):
-        logits = features @ head["lm_head"]
+    head = weights["lm_head"].astype(np.float64).copy()
+    shared = {"column": head[:, chosen].mean(axis=1)}
+    optimizer = AdamW(shared, lr)
+    mass = 0.0
+    for _ in range(max_steps + 1):
+        head[:, chosen] = shared["column"][:, None]
+        logits = features @ head
         probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
         probs /= probs.sum(axis=-1, keepdims=True)
-        optimizer.step({"lm_head": features.T @ (probs - target) / len(features)})
-    logits = features @ head["lm_head"]
-    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    probs /= probs.sum(axis=-1, keepdims=True)
-    mass = float(probs[:, list(tokens)].sum(axis=-1).mean())
-    return {**weights, "lm_head": head["lm_head"]}, mass
+        mass = float(probs[:, chosen].sum(axis=-1).mean())
+        if mass >= target_mass or optimizer.steps == max_steps:
+            break
+        error = probs[:, chosen] - 1.0 / len(chosen)  # d CE / d logit of each chosen token
+        optimizer.step({"column": features.T @ error.sum(axis=1) / len(features)})
+    return {**weights, "lm_head": head}, mass
