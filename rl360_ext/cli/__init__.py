@@ -124,6 +124,16 @@ def bench_template(json: bool = typer.Option(False, "--json", help="Print JSON i
         main(as_json=json)
 
 
+@bench_app.command("trainer")
+def bench_trainer(json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+    """|Δ log p| and routing agreement of the reference trainer vs float64/float32 engines, R3 on
+    and off, and its forward+backward tokens/s."""
+    from rl360_ext.local.bench.trainer import main
+
+    with showing_progress("rl360 bench trainer"):
+        main(json)
+
+
 @bench_app.command("launch")
 def bench_launch(json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
     """Simulated 8,192 sandbox starts: all at once vs waves, image-group pinning vs random placement."""

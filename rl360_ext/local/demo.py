@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import importlib
 import json
@@ -93,6 +94,7 @@ SUMMARY_FILE = "summary.json"
 # waited in the rollout queue past its budget): the client gives up before Harbor can answer.
 SPENT_DEADLINE_S = 0.001
 TRANSFORMERS_ADVISORY_ENV = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
+QUIZ_OPTIONS = "environment/app/options.txt"  # what the quiz agent's probe prints in the sandbox
 
 
 def load_function(path: str) -> Callable[..., Any]:
@@ -163,7 +165,7 @@ class StepData:
 class DemoDriver:
     """Runs the steps: rollouts, stand-in training, weight pushes, in Miles' one-step-off order."""
 
-    def __init__(self, config: DemoConfig, stack: DemoStack, progress: Progress) -> None:
+    def __init__(self, config: DemoConfig, stack: DemoStack, progress: Progress, policy: DemoTrainer) -> None:
         from rl360_ext.rollout.sample import GenerateFnInput, Sample
 
         self.config = config
@@ -187,13 +189,7 @@ class DemoDriver:
         self.quiz_tasks = quiz_task_names(root)
         self.instructions = {name: (root / name / "instruction.md").read_text() for name in self.quiz_tasks}
         self.metrics_path = config.out / METRICS_FILE
-        self.weights = DemoTrainer(
-            config.out / "weights",
-            stack.tokenizer_dir,
-            [self.instructions[name] for name in self.quiz_tasks],
-            config.seed,
-            TrainerConfig(lr=config.lr, steps_per_rollout=config.steps_per_rollout),
-        )
+        self.weights = policy
         warm = self.weights.warm_start
         self.console.print(
             f"format warm start: LM head fitted on {warm.prompts} answer prompts in {warm.seconds:.1f} s, "
@@ -396,6 +392,24 @@ def train_line(step: int, metrics: dict[str, float], version: str) -> str:
 
 
 # ---- run_demo ----------------------------------------------------------------------------------
+
+
+def demo_policy(config: DemoConfig) -> DemoTrainer:
+    """The trainer side, warm-started on the quiz questions (runs while the stack starts)."""
+    from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
+
+    root = demo_tasks_root()
+    questions = [
+        ((root / name / "instruction.md").read_text(), (root / name / QUIZ_OPTIONS).read_text())
+        for name in quiz_task_names(root)
+    ]
+    return DemoTrainer(
+        config.out / "weights",
+        default_tokenizer_dir(),
+        questions,
+        config.seed,
+        TrainerConfig(lr=config.lr, steps_per_rollout=config.steps_per_rollout),
+    )
 
 
 @dataclass
@@ -602,21 +616,23 @@ def run_demo(
     )
     with _sigterm_as_interrupt(), _log_to_file(config.out / "logs" / "driver.log"):
         console.print("starting tiny engines, the SMG gateway, the Harbor /run server and local Ray ...")
-        with demo_stack(config) as stack:
-            try:
-                console.print(
-                    f"ready in {time.monotonic() - started:.1f} s: gateway {stack.gateway_url}, "
-                    f"engines {', '.join(e.url for e in stack.engines)}, Harbor {stack.harbor_url}; "
-                    f"logs in {stack.logs}"
-                )
-                with Progress(*PROGRESS_COLUMNS, console=console) as progress:
-                    driver = DemoDriver(config, stack, progress)
-                    summaries = asyncio.run(driver.run())
-                if config.faults > 0:
-                    engine_503s = engine_fault_counts(stack.engines)
-            finally:
-                console.print("stopping every process the demo started ...")
-                stopping = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rl360-demo-policy") as pool:
+            policy = pool.submit(demo_policy, config)
+            with demo_stack(config) as stack:
+                try:
+                    console.print(
+                        f"ready in {time.monotonic() - started:.1f} s: gateway {stack.gateway_url}, "
+                        f"engines {', '.join(e.url for e in stack.engines)}, Harbor {stack.harbor_url}; "
+                        f"logs in {stack.logs}"
+                    )
+                    with Progress(*PROGRESS_COLUMNS, console=console) as progress:
+                        driver = DemoDriver(config, stack, progress, policy.result())
+                        summaries = asyncio.run(driver.run())
+                    if config.faults > 0:
+                        engine_503s = engine_fault_counts(stack.engines)
+                finally:
+                    console.print("stopping every process the demo started ...")
+                    stopping = time.monotonic()
     wall_s = time.monotonic() - started
     console.print(f"stopped in {time.monotonic() - stopping:.1f} s")
     console.print(summary_table(summaries))

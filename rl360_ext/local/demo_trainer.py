@@ -11,8 +11,8 @@ step. It does not push weights or drive rollouts (`rl360_ext.local.demo`).
 
 The warm start's prompts are the quiz agent's own conversation up to its answer turn
 (`rl360_ext.local.quiz_agent.look_messages`, a look turn of random tokens, the probe's tool
-message), rendered with the session's chat template, so the head is fitted where the agent
-reads its answer.
+message with the task's options), rendered with the session's chat template, so the head is
+fitted where the agent reads its answer.
 """
 
 from __future__ import annotations
@@ -56,14 +56,16 @@ class WarmStart:
 
 
 def answer_prompts(
-    renderer: ChatRenderer, instructions: Sequence[str], vocab_size: int, seed: int
+    renderer: ChatRenderer, questions: Sequence[tuple[str, str]], vocab_size: int, seed: int
 ) -> list[list[int]]:
-    """Token ids of the quiz agent's conversation up to its answer turn, per question and look."""
+    """Token ids of the quiz agent's conversation up to its answer turn, per question and look.
+
+    `questions` are (instruction, what the probe prints) pairs."""
     rng = np.random.default_rng(seed)
     end = renderer.tokenizer.convert_tokens_to_ids(TURN_END)
-    probe = probe_message(PROBE_CALL_ID, probe_output(0, "", ""))
     prompts = []
-    for instruction in instructions:
+    for instruction, printed in questions:
+        probe = probe_message(PROBE_CALL_ID, probe_output(0, printed, ""))
         messages = look_messages(instruction)
         first = renderer.prompt_ids(messages)
         for _ in range(WARM_START_LOOKS):
@@ -83,7 +85,7 @@ class DemoTrainer:
         self,
         directory: Path,
         tokenizer_dir: Path,
-        instructions: Sequence[str],
+        questions: Sequence[tuple[str, str]],
         seed: int,
         config: TrainerConfig,
     ) -> None:
@@ -92,7 +94,7 @@ class DemoTrainer:
         self.model_config = ModelConfig(vocab_size=len(tokenizer))
         renderer = ChatRenderer(tokenizer)
         started = time.perf_counter()
-        prompts = answer_prompts(renderer, instructions, self.model_config.vocab_size, seed)
+        prompts = answer_prompts(renderer, questions, self.model_config.vocab_size, seed)
         letters = [tokenizer.convert_tokens_to_ids(letter) for letter in LETTERS]
         weights, mass = fit_head(self.model_config, init_weights(self.model_config, seed), prompts, letters)
         self.warm_start = WarmStart(len(prompts), mass, time.perf_counter() - started)

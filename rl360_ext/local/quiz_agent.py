@@ -6,9 +6,12 @@ URL (official `openai` client):
 
 1. the look turn: the task's multiple-choice question, at most `LOOK_TURN_TOKENS` new tokens;
 2. the probe: whatever the model wrote, the agent runs one command in the sandbox
-   (`PROBE_COMMAND`, bounded time and output) and sends its output back as a `tool` message
-   (tool-call id `PROBE_CALL_ID`, or the model's own call id if it wrote a parsable call): the
-   tiny model cannot write a tool call, so the agent makes the one call every attempt makes;
+   (`PROBE_COMMAND`: it prints the task's options, which each quiz task ships in
+   `environment/app/options.txt`; bounded time and output) and sends its output back as a `tool`
+   message (tool-call id `PROBE_CALL_ID`, or the model's own call id if it wrote a parsable
+   call): the tiny model cannot write a tool call, so the agent makes the one call every attempt
+   makes. The options land right before the answer, where the tiny model can tell the questions
+   apart;
 3. the answer turn: the model's reply, whose answer is a parsable `answer` tool call if there is
    one, else the first character of the reply that is one of a, b, c, d in either case, once
    chat markup such as `</tool_call>` is removed.
@@ -42,7 +45,7 @@ LETTERS = ("A", "B", "C", "D")
 IMPORT_PATH = "rl360_ext.local.quiz_agent:QuizAgent"
 ANSWER_FILE = "/app/answer.txt"
 LOOK_TURN_TOKENS = 2
-PROBE_COMMAND = "ls /app"
+PROBE_COMMAND = "cat /app/options.txt"  # each quiz task ships its options there (environment/app/)
 PROBE_CALL_ID = "rl360-probe"
 PROBE_TIMEOUT_S = 10
 PROBE_OUTPUT_CHARS = 200
