@@ -51,7 +51,7 @@ class DemoConfig:
     engines: int = 2
     out: Path = Path("runs/demo")
     seed: int = 0
-    lr: float = 1e-3  # the reference trainer's AdamW learning rate
+    lr: float = 5e-4  # the reference trainer's AdamW learning rate
     steps_per_rollout: int = 1  # optimizer steps per rollout (Miles' --num-steps-per-rollout)
     engine_dtype: str = "float64"  # the tiny engines' arithmetic (`rl360 engine serve --dtype`)
     temperature: float = 1.0

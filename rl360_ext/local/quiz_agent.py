@@ -44,7 +44,7 @@ from typing import Any
 LETTERS = ("A", "B", "C", "D")
 IMPORT_PATH = "rl360_ext.local.quiz_agent:QuizAgent"
 ANSWER_FILE = "/app/answer.txt"
-LOOK_TURN_TOKENS = 2
+LOOK_TURN_TOKENS = 1
 PROBE_COMMAND = "cat /app/options.txt"  # each quiz task ships its options there (environment/app/)
 PROBE_CALL_ID = "rl360-probe"
 PROBE_TIMEOUT_S = 10
