@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import contextlib
 import importlib
 import json
@@ -395,7 +394,9 @@ def train_line(step: int, metrics: dict[str, float], version: str) -> str:
 
 
 def demo_policy(config: DemoConfig) -> DemoTrainer:
-    """The trainer side, warm-started on the quiz questions (runs while the stack starts)."""
+    """The trainer side, warm-started on the quiz questions. It runs in the main thread after the
+    stack is up: run in a thread beside the stack's start-up, the process hung (every thread
+    waiting on a lock) before Ray started."""
     from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
 
     root = demo_tasks_root()
@@ -408,7 +409,9 @@ def demo_policy(config: DemoConfig) -> DemoTrainer:
         default_tokenizer_dir(),
         questions,
         config.seed,
-        TrainerConfig(lr=config.lr, steps_per_rollout=config.steps_per_rollout),
+        TrainerConfig(
+            lr=config.lr, lr_warmup_steps=config.lr_warmup_steps, steps_per_rollout=config.steps_per_rollout
+        ),
     )
 
 
@@ -616,23 +619,21 @@ def run_demo(
     )
     with _sigterm_as_interrupt(), _log_to_file(config.out / "logs" / "driver.log"):
         console.print("starting tiny engines, the SMG gateway, the Harbor /run server and local Ray ...")
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rl360-demo-policy") as pool:
-            policy = pool.submit(demo_policy, config)
-            with demo_stack(config) as stack:
-                try:
-                    console.print(
-                        f"ready in {time.monotonic() - started:.1f} s: gateway {stack.gateway_url}, "
-                        f"engines {', '.join(e.url for e in stack.engines)}, Harbor {stack.harbor_url}; "
-                        f"logs in {stack.logs}"
-                    )
-                    with Progress(*PROGRESS_COLUMNS, console=console) as progress:
-                        driver = DemoDriver(config, stack, progress, policy.result())
-                        summaries = asyncio.run(driver.run())
-                    if config.faults > 0:
-                        engine_503s = engine_fault_counts(stack.engines)
-                finally:
-                    console.print("stopping every process the demo started ...")
-                    stopping = time.monotonic()
+        with demo_stack(config) as stack:
+            try:
+                console.print(
+                    f"ready in {time.monotonic() - started:.1f} s: gateway {stack.gateway_url}, "
+                    f"engines {', '.join(e.url for e in stack.engines)}, Harbor {stack.harbor_url}; "
+                    f"logs in {stack.logs}"
+                )
+                with Progress(*PROGRESS_COLUMNS, console=console) as progress:
+                    driver = DemoDriver(config, stack, progress, demo_policy(config))
+                    summaries = asyncio.run(driver.run())
+                if config.faults > 0:
+                    engine_503s = engine_fault_counts(stack.engines)
+            finally:
+                console.print("stopping every process the demo started ...")
+                stopping = time.monotonic()
     wall_s = time.monotonic() - started
     console.print(f"stopped in {time.monotonic() - stopping:.1f} s")
     console.print(summary_table(summaries))

@@ -51,7 +51,8 @@ class DemoConfig:
     engines: int = 2
     out: Path = Path("runs/demo")
     seed: int = 0
-    lr: float = 5e-4  # the reference trainer's AdamW learning rate
+    lr: float = 2e-3  # the reference trainer's AdamW learning rate
+    lr_warmup_steps: int = 8  # linear warmup: Adam's first, sign-sized steps would break the format
     steps_per_rollout: int = 1  # optimizer steps per rollout (Miles' --num-steps-per-rollout)
     engine_dtype: str = "float64"  # the tiny engines' arithmetic (`rl360 engine serve --dtype`)
     temperature: float = 1.0
@@ -68,6 +69,7 @@ class DemoConfig:
             "session_servers": 1,
             "max_new_tokens": 1,
             "steps_per_rollout": 1,
+            "lr_warmup_steps": 0,
         }
         for name, least in minimums.items():
             value = getattr(self, name)

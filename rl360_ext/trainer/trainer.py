@@ -60,6 +60,8 @@ class TrainerConfig:
     """AdamW epsilon (`--adam-eps`)."""
     weight_decay: float = 0.0
     """Decoupled weight decay (`--weight-decay`)."""
+    lr_warmup_steps: int = 0
+    """Optimizer steps of linear learning-rate warmup (`--lr-warmup-iters`); 0: none."""
     clip_grad: float = 1.0
     """Global gradient-norm clip (`--clip-grad`, Miles' default 1.0); 0 turns it off."""
     eps_clip: float = 0.2
@@ -102,6 +104,8 @@ class TrainerConfig:
             raise ValueError(f"tis_clip_low ({self.tis_clip_low}) must be <= tis_clip ({self.tis_clip})")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        if self.lr_warmup_steps < 0:
+            raise ValueError(f"lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
         if self.steps_per_rollout < 1:
             raise ValueError(f"steps_per_rollout must be >= 1, got {self.steps_per_rollout}")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
@@ -165,6 +169,7 @@ class Trainer:
             self.config.betas,
             self.config.adam_eps,
             self.config.weight_decay,
+            self.config.lr_warmup_steps,
         )
         self.args = self.config.miles_args()
         self.tis_function = (
