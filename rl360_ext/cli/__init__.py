@@ -56,7 +56,7 @@ def demo(
     faults: float = typer.Option(0.0, min=0.0, max=1.0, help="Rate of injected infrastructure faults."),
     engines: int = typer.Option(2, min=1, help="Tiny engines behind the SMG gateway."),
     out: Path = typer.Option(Path("runs/demo"), help="Output folder for metrics.jsonl and report.html."),
-    lr: float = typer.Option(2e-3, min=0.0, help="The reference trainer's AdamW learning rate."),
+    lr: float = typer.Option(5e-4, min=0.0, help="The reference trainer's AdamW learning rate."),
     dtype: str = typer.Option("float64", help="The tiny engines' arithmetic: float64 or float32."),
 ) -> None:
     """Run the whole RL loop on this CPU machine (rollouts, the reference trainer, weight pushes)

@@ -51,7 +51,7 @@ class DemoConfig:
     engines: int = 2
     out: Path = Path("runs/demo")
     seed: int = 0
-    lr: float = 2e-3  # the reference trainer's AdamW learning rate
+    lr: float = 5e-4  # the reference trainer's AdamW learning rate
     lr_warmup_steps: int = 8  # linear warmup: Adam's first, sign-sized steps would break the format
     steps_per_rollout: int = 1  # optimizer steps per rollout (Miles' --num-steps-per-rollout)
     engine_dtype: str = "float64"  # the tiny engines' arithmetic (`rl360 engine serve --dtype`)
