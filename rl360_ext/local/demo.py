@@ -582,7 +582,7 @@ def learning_line(summaries: Sequence[StepSummary], wall_s: float, goal: float =
 
 
 def run_demo(
-    steps: int = 3,
+    steps: int = 20,
     tasks: int = 8,
     attempts: int = 4,
     faults: float = 0.0,

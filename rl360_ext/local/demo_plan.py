@@ -44,7 +44,7 @@ INITIAL_WEIGHT_VERSION = "0"  # pushed before step 0, as Miles' train_async upda
 class DemoConfig:
     """What `rl360 demo` runs; the constructor rejects values it cannot run, naming the option."""
 
-    steps: int = 3
+    steps: int = 20
     tasks: int = 8
     attempts: int = 4
     faults: float = 0.0

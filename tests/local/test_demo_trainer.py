@@ -109,3 +109,24 @@ def test_learning_line_reports_the_goal_and_the_time_split() -> None:
     assert "rollouts 9 s, training 5 s" in line
     assert "never >= 0.8" in learning_line([_summary(0, 0.3, 1.0, 1.0)], wall_s=5.0)
     assert "no step had a valid attempt" in learning_line([_summary(0, None, 1.0, 1.0)], wall_s=5.0)
+
+
+def test_demo_config_checks_the_trainer_settings() -> None:
+    from rl360_ext.local.demo_plan import DemoConfig
+
+    assert DemoConfig().steps == 20 and DemoConfig().lr == 5e-4 and DemoConfig().lr_warmup_steps == 8
+    with pytest.raises(ValueError, match="--dtype"):
+        DemoConfig(engine_dtype="float16")
+    with pytest.raises(ValueError, match="lr"):
+        DemoConfig(lr=0.0)
+    with pytest.raises(ValueError, match="--lr-warmup-steps"):
+        DemoConfig(lr_warmup_steps=-1)
+
+
+def test_demo_cli_refuses_a_bad_dtype_before_starting_anything() -> None:
+    from typer.testing import CliRunner
+
+    from rl360_ext.cli import app
+
+    result = CliRunner().invoke(app, ["demo", "--dtype", "bfloat16"])
+    assert result.exit_code != 0 and "float64 or float32" in result.output
