@@ -95,14 +95,17 @@ def doctor() -> None:
 
 @app.command()
 def demo(
-    steps: int = typer.Option(3, min=1, help="Rollout steps."),
+    steps: int = typer.Option(20, min=1, help="Rollout steps (one train step and weight push after each)."),
     tasks: int = typer.Option(8, min=1, help="Task groups per step."),
     attempts: int = typer.Option(4, min=2, help="Attempts per task group."),
     faults: float = typer.Option(0.0, min=0.0, max=1.0, help="Rate of injected infrastructure faults."),
     engines: int = typer.Option(2, min=1, help="Tiny engines behind the SMG gateway."),
     out: Path = typer.Option(Path("runs/demo"), help="Output folder for metrics.jsonl and report.html."),
+    lr: float = typer.Option(5e-4, min=0.0, help="The reference trainer's AdamW learning rate."),
+    dtype: str = typer.Option("float64", help="The tiny engines' arithmetic: float64 or float32."),
 ) -> None:
-    """Run the whole rollout loop on this CPU machine and write a step report.
+    """Run the whole RL loop on this CPU machine (rollouts, the reference trainer, weight pushes)
+    and write a step report.
 
     On a first run as root with apt-get, missing bubblewrap and tmux are installed (said on stderr);
     any other missing prerequisite ends it with one line saying what to run, exit status 2."""
@@ -110,9 +113,17 @@ def demo(
     from rl360_ext.local.demo_plan import DemoConfig
     from rl360_ext.local.stack import demo_stack_config, preflight
 
-    config = DemoConfig(steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out)
+    settings = {"lr": lr, "engine_dtype": dtype}
+    try:
+        config = DemoConfig(
+            steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out, **settings
+        )
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
     preflight(demo_stack_config(config), "rl360 demo", install=True)
-    result = run_demo(steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out)
+    result = run_demo(
+        steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out, **settings
+    )
     raise typer.Exit(1 if result.problems else 0)
 
 
@@ -156,6 +167,11 @@ BENCHES: dict[str, tuple[str, Callable[[], None] | None]] = {
     "faults": (
         "Fault matrix: every injected infra failure, its class, and proof its reward enters no mean.",
         _faults_needs,
+    ),
+    "trainer": (
+        "|Δ log p| and routing agreement of the reference trainer vs float64/float32 engines, R3 on and "
+        "off, and its forward+backward tokens/s.",
+        None,
     ),
 }  # name -> (help, check or install what it needs first)
 

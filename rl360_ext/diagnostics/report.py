@@ -2,7 +2,9 @@
 
 Owns the page: a summary table and six charts (attempt outcomes per step, unfiltered vs kept
 reward, phase durations, infrastructure failures by cause, prefix-cache hit rate and routing
-bytes, weight pushes), each drawn as inline SVG (charts.py) from the run's metrics JSONL
+bytes, weight pushes) plus, for a run that trained (`train` lines, as `rl360 demo` writes them
+with the reference trainer), the learning curve against the task's chance level and the trust
+metrics of every train step, each drawn as inline SVG (charts.py) from the run's metrics JSONL
 (report_data.py). The page has no script and loads nothing: its content security policy is
 `default-src 'none'`, so it renders the same offline, from a file, or attached to a ticket. A
 chart whose data the run does not have says so ("no data in this run: <why>") instead of
@@ -12,7 +14,8 @@ anything.
 What it reads: RUN_DIR/metrics.jsonl (or, without one, the folder's only *.jsonl; or RUN_DIR
 itself when it is a file): `step` and `attempt` lines written by
 `rl360_ext.rollout.metrics.log_rollout_metrics`, and `weight_push` lines a driver such as
-`rl360 demo` appends. Other *.jsonl files in the folder are listed on the page as not read.
+`rl360 demo` appends, and the `train` lines of its reference trainer. Other *.jsonl files in
+the folder are listed on the page as not read.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from rl360_ext.diagnostics.report_data import (
     Run,
     Summary,
     cache_and_routing,
+    chance_level,
     infra_causes,
     load_run,
     outcome_counts,
@@ -53,6 +57,7 @@ from rl360_ext.diagnostics.report_data import (
     step_counts,
     step_metric_series,
     summary,
+    train_metric_series,
 )
 from rl360_ext.rollout.occupancy import PHASES as OCCUPANCY_PHASES
 from rl360_ext.rollout.occupancy import timeline as occupancy_timeline
@@ -304,6 +309,96 @@ def _reward_table(run: Run, series: Sequence[Series]) -> str:
     shown = "" if len(rows) == len(run.step_ids) else f" (last {len(rows)} steps)"
     header = (f"rollout step{shown}", "unfiltered mean", "kept mean", "kept − unfiltered", "upstream logged")
     return _table(header, rows, (False, True, True, True, True))
+
+
+TRUST_FRACTIONS = (
+    ("routing agreement", "#2e7d32", "train/routing_agreement"),
+    ("loss scale", "#6a1b9a", "train/loss_scale"),
+    ("pg clipfrac", "#ef6c00", "train/pg_clipfrac"),
+    ("TIS clipfrac", "#00838f", "train/tis_clipfrac"),
+)
+TRUST_TABLE = (
+    ("|Δ log p| mean", "train/logprob_abs_diff_mean"),
+    ("|Δ log p| max", "train/logprob_abs_diff_max"),
+    ("routing agreement", "train/routing_agreement"),
+    ("pg clipfrac", "train/pg_clipfrac"),
+    ("TIS clipfrac", "train/tis_clipfrac"),
+    ("grad norm", "train/grad_norm"),
+    ("loss scale", "train/loss_scale"),
+    ("valid", "train/valid_samples"),
+    ("masked", "train/masked_samples"),
+    ("train s", "train/time_s"),
+)
+NO_TRAIN = (
+    "no train records. Miles' own trainer does not write them; rl360 demo appends one per step "
+    "from the reference trainer."
+)
+
+
+def _learning_section(run: Run) -> str:
+    title = "Learning: every valid attempt's mean reward per step, against chance"
+    level = chance_level(run)
+    caption = (
+        "<b>unfiltered mean</b> (reward/unfiltered_mean): valid attempts of every group, before the "
+        "filter, so it measures the policy, not the batch. Dashed: the task's chance level"
+        + ("" if level is None else f" ({format_number(level)})")
+        + ", declared by the driver in its train records."
+    )
+    values = step_metric_series(run, "reward/unfiltered_mean")
+    if not any(v is not None for v in values):
+        return _section(
+            "chart-learning", title, caption, _no_data("no step record carries reward/unfiltered_mean.")
+        )
+    series = [Series("unfiltered mean", "#1565c0", values)]
+    if level is not None:
+        series.append(Series("chance", "#757575", [level] * len(values), True))
+    note = "" if run.train else f'<p class="partial">{escape(NO_TRAIN)}</p>'
+    chart = line_chart(
+        [str(rid) for rid in run.step_ids],
+        series,
+        x_label=STEP_AXIS,
+        y_label="mean reward",
+        y_range=(0.0, 1.0),
+    )
+    return _section("chart-learning", title, caption, note + chart + legend(series))
+
+
+def _trust_section(run: Run) -> str:
+    title = "Trust: the trainer against the sampler, every train step"
+    caption = (
+        "Before each update: |Δ log p| between the trainer's recomputed and the rollout's recorded "
+        "log-probs (loss-masked-in tokens of valid samples), routing agreement (share of (token, layer) "
+        "rows where the trainer's own top-k equals the replayed one). During it: the share of tokens "
+        "PPO clipped and TIS clamped, the gradient norm before clipping, and the loss scale (the "
+        "gradient scale the pg-loss reducer applied relative to a mean over valid samples: 1.0 when "
+        "nothing is masked, or when the reducer ignores masked samples)."
+    )
+    if not run.train:
+        return _section("chart-trust", title, caption, _no_data(NO_TRAIN))
+    categories = [str(rid) for rid in run.step_ids]
+    fractions = [Series(n, c, train_metric_series(run, m)) for n, c, m in TRUST_FRACTIONS]
+    fractions = [s for s in fractions if any(v is not None for v in s.values)]
+    diffs = [
+        Series("|Δ log p| mean", "#1565c0", train_metric_series(run, "train/logprob_abs_diff_mean")),
+        Series("|Δ log p| max", "#d81b60", train_metric_series(run, "train/logprob_abs_diff_max"), True),
+    ]
+    charts = ""
+    if fractions:
+        charts += line_chart(categories, fractions, x_label=STEP_AXIS, y_label="fraction", y_range=(0.0, 1.0))
+        charts += legend(fractions)
+    if any(v is not None for s in diffs for v in s.values):
+        charts += line_chart(categories, diffs, x_label=STEP_AXIS, y_label="|Δ log p|")
+        charts += legend(diffs)
+    columns = [train_metric_series(run, metric) for _, metric in TRUST_TABLE]
+    rows = [
+        (str(rid), *(_optional(column[position]) for column in columns))
+        for position, rid in enumerate(run.step_ids)
+        if rid in run.train
+    ]
+    table = _table(
+        ("rollout step", *(name for name, _ in TRUST_TABLE)), rows, (False, *[True] * len(TRUST_TABLE))
+    )
+    return _section("chart-trust", title, caption, charts + table)
 
 
 SHORT_OUTCOME = {
@@ -629,6 +724,8 @@ def render_report(run: Run) -> str:
             _summary_section(run, facts),
             _outcomes_section(run),
             _rewards_section(run),
+            _learning_section(run),
+            _trust_section(run),
             _phases_section(run),
             _occupancy_section(run),
             _infra_section(run),

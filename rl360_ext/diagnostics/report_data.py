@@ -5,7 +5,8 @@ Owns finding the metrics file of a run folder, reading it (through
 fields the report uses (missing or null means "no data"; a value of the wrong type raises
 `ValueError` naming the record and field), and the pure reductions each chart draws: attempt
 outcomes, reward means, phase durations, infrastructure causes, prefix-cache hit rate, routing
-bytes, weight pushes and the summary. It does not draw (charts.py) or lay out the page (report.py).
+bytes, weight pushes, the trainer's per-step trust metrics and the summary. It does not draw
+(charts.py) or lay out the page (report.py).
 
 An attempt's outcome, one per attempt (the stacking order of chart 1):
 passed / failed: valid, in a group the trainer used, reward > 0 / reward <= 0;
@@ -30,6 +31,7 @@ from rl360_ext.rollout.metrics import records_by_kind
 
 METRICS_FILE = "metrics.jsonl"
 WEIGHT_PUSH_KIND = "weight_push"
+TRAIN_KIND = "train"  # one per train step: {"kind", "rollout_id", "metrics", "chance_level"?}
 PHASES = ("queue", "environment_setup", "agent_setup", "agent", "verifier")
 
 OUTCOMES = (
@@ -225,12 +227,35 @@ def _push(record: Mapping[str, Any], where: str) -> WeightPushRecord:
 
 
 @dataclass
+class TrainRecord:
+    """One train step's metrics (`train/...`), as the reference trainer's driver writes them."""
+
+    rollout_id: int
+    metrics: dict[str, Any]
+    chance_level: float | None
+    where: str
+
+    def metric(self, name: str) -> float | None:
+        return _number(self.metrics, name, f"{self.where} metrics")
+
+
+def _train(record: Mapping[str, Any], where: str) -> TrainRecord:
+    return TrainRecord(
+        rollout_id=_checked(record, "rollout_id", (int,), where),
+        metrics=_checked(record, "metrics", (dict,), where) or {},
+        chance_level=_number(record, "chance_level", where),
+        where=where,
+    )
+
+
+@dataclass
 class Run:
     source: Path
     ignored_files: list[Path] = field(default_factory=list)
     steps: dict[int, Step] = field(default_factory=dict)
     attempts: list[Attempt] = field(default_factory=list)
     pushes: list[WeightPushRecord] = field(default_factory=list)
+    train: dict[int, TrainRecord] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -268,6 +293,10 @@ def load_run(run_dir: Path) -> Run:
         run.attempts.append(attempt)
     for number, record in enumerate(records.get(WEIGHT_PUSH_KIND, []), start=1):
         run.pushes.append(_push(record, _where(WEIGHT_PUSH_KIND, number, record)))
+    for number, record in enumerate(records.get(TRAIN_KIND, []), start=1):
+        train = _train(record, _where(TRAIN_KIND, number, record))
+        if train.rollout_id is not None:
+            run.train[train.rollout_id] = train
     if unplaced:
         run.notes.append(
             f"{unplaced} step/attempt record(s) without a rollout_id were left out of the charts."
@@ -322,6 +351,17 @@ def outcome_counts(run: Run) -> dict[str, list[int]]:
 
 def step_metric_series(run: Run, name: str) -> list[float | None]:
     return [None if (step := run.steps.get(rid)) is None else step.metric(name) for rid in run.step_ids]
+
+
+def train_metric_series(run: Run, name: str) -> list[float | None]:
+    """A trainer metric per step (None for steps without a train record or without the metric)."""
+    return [None if (rec := run.train.get(rid)) is None else rec.metric(name) for rid in run.step_ids]
+
+
+def chance_level(run: Run) -> float | None:
+    """The chance level the driver declared for the task (the same in every train record), if any."""
+    levels = {rec.chance_level for rec in run.train.values() if rec.chance_level is not None}
+    return levels.pop() if len(levels) == 1 else None
 
 
 def infra_causes(run: Run) -> tuple[dict[str, list[int]], list[int]]:

@@ -67,7 +67,7 @@ def _is_context_error(exc: openai.BadRequestError) -> bool:
     return "context" in text and ("length" in text or "exceed" in text or "window" in text)
 
 
-def _assistant_message(message: Any) -> dict[str, Any]:
+def assistant_message(message: Any) -> dict[str, Any]:
     """The assistant turn as plain chat-completions JSON (content plus function tool calls)."""
     turn: dict[str, Any] = {"role": "assistant", "content": message.content or ""}
     calls = [
@@ -120,12 +120,20 @@ class SessionChatAgent(BaseAgent):
         return openai.AsyncOpenAI(base_url=self.api_base, api_key="rl360-session", max_retries=0)
 
     async def chat(
-        self, client: openai.AsyncOpenAI, messages: list[dict[str, Any]], tool: dict[str, Any]
+        self,
+        client: openai.AsyncOpenAI,
+        messages: list[dict[str, Any]],
+        tool: dict[str, Any] | None,
+        max_tokens: int | None = None,
     ) -> Any:
-        """One chat completion offering `tool`, sampled with this agent's sampling params."""
+        """One chat completion offering `tool` (no tools when None), sampled with this agent's
+        sampling params; `max_tokens` caps the reply below their budget."""
         params, extra_body = request_params(self.sampling_params)
+        if max_tokens is not None:
+            params["max_tokens"] = min(int(params.get("max_tokens", max_tokens)), max_tokens)
+        tools = {"tools": [tool]} if tool is not None else {}
         return await client.chat.completions.create(
-            model=self.api_model, messages=messages, tools=[tool], extra_body=extra_body, **params
+            model=self.api_model, messages=messages, extra_body=extra_body, **tools, **params
         )
 
 
@@ -189,7 +197,7 @@ class BashToolAgent(SessionChatAgent):
                     context.n_input_tokens += reply.usage.prompt_tokens
                     context.n_output_tokens += reply.usage.completion_tokens
                 message = reply.choices[0].message
-                messages.append(_assistant_message(message))
+                messages.append(assistant_message(message))
                 log.write(json.dumps({"turn": turn, "assistant": messages[-1]}) + "\n")
                 if not message.tool_calls:
                     context.metadata["stop"] = "answered"

@@ -2,10 +2,12 @@
 
 Owns the demo driver: it calls the same hooks Miles would, in the order Miles calls them, against
 real processes (tiny engines behind SMG, a session pool on local Ray, the Harbor `/run` server
-with bubblewrap sandboxes; see `demo_stack`), shows progress, prints a summary table, and writes
-`metrics.jsonl` and `report.html` in the output folder. It does not reimplement training, and it
-does not own any hook: generate, filter, reward post-process and metrics are rl360's own
-(`rl360_ext.rollout.*`), loaded by the dotted paths a Miles launch would pass.
+with bubblewrap sandboxes; see `demo_stack`), trains the policy with the reference trainer
+(`rl360_ext.local.demo_trainer`, standing in for Megatron), pushes each step's weights through
+SMG, shows progress, prints a summary table, and writes `metrics.jsonl` and `report.html` in the
+output folder. It does not own any hook: generate, filter, reward post-process and metrics are
+rl360's own (`rl360_ext.rollout.*`), loaded by the dotted paths a Miles launch would pass, and the
+train step applies rl360's pg-loss reducer and TIS hooks through Miles' contracts.
 
 Order (read off radixark/miles 31f1ca96):
 - `train_async.py` (one-step-off), as `demo_plan.one_step_off_schedule`: push weights once
@@ -21,11 +23,12 @@ Order (read off radixark/miles 31f1ca96):
 
 Deviations, on purpose: no over-sampling (Miles draws more prompts until `rollout_batch_size`
 groups pass the filter; the demo submits `--tasks` groups per step and keeps what passes, so steps
-stay comparable); no training (the "update" adds Gaussian noise to the weights, a stand-in that
-gives each push new weights; advantages are computed and reported, not used).
+stay comparable); the trainer is the CPU reference trainer (no parallelism), trained in a thread
+of this process while the next rollout generates.
 
-The model is the tiny engine with random weights: its text is gibberish, and the quiz agent takes
-the first a-d character of its reply as the answer. See docs/demo.md.
+The model is the tiny engine's: random weights after a format warm start of its LM head (so the
+first policy answers with a letter at chance); the quiz agent takes two turns and reads the first
+a-d character of its answer as the answer. See docs/demo.md.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ from rl360_ext.local.demo_plan import (
     pushed_version,
     summarize_step,
 )
+from rl360_ext.local.demo_trainer import CHANCE_LEVEL, DemoTrainer
 from rl360_ext.local.fixtures import quiz_task_names
 from rl360_ext.local.fixtures import tasks_root as demo_tasks_root
 from rl360_ext.local.stack import (
@@ -75,6 +79,7 @@ from rl360_ext.local.stack import (
     engine_fault_counts,
 )
 from rl360_ext.outcomes.provenance import DOMAIN, is_valid
+from rl360_ext.trainer.trainer import TrainerConfig
 from rl360_ext.util.procs import LOOPBACK
 
 GENERATE_PATH = "rl360_ext.rollout.generate.generate"
@@ -88,6 +93,7 @@ SUMMARY_FILE = "summary.json"
 # waited in the rollout queue past its budget): the client gives up before Harbor can answer.
 SPENT_DEADLINE_S = 0.001
 TRANSFORMERS_ADVISORY_ENV = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
+QUIZ_OPTIONS = "environment/app/options.txt"  # what the quiz agent's probe prints in the sandbox
 
 
 def load_function(path: str) -> Callable[..., Any]:
@@ -144,32 +150,6 @@ class DemoState:
     args: argparse.Namespace
 
 
-class DemoWeights:
-    """The "trainer" side of the demo: the current weights, perturbed once per step, saved as .npz."""
-
-    def __init__(self, directory: Path, seed: int, eps: float) -> None:
-        from rl360_ext.tiny_engine.model import ModelConfig, init_weights
-        from rl360_ext.tiny_engine.tokenizer import build_tokenizer
-
-        self.directory = directory
-        self.seed = seed
-        self.eps = eps
-        self.model_config = ModelConfig(vocab_size=build_tokenizer().get_vocab_size())
-        self.current = init_weights(self.model_config, seed)  # what the engines start from (--seed)
-
-    def save(self, version: str) -> Path:
-        from rl360_ext.tiny_engine.model import save_weights
-
-        return save_weights(self.directory / f"v{version}.npz", self.model_config, self.current)
-
-    def update(self, step: int) -> Path:
-        """Stand-in training step for `step`: add N(0, eps^2) noise to every tensor, save the result."""
-        from rl360_ext.tiny_engine.model import perturb_weights
-
-        self.current = perturb_weights(self.current, self.eps, seed=self.seed * 100_003 + step)
-        return self.save(pushed_version(step))
-
-
 @dataclass
 class StepData:
     """What one rollout hands to training: the kept samples and their advantages."""
@@ -182,9 +162,11 @@ class StepData:
 
 
 class DemoDriver:
-    """Runs the steps: rollouts, stand-in training, weight pushes, in Miles' one-step-off order."""
+    """Runs the steps: rollouts, reference-trainer steps, weight pushes, in Miles' one-step-off order."""
 
-    def __init__(self, config: DemoConfig, stack: LocalStack, progress: Progress) -> None:
+    def __init__(
+        self, config: DemoConfig, stack: LocalStack, progress: Progress, policy: DemoTrainer
+    ) -> None:
         from rl360_ext.rollout.sample import GenerateFnInput, Sample
 
         self.config = config
@@ -208,7 +190,14 @@ class DemoDriver:
         self.quiz_tasks = quiz_task_names(root)
         self.instructions = {name: (root / name / "instruction.md").read_text() for name in self.quiz_tasks}
         self.metrics_path = config.out / METRICS_FILE
-        self.weights = DemoWeights(config.out / "weights", config.seed, config.perturb_eps)
+        self.weights = policy
+        warm = self.weights.warm_start
+        self.console.print(
+            f"format warm start: LM head fitted on {warm.prompts} answer prompts in {warm.seconds:.1f} s, "
+            f"letters A-D hold {warm.letter_mass:.0%} of the answer's probability, equally (chance "
+            f"{CHANCE_LEVEL:.2f})"
+        )
+        self.train_metrics: dict[int, dict[str, float]] = {}
         self.summaries: dict[int, StepSummary] = {}
         self.pushes: list[dict[str, Any]] = []
         self.problems: list[str] = []
@@ -250,13 +239,19 @@ class DemoDriver:
         self.stack.write_manifest()
 
     async def train(self, data: StepData) -> Path:
-        """The stand-in for `actor_model.train`: new weights on disk for the next push."""
-        path = await asyncio.to_thread(self.weights.update, data.step)
-        moved = sum(1 for a in data.advantages if a != 0.0)
-        self.console.print(
-            f"train step {data.step}: {len(data.samples)} kept samples, {moved} with a nonzero advantage "
-            f"-> weights v{pushed_version(data.step)} (stand-in update: + N(0, {self.config.perturb_eps}²))"
+        """`actor_model.train` on the reference trainer: new weights on disk for the next push."""
+        path, metrics = await asyncio.to_thread(
+            self.weights.update,
+            data.step,
+            pushed_version(data.step),
+            data.samples,
+            data.advantages,
+            data.raw_rewards,
+            self.metrics_path,
         )
+        self.train_metrics[data.step] = metrics
+        data.summary.train_time_s = metrics.get("train/time_s")
+        self.console.print(train_line(data.step, metrics, pushed_version(data.step)))
         return path
 
     async def push(self, step: int | None, weights_path: Path) -> dict[str, Any]:
@@ -378,7 +373,49 @@ class DemoDriver:
         self.console.print(f"[bold red]MISMATCH[/] {message}")
 
 
+def train_line(step: int, metrics: dict[str, float], version: str) -> str:
+    """One console line per train step: samples, the trust metrics, time, the weights written."""
+
+    def value(name: str, fmt: str) -> str:
+        number = metrics.get(name)
+        return "-" if number is None else format(number, fmt)
+
+    valid, masked = int(metrics.get("train/valid_samples", 0)), int(metrics.get("train/masked_samples", 0))
+    if not valid:
+        return f"train step {step}: no valid sample in the kept groups; weights v{version} unchanged"
+    return (
+        f"train step {step}: {valid} valid + {masked} masked samples; |Δ log p| mean "
+        f"{value('train/logprob_abs_diff_mean', '.1e')} max {value('train/logprob_abs_diff_max', '.1e')}, "
+        f"routing agreement {value('train/routing_agreement', '.3f')}, pg clip "
+        f"{value('train/pg_clipfrac', '.3f')}, TIS clip {value('train/tis_clipfrac', '.3f')}, grad norm "
+        f"{value('train/grad_norm', '.2f')}, loss scale {value('train/loss_scale', '.2f')}; "
+        f"{value('train/time_s', '.1f')} s -> weights v{version}"
+    )
+
+
 # ---- run_demo ----------------------------------------------------------------------------------
+
+
+def demo_policy(config: DemoConfig) -> DemoTrainer:
+    """The trainer side, warm-started on the quiz questions. It runs in the main thread after the
+    stack is up: run in a thread beside the stack's start-up, the process hung (every thread
+    waiting on a lock) before Ray started."""
+    from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
+
+    root = demo_tasks_root()
+    questions = [
+        ((root / name / "instruction.md").read_text(), (root / name / QUIZ_OPTIONS).read_text())
+        for name in quiz_task_names(root)
+    ]
+    return DemoTrainer(
+        config.out / "weights",
+        default_tokenizer_dir(),
+        questions,
+        config.seed,
+        TrainerConfig(
+            lr=config.lr, lr_warmup_steps=config.lr_warmup_steps, steps_per_rollout=config.steps_per_rollout
+        ),
+    )
 
 
 @dataclass
@@ -483,10 +520,13 @@ def summary_table(summaries: Sequence[StepSummary]) -> Table:
     def mean(value: float | None) -> str:
         return "-" if value is None else f"{value:.3f}"
 
+    def seconds(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
     table = Table(title="rl360 demo: per step")
     for column in (
         "step", "attempts", "valid", "infra", "kept groups",
-        "mean (all)", "mean (kept)", "weights", "push after",
+        "mean (all)", "mean (kept)", "rollout s", "train s", "weights", "push after",
     ):  # fmt: skip
         table.add_column(column, justify="left" if column.startswith(("weights", "push")) else "right")
     for s in summaries:
@@ -505,6 +545,8 @@ def summary_table(summaries: Sequence[StepSummary]) -> Table:
             f"{s.kept_groups}/{s.groups}",
             mean(s.unfiltered_mean),
             mean(s.kept_mean),
+            seconds(s.rollout_time_s),
+            seconds(s.train_time_s),
             version_cell,
             push,
         )
@@ -525,8 +567,25 @@ def infra_table(summaries: Sequence[StepSummary]) -> Table | None:
     return table
 
 
+def learning_line(summaries: Sequence[StepSummary], wall_s: float, goal: float = 0.8) -> str:
+    """Where the policy got: first and last unfiltered means, the first step at `goal`, time split."""
+    means = [(s.step, s.unfiltered_mean) for s in summaries if s.unfiltered_mean is not None]
+    if not means:
+        return "learning: no step had a valid attempt"
+    reached = next((step for step, mean in means if mean >= goal), None)
+    rollout = sum(s.rollout_time_s or 0.0 for s in summaries)
+    train = sum(s.train_time_s or 0.0 for s in summaries)
+    goal_text = f"first at >= {goal:g} in step {reached}" if reached is not None else f"never >= {goal:g}"
+    return (
+        f"learning: unfiltered mean {means[0][1]:.3f} (step {means[0][0]}) -> {means[-1][1]:.3f} "
+        f"(step {means[-1][0]}), best {max(m for _, m in means):.3f}, {goal_text}; chance "
+        f"{CHANCE_LEVEL:.2f}; {wall_s:.0f} s wall; rollouts {rollout:.0f} s, training {train:.0f} s "
+        "(training overlaps the next rollout)"
+    )
+
+
 def run_demo(
-    steps: int = 3,
+    steps: int = 20,
     tasks: int = 8,
     attempts: int = 4,
     faults: float = 0.0,
@@ -535,12 +594,22 @@ def run_demo(
     *,
     seed: int = 0,
     console: Console | None = None,
+    **options: Any,
 ) -> DemoResult:
-    """Start the stack, run `steps` rollout steps in Miles' order, stop everything, write the report."""
+    """Start the stack, run `steps` rollout steps in Miles' order, stop everything, write the report.
+
+    `options` are further `DemoConfig` fields (lr, steps_per_rollout, engine_dtype, ...)."""
     from rl360_ext.diagnostics.report import main as write_report
 
     config = DemoConfig(
-        steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=Path(out), seed=seed
+        steps=steps,
+        tasks=tasks,
+        attempts=attempts,
+        faults=faults,
+        engines=engines,
+        out=Path(out),
+        seed=seed,
+        **options,
     )
     console = console or Console()
     _fresh_output(config.out)
@@ -561,7 +630,7 @@ def run_demo(
                     f"logs in {stack.logs}"
                 )
                 with Progress(*PROGRESS_COLUMNS, console=console) as progress:
-                    driver = DemoDriver(config, stack, progress)
+                    driver = DemoDriver(config, stack, progress, demo_policy(config))
                     summaries = asyncio.run(driver.run())
                 if config.faults > 0:
                     engine_503s = engine_fault_counts(stack.engines)
@@ -577,6 +646,7 @@ def run_demo(
         console.print("engine 503s injected: " + ", ".join(f"{name} {n}" for name, n in engine_503s.items()))
     for problem in driver.problems:
         console.print(f"[bold red]MISMATCH[/] {problem}")
+    console.print(learning_line(summaries, wall_s))
     report_path = config.out / REPORT_FILE
     write_report(config.out, report_path)
     result = DemoResult(

@@ -46,16 +46,19 @@ INITIAL_WEIGHT_VERSION = "0"  # pushed before step 0, as Miles' train_async upda
 class DemoConfig:
     """What `rl360 demo` runs; the constructor rejects values it cannot run, naming the option."""
 
-    steps: int = 3
+    steps: int = 20
     tasks: int = 8
     attempts: int = 4
     faults: float = 0.0
     engines: int = 2
     out: Path = Path("runs/demo")
     seed: int = 0
-    perturb_eps: float = 0.02  # scale of the Gaussian noise standing in for one training step
+    lr: float = 5e-4  # the reference trainer's AdamW learning rate
+    lr_warmup_steps: int = 8  # linear warmup: Adam's first, sign-sized steps would break the format
+    steps_per_rollout: int = 1  # optimizer steps per rollout (Miles' --num-steps-per-rollout)
+    engine_dtype: str = "float64"  # the tiny engines' arithmetic (`rl360 engine serve --dtype`)
     temperature: float = 1.0
-    max_new_tokens: int = 8
+    max_new_tokens: int = 2  # the answer turn's budget (the look turn takes quiz_agent.LOOK_TURN_TOKENS)
     deadline_s: float = 120.0
     session_servers: int = 1
 
@@ -67,6 +70,8 @@ class DemoConfig:
             "engines": 1,
             "session_servers": 1,
             "max_new_tokens": 1,
+            "steps_per_rollout": 1,
+            "lr_warmup_steps": 0,
         }
         for name, least in minimums.items():
             value = getattr(self, name)
@@ -74,12 +79,14 @@ class DemoConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer >= {least}, got {value!r}")
         if not (isinstance(self.faults, int | float) and 0.0 <= self.faults <= 1.0):
             raise ValueError(f"--faults must be a rate in [0, 1], got {self.faults!r}")
-        for name in ("perturb_eps", "temperature", "deadline_s"):
+        for name in ("lr", "temperature", "deadline_s"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if self.deadline_s <= 0:
-            raise ValueError(f"deadline_s must be > 0, got {self.deadline_s!r}")
+        if self.deadline_s <= 0 or self.lr <= 0:
+            raise ValueError(f"deadline_s and lr must be > 0, got {self.deadline_s!r} and {self.lr!r}")
+        if self.engine_dtype not in ("float64", "float32"):
+            raise ValueError(f"--dtype must be float64 or float32, got {self.engine_dtype!r}")
 
     @property
     def attempt_fault_rate(self) -> float:
@@ -240,6 +247,7 @@ class StepSummary:
     versions_seen: list[str]
     version_problems: list[str] = field(default_factory=list)
     rollout_time_s: float | None = None
+    train_time_s: float | None = None
     push_version: str | None = None
     push_duration_s: float | None = None
     push_complete: bool | None = None

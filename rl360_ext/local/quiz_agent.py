@@ -1,24 +1,37 @@
-"""The `rl360 demo` quiz agent: one model call per attempt, the sampled letter becomes the answer.
+"""The `rl360 demo` quiz agent: two model turns per attempt, a probe in between, the sampled letter
+becomes the answer.
 
-Owns what the demo's Harbor agent does inside a trial: send the task's multiple-choice question
-to the session's OpenAI-compatible URL (official `openai` client, one turn, an `answer` tool
-offered), read the answer from the reply (the `answer` tool call when one parses, else the first
-character of the reply that is one of a, b, c, d in either case, once chat markup such as
-`</tool_call>` is removed), and write it to
-`/app/answer.txt` in the sandbox, where the task's verifier grades it. No such character means no
-answer file, which the verifier grades 0 (a policy failure, not an infrastructure one). So the
-tokens the policy sampled decide the reward. The lenient rule is deliberate: the demo's tiny
-model has random weights and writes byte-level gibberish, and SMG's `/generate` drops
-`logit_bias`, so the demo cannot make it say a clean letter; "first a-d character" still makes
-the answer a function of the sampled tokens, with a different distribution per question and per
-weight version.
+Owns what the demo's Harbor agent does inside a trial, through the session's OpenAI-compatible
+URL (official `openai` client):
+
+1. the look turn: the task's multiple-choice question, at most `LOOK_TURN_TOKENS` new tokens;
+2. the probe: whatever the model wrote, the agent runs one command in the sandbox
+   (`PROBE_COMMAND`: it prints the task's options, which each quiz task ships in
+   `environment/app/options.txt`; bounded time and output) and sends its output back as a `tool`
+   message (tool-call id `PROBE_CALL_ID`, or the model's own call id if it wrote a parsable
+   call): the tiny model cannot write a tool call, so the agent makes the one call every attempt
+   makes. The options land right before the answer, where the tiny model can tell the questions
+   apart;
+3. the answer turn: the model's reply, whose answer is a parsable `answer` tool call if there is
+   one, else the first character of the reply that is one of a, b, c, d in either case, once
+   chat markup such as `</tool_call>` is removed.
+
+The answer is written to `/app/answer.txt` in the sandbox, where the task's verifier grades it.
+No such character means no answer file, which the verifier grades 0 (a policy failure, not an
+infrastructure one). So the tokens the policy sampled in its answer turn decide the reward, and
+the merged sample of every attempt holds two sampled spans (loss mask 1) around the probe's
+output (loss mask 0), with delta R3 across the turns. No tools are offered in the request: the
+reference template renders tool schemas into the system prompt (396 instead of 147 prompt
+tokens for quiz-01), which would triple the trainer's attention work for nothing the tiny model
+can use. The lenient rule is deliberate: the tiny model writes byte-level text and SMG's
+`/generate` drops `logit_bias`, so nothing but training can make it say a clean letter.
 
 It does not grade, retry, or know the right answer. Select it with
 `--agent rl360_ext.local.quiz_agent:QuizAgent` on `rl360 harbor serve`.
 
-`extract_answer` is a plain function (tested without Harbor). The Harbor class exists only where
-Harbor is importable (Python >= 3.12 with the `harbor` extra): the Harbor server process; this
-module still imports on Python 3.11 without it.
+`extract_answer` and `probe_output` are plain functions (tested without Harbor). The Harbor
+class exists only where Harbor is importable (Python >= 3.12 with the `harbor` extra): the
+Harbor server process; this module still imports on Python 3.11 without it.
 """
 
 from __future__ import annotations
@@ -31,19 +44,12 @@ from typing import Any
 LETTERS = ("A", "B", "C", "D")
 IMPORT_PATH = "rl360_ext.local.quiz_agent:QuizAgent"
 ANSWER_FILE = "/app/answer.txt"
+LOOK_TURN_TOKENS = 1
+PROBE_COMMAND = "cat /app/options.txt"  # each quiz task ships its options there (environment/app/)
+PROBE_CALL_ID = "rl360-probe"
+PROBE_TIMEOUT_S = 10
+PROBE_OUTPUT_CHARS = 200
 SYSTEM_PROMPT = "You answer multiple-choice questions. Reply with the letter of your answer only."
-ANSWER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "answer",
-        "description": "Submit the letter of your answer.",
-        "parameters": {
-            "type": "object",
-            "properties": {"letter": {"type": "string", "enum": list(LETTERS)}},
-            "required": ["letter"],
-        },
-    },
-}
 _FIRST_LETTER = re.compile(r"[ABCDabcd]")
 _MARKUP = re.compile(r"<[^<>\s]{1,24}>")  # template tags the model emits as text, e.g. </tool_call>
 
@@ -78,19 +84,36 @@ try:
 except ImportError:  # no Harbor here (Python 3.11 / no harbor extra): only the Harbor server runs the agent
     BaseAgent = None  # type: ignore[assignment,misc]
 
+
+def look_messages(instruction: str) -> list[dict[str, Any]]:
+    """The conversation an attempt starts with: the quiz system prompt and the task's question."""
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": instruction}]
+
+
+def probe_message(call_id: str, output: str) -> dict[str, Any]:
+    """The tool message that carries the probe's output back to the model."""
+    return {"role": "tool", "tool_call_id": call_id, "content": output}
+
+
+def probe_output(return_code: int | None, stdout: str | None, stderr: str | None) -> str:
+    """The tool message content of the probe: exit code and output, capped at PROBE_OUTPUT_CHARS."""
+    text = f"exit code: {return_code}\nstdout:\n{stdout or ''}\nstderr:\n{stderr or ''}"
+    return text if len(text) <= PROBE_OUTPUT_CHARS else text[:PROBE_OUTPUT_CHARS] + "\n...[truncated]"
+
+
 if BaseAgent is not None:
     from harbor.environments.base import BaseEnvironment
     from harbor.models.agent.context import AgentContext
 
-    from rl360_ext.local.agents import SessionChatAgent, opening_messages
+    from rl360_ext.local.agents import SessionChatAgent, assistant_message
 
     class QuizAgent(SessionChatAgent):
-        """Asks the policy once and writes the letter it sampled to /app/answer.txt."""
+        """Looks (one short turn), probes the sandbox, answers; writes the letter to /app/answer.txt."""
 
         def __init__(
             self, logs_dir: Path, model_name: str | None = None, logger: Any = None, **kwargs: Any
         ) -> None:
-            for unused in ("max_turns", "max_seq_len"):  # one short turn by design
+            for unused in ("max_turns", "max_seq_len"):  # two short turns by design
                 kwargs.pop(unused, None)
             super().__init__(logs_dir=logs_dir, model_name=model_name, logger=logger, **kwargs)
 
@@ -98,18 +121,40 @@ if BaseAgent is not None:
         def name() -> str:
             return "rl360-demo-quiz"
 
+        async def _probe(self, environment: BaseEnvironment) -> str:
+            try:
+                result = await environment.exec(PROBE_COMMAND, timeout_sec=PROBE_TIMEOUT_S)
+            except TimeoutError:
+                return f"error: {PROBE_COMMAND} did not finish within {PROBE_TIMEOUT_S} s"
+            return probe_output(result.return_code, result.stdout, result.stderr)
+
         async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
+            messages = look_messages(instruction)
             async with self.session_client() as client:
-                reply = await self.chat(client, opening_messages(SYSTEM_PROMPT, instruction), ANSWER_TOOL)
+                look = await self.chat(client, messages, None, max_tokens=LOOK_TURN_TOKENS)
+                looked = look.choices[0].message
+                messages.append(assistant_message(looked))
+                call_id = looked.tool_calls[0].id if looked.tool_calls else PROBE_CALL_ID
+                output = await self._probe(environment)
+                messages.append(probe_message(call_id, output))
+                reply = await self.chat(client, messages, None)
             message = reply.choices[0].message
             calls = [call.model_dump() for call in message.tool_calls or []]
             letter = extract_answer(message.content, calls)
-            if reply.usage is not None:
-                context.n_input_tokens = reply.usage.prompt_tokens
-                context.n_output_tokens = reply.usage.completion_tokens
-            context.metadata = {"answer": letter, "reply": (message.content or "")[:200]}
+            usages = [r.usage for r in (look, reply) if r.usage is not None]
+            context.n_input_tokens = sum(u.prompt_tokens for u in usages)
+            context.n_output_tokens = sum(u.completion_tokens for u in usages)
+            context.metadata = {"answer": letter, "turns": 2, "reply": (message.content or "")[:200]}
             (self.logs_dir / "rl360-quiz.json").write_text(
-                json.dumps({"reply": message.content, "tool_calls": calls, "answer": letter})
+                json.dumps(
+                    {
+                        "look": looked.content,
+                        "probe": output,
+                        "reply": message.content,
+                        "tool_calls": calls,
+                        "answer": letter,
+                    }
+                )
             )
             if letter is not None:
                 await environment.exec(f"printf '%s\\n' {letter} > {ANSWER_FILE}", timeout_sec=10)

@@ -381,7 +381,7 @@ def demo_stack_config(config: DemoConfig) -> StackConfig:
     return StackConfig(
         out=config.out,
         engines=config.engines,
-        engine_flags=("--seed", str(config.seed)),
+        engine_flags=("--seed", str(config.seed), "--dtype", config.engine_dtype),
         engine_faults=faults,
         gateway_flags=tuple(gateway_flags),
         harbors=(harbor,),

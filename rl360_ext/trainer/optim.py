@@ -3,7 +3,8 @@
 Owns the optimizer state (first and second moments, step count) and one update: Adam with bias
 correction and decoupled weight decay (Loshchilov & Hutter; what Megatron's optimizer does with
 `--weight-decay`), after clipping the global L2 norm to `clip_grad` (Megatron's `--clip-grad`,
-1.0 in Miles). It does not compute gradients.
+1.0 in Miles), with an optional linear learning-rate warmup over the first steps (Megatron's
+`--lr-warmup-iters`). It does not compute gradients.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class AdamW:
         betas: tuple[float, float] = (0.9, 0.98),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
+        warmup_steps: int = 0,
     ) -> None:
         if lr <= 0 or not 0 <= betas[0] < 1 or not 0 <= betas[1] < 1 or eps <= 0 or weight_decay < 0:
             raise ValueError(
@@ -40,6 +42,7 @@ class AdamW:
         self.betas = betas
         self.eps = eps
         self.weight_decay = weight_decay
+        self.warmup_steps = max(0, int(warmup_steps))
         self.steps = 0
         self.m = {name: np.zeros_like(p) for name, p in params.items()}
         self.v = {name: np.zeros_like(p) for name, p in params.items()}
@@ -54,12 +57,13 @@ class AdamW:
         b1, b2 = self.betas
         correction1 = 1 - b1**self.steps
         correction2 = 1 - b2**self.steps
+        lr = self.lr * min(1.0, self.steps / self.warmup_steps) if self.warmup_steps else self.lr
         for name, param in self.params.items():
             g = grads[name] * scale
             self.m[name] = b1 * self.m[name] + (1 - b1) * g
             self.v[name] = b2 * self.v[name] + (1 - b2) * g * g
             update = (self.m[name] / correction1) / (np.sqrt(self.v[name] / correction2) + self.eps)
             if self.weight_decay:
-                param *= 1 - self.lr * self.weight_decay
-            param -= self.lr * update
+                param *= 1 - lr * self.weight_decay
+            param -= lr * update
         return norm

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from rl360_ext.tiny_engine.model import ModelConfig, init_weights, load_weights, save_weights
+from rl360_ext.tiny_engine.threads import limit_blas_threads
 from rl360_ext.trainer.backward import Tape, TrainModel
 from rl360_ext.trainer.data import TrainData, train_data
 from rl360_ext.trainer.loss import micro_batch_loss, reducer_coefficients, sum_of_sample_mean
@@ -59,6 +60,8 @@ class TrainerConfig:
     """AdamW epsilon (`--adam-eps`)."""
     weight_decay: float = 0.0
     """Decoupled weight decay (`--weight-decay`)."""
+    lr_warmup_steps: int = 0
+    """Optimizer steps of linear learning-rate warmup (`--lr-warmup-iters`); 0: none."""
     clip_grad: float = 1.0
     """Global gradient-norm clip (`--clip-grad`, Miles' default 1.0); 0 turns it off."""
     eps_clip: float = 0.2
@@ -101,6 +104,8 @@ class TrainerConfig:
             raise ValueError(f"tis_clip_low ({self.tis_clip_low}) must be <= tis_clip ({self.tis_clip})")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        if self.lr_warmup_steps < 0:
+            raise ValueError(f"lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
         if self.steps_per_rollout < 1:
             raise ValueError(f"steps_per_rollout must be >= 1, got {self.steps_per_rollout}")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
@@ -153,6 +158,7 @@ class Trainer:
     def __init__(
         self, model_config: ModelConfig, weights: dict[str, np.ndarray], config: TrainerConfig | None = None
     ) -> None:
+        limit_blas_threads(1)  # small matrices: a multi-threaded BLAS only spins on a shared machine
         self.model_config = model_config
         self.config = config or TrainerConfig()
         self.weights = {name: np.array(value, dtype=np.float64) for name, value in weights.items()}
@@ -163,6 +169,7 @@ class Trainer:
             self.config.betas,
             self.config.adam_eps,
             self.config.weight_decay,
+            self.config.lr_warmup_steps,
         )
         self.args = self.config.miles_args()
         self.tis_function = (

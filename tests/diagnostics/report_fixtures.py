@@ -32,6 +32,8 @@ ENGINES = ("http://127.0.0.1:30001", "http://127.0.0.1:30002")
 CHARTS = (
     "chart-outcomes",
     "chart-rewards",
+    "chart-learning",
+    "chart-trust",
     "chart-phases",
     "chart-occupancy",
     "chart-infra",
@@ -56,6 +58,7 @@ class Expected:
     phase_values: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     occupancy: dict[int, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     pushes: list[dict[str, Any]] = field(default_factory=list)
+    train: list[dict[str, Any]] = field(default_factory=list)
     attempts: int = 0
     valid: int = 0
     trained: int = 0
@@ -114,6 +117,7 @@ def write_run(
     attempt_lines: bool = True,
     pushes: bool = True,
     routing: bool = True,
+    train: bool = True,
 ) -> Expected:
     """Write a run's metrics JSONL through the real filter and log hook; return what it should show."""
     rng = random.Random(seed)
@@ -159,6 +163,22 @@ def write_run(
             record = {"kind": "weight_push", "rollout_id": step, **push.to_dict()}
             append_records(path, [record])
             expected.pushes.append(record)
+        if train:
+            metrics = {
+                "train/logprob_abs_diff_mean": 0.001 * (step + 1),
+                "train/logprob_abs_diff_max": 0.01 * (step + 1),
+                "train/routing_agreement": 1.0 - 0.01 * step,
+                "train/pg_clipfrac": 0.02 * step,
+                "train/tis_clipfrac": 0.0,
+                "train/grad_norm": 1.5,
+                "train/loss_scale": 1.0,
+                "train/valid_samples": 28.0,
+                "train/masked_samples": 4.0,
+                "train/time_s": 2.0,
+            }
+            record = {"kind": "train", "rollout_id": step, "metrics": metrics, "chance_level": 0.25}
+            append_records(path, [record])
+            expected.train.append(record)
     return expected
 
 

@@ -85,6 +85,38 @@ def test_outcomes_per_step_match_the_samples_and_filter_decisions(full: tuple[Ex
     assert f"passed (reward > 0) ({totals['passed (reward > 0)']:,})" in legend
 
 
+def test_learning_chart_draws_the_unfiltered_mean_and_chance(full: tuple[Expected, Page]) -> None:
+    expected, page = full
+    chart = page.charts["chart-learning"]
+    assert chart.values("unfiltered mean") == pytest.approx(
+        {str(k): v for k, v in expected.unfiltered_mean.items()}
+    )
+    assert set(chart.values("chance").values()) == {0.25}
+
+
+def test_trust_chart_and_table_show_every_train_record(full: tuple[Expected, Page]) -> None:
+    expected, page = full
+    chart = page.charts["chart-trust"]
+    agreement = {str(r["rollout_id"]): r["metrics"]["train/routing_agreement"] for r in expected.train}
+    assert chart.values("routing agreement") == pytest.approx(agreement)
+    diffs = {str(r["rollout_id"]): r["metrics"]["train/logprob_abs_diff_max"] for r in expected.train}
+    assert chart.values("|Δ log p| max") == pytest.approx(diffs)
+    header, *rows = chart.tables[0]
+    assert header[0] == "rollout step" and "loss scale" in header and "masked" in header
+    assert [row[0] for row in rows] == [str(r["rollout_id"]) for r in expected.train]
+
+
+def test_a_run_without_train_records_says_so(tmp_path: Path) -> None:
+    write_run(tmp_path / "metrics.jsonl", steps=2, groups=4, train=False)
+    main(tmp_path, None)
+    page = parse_page((tmp_path / "report.html").read_text(encoding="utf-8"))
+    assert (
+        page.charts["chart-trust"].marks == [] and "no train records" in page.charts["chart-trust"].no_data[0]
+    )
+    assert page.charts["chart-learning"].values("unfiltered mean")
+    assert page.charts["chart-learning"].values("chance") == {}
+
+
 def test_unfiltered_and_kept_means_per_step(full: tuple[Expected, Page]) -> None:
     expected, page = full
     chart = page.charts["chart-rewards"]

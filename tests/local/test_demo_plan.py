@@ -249,7 +249,7 @@ def test_version_mismatches_name_the_attempt_and_versions() -> None:
 
 def test_defaults_are_the_cli_defaults() -> None:
     config = DemoConfig()
-    assert (config.steps, config.tasks, config.attempts, config.faults, config.engines) == (3, 8, 4, 0.0, 2)
+    assert (config.steps, config.tasks, config.attempts, config.faults, config.engines) == (20, 8, 4, 0.0, 2)
     assert config.out == Path("runs/demo")
 
 

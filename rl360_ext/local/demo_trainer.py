@@ -1,0 +1,122 @@
+"""The trainer side of `rl360 demo`: the reference trainer on the engines' own model, one file per push.
+
+Owns the demo's policy: its initial weights (the engines' seed weights after a format warm start,
+`rl360_ext.trainer.warm_start.fit_head`: only the LM head is fitted, on the frozen model's
+states at the quiz agent's answer position, toward the four letters A-D with equal weight, so the
+first policy answers with a letter at chance instead of writing byte-level text), one
+`Trainer.train_step` per rollout step on the kept samples and the reward post-process hook's
+advantages, the `.npz` written for every push (`weights/v<version>.npz`, what the engines'
+`update_weights_from_disk` loads) and the `train` record appended to `metrics.jsonl` after each
+step. It does not push weights or drive rollouts (`rl360_ext.local.demo`).
+
+The warm start's prompts are the quiz agent's own conversation up to its answer turn
+(`rl360_ext.local.quiz_agent.look_messages`, a look turn of random tokens, the probe's tool
+message with the task's options), rendered with the session's chat template, so the head is
+fitted where the agent reads its answer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rl360_ext.diagnostics.report_data import TRAIN_KIND
+from rl360_ext.local.quiz_agent import (
+    LETTERS,
+    LOOK_TURN_TOKENS,
+    PROBE_CALL_ID,
+    look_messages,
+    probe_message,
+    probe_output,
+)
+from rl360_ext.rollout.metrics import append_records
+from rl360_ext.templates.markup import TURN_END
+from rl360_ext.templates.render import ChatRenderer
+from rl360_ext.templates.tokenizer import load_hf_tokenizer
+from rl360_ext.tiny_engine.model import ModelConfig, init_weights
+from rl360_ext.trainer.trainer import Trainer, TrainerConfig
+from rl360_ext.trainer.warm_start import fit_head
+
+CHANCE_LEVEL = 1.0 / len(LETTERS)  # a uniform guess among A-D
+WARM_START_LOOKS = 2  # random look turns per question in the warm start's prompts
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """What the format warm start did: prompts fitted, the letters' mean probability after it, time."""
+
+    prompts: int
+    letter_mass: float
+    seconds: float
+
+
+def answer_prompts(
+    renderer: ChatRenderer, questions: Sequence[tuple[str, str]], vocab_size: int, seed: int
+) -> list[list[int]]:
+    """Token ids of the quiz agent's conversation up to its answer turn, per question and look.
+
+    `questions` are (instruction, what the probe prints) pairs."""
+    rng = np.random.default_rng(seed)
+    end = renderer.tokenizer.convert_tokens_to_ids(TURN_END)
+    prompts = []
+    for instruction, printed in questions:
+        probe = probe_message(PROBE_CALL_ID, probe_output(0, printed, ""))
+        messages = look_messages(instruction)
+        first = renderer.prompt_ids(messages)
+        for _ in range(WARM_START_LOOKS):
+            look = rng.integers(0, vocab_size, LOOK_TURN_TOKENS).tolist()
+            reply = {
+                "role": "assistant",
+                "content": renderer.tokenizer.decode(look, skip_special_tokens=True),
+            }
+            prompts.append([*first, *look, end, *renderer.suffix_ids([*messages, reply], [probe])])
+    return prompts
+
+
+class DemoTrainer:
+    """The demo's policy weights, trained by the reference trainer once per rollout step."""
+
+    def __init__(
+        self,
+        directory: Path,
+        tokenizer_dir: Path,
+        questions: Sequence[tuple[str, str]],
+        seed: int,
+        config: TrainerConfig,
+    ) -> None:
+        tokenizer = load_hf_tokenizer(str(tokenizer_dir))
+        self.directory = directory
+        self.model_config = ModelConfig(vocab_size=len(tokenizer))
+        renderer = ChatRenderer(tokenizer)
+        started = time.perf_counter()
+        prompts = answer_prompts(renderer, questions, self.model_config.vocab_size, seed)
+        letters = [tokenizer.convert_tokens_to_ids(letter) for letter in LETTERS]
+        weights, mass = fit_head(self.model_config, init_weights(self.model_config, seed), prompts, letters)
+        self.warm_start = WarmStart(len(prompts), mass, time.perf_counter() - started)
+        self.trainer = Trainer(self.model_config, weights, config)
+
+    def save(self, version: str) -> Path:
+        return self.trainer.save(self.directory / f"v{version}.npz")
+
+    def update(
+        self,
+        step: int,
+        version: str,
+        samples: Sequence[Any],
+        advantages: Sequence[float],
+        raw_rewards: Sequence[float],
+        metrics_path: Path,
+    ) -> tuple[Path, dict[str, float]]:
+        """Train on one step's kept samples, save the weights as `version`, append the train record."""
+        metrics = self.trainer.train_step(samples, advantages, raw_rewards) if samples else {}
+        metrics.setdefault("train/valid_samples", 0.0)
+        metrics.setdefault("train/masked_samples", 0.0)
+        path = self.save(version)
+        record = {"kind": TRAIN_KIND, "rollout_id": step, "metrics": metrics, "chance_level": CHANCE_LEVEL}
+        append_records(metrics_path, [record])
+        return path, metrics

@@ -1,0 +1,132 @@
+"""The demo's trainer side without the stack: the warm start, one train step, the train record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rl360_ext.diagnostics.report_data import TRAIN_KIND
+from rl360_ext.local.demo import learning_line, train_line
+from rl360_ext.local.demo_plan import StepSummary
+from rl360_ext.local.demo_trainer import CHANCE_LEVEL, DemoTrainer, answer_prompts
+from rl360_ext.local.fixtures import quiz_task_names, tasks_root
+from rl360_ext.local.quiz_agent import LETTERS, probe_output
+from rl360_ext.rollout.metrics import read_records
+from rl360_ext.rollout.sample import Sample
+from rl360_ext.templates.render import ChatRenderer
+from rl360_ext.templates.tokenizer import load_hf_tokenizer
+from rl360_ext.tiny_engine.model import KVState, TinyMoEModel, log_softmax
+from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
+from rl360_ext.trainer.trainer import TrainerConfig
+
+
+def _questions(count: int = 3) -> list[tuple[str, str]]:
+    root = tasks_root()
+    names = quiz_task_names(root)[:count]
+    return [
+        ((root / n / "instruction.md").read_text(), (root / n / "environment/app/options.txt").read_text())
+        for n in names
+    ]
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory: pytest.TempPathFactory) -> DemoTrainer:
+    return DemoTrainer(
+        tmp_path_factory.mktemp("weights"), default_tokenizer_dir(), _questions(), 0, TrainerConfig(lr=1e-3)
+    )
+
+
+def test_every_quiz_ships_the_options_its_question_lists() -> None:
+    root = tasks_root()
+    for name in quiz_task_names(root):
+        options = (root / name / "environment/app/options.txt").read_text().splitlines()
+        assert [line[:2] for line in options] == ["A)", "B)", "C)", "D)"]
+        assert all(line in (root / name / "instruction.md").read_text() for line in options)
+
+
+def test_answer_prompts_end_where_the_agent_reads_its_answer() -> None:
+    renderer = ChatRenderer(load_hf_tokenizer(str(default_tokenizer_dir())))
+    prompts = answer_prompts(renderer, _questions(2), 580, seed=1)
+    assert len(prompts) == 4
+    text = renderer.tokenizer.decode(prompts[0])
+    assert text.endswith("<|im_start|>assistant\n")
+    assert probe_output(0, _questions(1)[0][1], "") in text
+
+
+def test_warm_start_gives_the_letters_equal_probability(policy: DemoTrainer) -> None:
+    assert policy.warm_start.letter_mass >= 0.9
+    tokenizer = load_hf_tokenizer(str(default_tokenizer_dir()))
+    renderer = ChatRenderer(tokenizer)
+    prompt = answer_prompts(renderer, _questions(1), policy.model_config.vocab_size, seed=9)[0]
+    model = TinyMoEModel(policy.model_config, policy.trainer.weights)
+    probs = np.exp(log_softmax(_last_logits(model, prompt)))
+    letters = probs[[tokenizer.convert_tokens_to_ids(letter) for letter in LETTERS]]
+    np.testing.assert_allclose(letters, letters[0], rtol=1e-9)
+    assert CHANCE_LEVEL == 0.25
+
+
+def _last_logits(model: TinyMoEModel, prompt: list[int]) -> np.ndarray:
+    kv = KVState.empty(model.config, len(prompt) + 1)
+    return model.forward(np.asarray(prompt), kv).logits[-1]
+
+
+def test_update_trains_saves_and_appends_a_train_record(policy: DemoTrainer, tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    samples = []
+    for index in range(4):
+        tokens = rng.integers(0, policy.model_config.vocab_size, 30).tolist()
+        samples.append(
+            Sample(group_index=0, index=index, tokens=tokens, response_length=6, loss_mask=[1, 1, 0, 0, 1, 1],
+                   rollout_log_probs=[-3.0, -3.0, 0.0, 0.0, -3.0, -3.0], reward=float(index % 2))
+        )  # fmt: skip
+    before = policy.trainer.weights["lm_head"].copy()
+    metrics_path = tmp_path / "metrics.jsonl"
+    path, metrics = policy.update(3, "4", samples, [1.0, -1.0, 1.0, -1.0], [1.0, 0.0, 1.0, 0.0], metrics_path)
+    assert path.name == "v4.npz" and path.is_file()
+    assert metrics["train/valid_samples"] == 4 and not np.array_equal(
+        before, policy.trainer.weights["lm_head"]
+    )
+    (record,) = read_records(metrics_path, TRAIN_KIND)
+    assert record["rollout_id"] == 3 and record["chance_level"] == CHANCE_LEVEL
+    assert record["metrics"]["train/loss_scale"] == pytest.approx(1.0)
+    assert "valid + 0 masked" in train_line(3, metrics, "4")
+    _, empty = policy.update(4, "5", [], [], [], metrics_path)
+    assert empty["train/valid_samples"] == 0 and "unchanged" in train_line(4, empty, "5")
+
+
+def _summary(step: int, mean: float | None, rollout: float, train: float) -> StepSummary:
+    return StepSummary(
+        step=step, attempts=8, valid=8, infra_by_cause={}, groups=2, kept_groups=1, unfiltered_mean=mean,
+        kept_mean=mean, expected_version="0", versions_seen=["0"], rollout_time_s=rollout, train_time_s=train,
+    )  # fmt: skip
+
+
+def test_learning_line_reports_the_goal_and_the_time_split() -> None:
+    line = learning_line([_summary(0, 0.25, 5.0, 2.0), _summary(1, 0.85, 4.0, 3.0)], wall_s=30.0)
+    assert "0.250 (step 0) -> 0.850 (step 1)" in line and "first at >= 0.8 in step 1" in line
+    assert "rollouts 9 s, training 5 s" in line
+    assert "never >= 0.8" in learning_line([_summary(0, 0.3, 1.0, 1.0)], wall_s=5.0)
+    assert "no step had a valid attempt" in learning_line([_summary(0, None, 1.0, 1.0)], wall_s=5.0)
+
+
+def test_demo_config_checks_the_trainer_settings() -> None:
+    from rl360_ext.local.demo_plan import DemoConfig
+
+    assert DemoConfig().steps == 20 and DemoConfig().lr == 5e-4 and DemoConfig().lr_warmup_steps == 8
+    with pytest.raises(ValueError, match="--dtype"):
+        DemoConfig(engine_dtype="float16")
+    with pytest.raises(ValueError, match="lr"):
+        DemoConfig(lr=0.0)
+    with pytest.raises(ValueError, match="--lr-warmup-steps"):
+        DemoConfig(lr_warmup_steps=-1)
+
+
+def test_demo_cli_refuses_a_bad_dtype_before_starting_anything() -> None:
+    from typer.testing import CliRunner
+
+    from rl360_ext.cli import app
+
+    result = CliRunner().invoke(app, ["demo", "--dtype", "bfloat16"])
+    assert result.exit_code != 0 and "float64 or float32" in result.output
