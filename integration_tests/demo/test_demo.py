@@ -269,3 +269,35 @@ def test_interrupt_mid_rollout_stops_every_process(tmp_path: Path, stop_signal: 
     assert process.returncode != 0, output[-4000:]
     assert "stopping every process the demo started" in output
     _assert_nothing_left(token, out)
+
+
+@pytest.mark.timeout(300)
+def test_demo_scales_out_over_harbor_replicas_and_session_servers(tmp_path: Path) -> None:
+    out, token = tmp_path / "demo", uuid.uuid4().hex
+    flags = [
+        "--steps",
+        "1",
+        "--tasks",
+        "2",
+        "--attempts",
+        "2",
+        "--harbor-replicas",
+        "2",
+        "--session-servers",
+        "2",
+    ]
+    run = subprocess.run(
+        _demo_argv(out, *flags), env=_env(token), capture_output=True, text=True, timeout=280
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-4000:]
+    _assert_nothing_left(token, out)
+    manifest = json.loads((out / "logs" / "services.json").read_text())
+    assert len(manifest["session_servers"]) == 2, manifest
+    assert sorted(s["name"] for s in manifest["services"] if s["name"].startswith("harbor")) == [
+        "harbor0",
+        "harbor1",
+    ]
+    steps, attempts = read_metrics(out / "metrics.jsonl")
+    assert [s["rollout_id"] for s in steps] == [0]
+    assert len(attempts) == 4 and all(a["attempt_class"] for a in attempts)

@@ -72,7 +72,7 @@ def test_a_restarted_server_answers_session_lost(log_dir, engine) -> None:
         lost = httpx.post(url, json={"messages": [USER]}, timeout=30)
         assert lost.status_code == 410 and lost.json()["error"]["code"] == "session_lost"
         unknown = httpx.get(f"{second.url}/sessions/not-a-session-id-at-all/merged", timeout=30)
-        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_session"
+        assert unknown.status_code == 404 and unknown.json()["code"] == "unknown_session"  # Miles' shape
 
 
 def test_the_bearer_token_from_a_file_guards_the_server(log_dir, engine, tmp_path) -> None:
@@ -134,7 +134,8 @@ def test_health_stays_responsive_while_a_10mb_message_is_handled(log_dir, engine
         if limit is None:
             assert response.status_code == 413 and "8388608 bytes" in response.json()["error"]["message"]
         else:
-            # handled (rendered and tokenized off the event loop); the tiny engine's context is 32k
-            assert response.status_code == 400 and response.json()["error"]["code"] == "engine_rejected"
+            # handled (rendered and tokenized off the event loop); the tiny engine's context is 32k, and
+            # its 400 reaches the agent as the engine sent it
+            assert response.status_code == 400 and "error" in response.json()
         assert p99 < 0.5
         assert httpx.get(server.url + "/health", timeout=10).status_code == 200

@@ -103,6 +103,10 @@ def demo(
     out: Path = typer.Option(Path("runs/demo"), help="Output folder for metrics.jsonl and report.html."),
     lr: float = typer.Option(5e-4, min=0.0, help="The reference trainer's AdamW learning rate."),
     dtype: str = typer.Option("float64", help="The tiny engines' arithmetic: float64 or float32."),
+    session_servers: int = typer.Option(1, min=1, help="Session servers (Ray actors) of the generate hook."),
+    harbor_replicas: int = typer.Option(
+        1, min=1, help="Harbor /run servers; attempts are routed over them by image group."
+    ),
 ) -> None:
     """Run the whole RL loop on this CPU machine (rollouts, the reference trainer, weight pushes)
     and write a step report.
@@ -113,7 +117,12 @@ def demo(
     from rl360_ext.local.demo_plan import DemoConfig
     from rl360_ext.local.stack import demo_stack_config, preflight
 
-    settings = {"lr": lr, "engine_dtype": dtype}
+    settings = {
+        "lr": lr,
+        "engine_dtype": dtype,
+        "session_servers": session_servers,
+        "harbor_replicas": harbor_replicas,
+    }
     try:
         config = DemoConfig(
             steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out, **settings

@@ -116,7 +116,7 @@ def build_args(
     parser = argparse.ArgumentParser(prog="rl360-demo", add_help=False)
     generate.add_arguments(parser)
     flags = [
-        "--rl360-harbor-url", stack.harbor_url,
+        "--rl360-harbor-url", stack.harbor_urls,
         "--rl360-session-backend", stack.gateway_url,
         "--rl360-session-host", LOOPBACK,
         "--rl360-session-servers", str(config.session_servers),
@@ -626,7 +626,7 @@ def run_demo(
             try:
                 console.print(
                     f"ready in {time.monotonic() - started:.1f} s: gateway {stack.gateway_url}, "
-                    f"engines {', '.join(e.url for e in stack.engines)}, Harbor {stack.harbor_url}; "
+                    f"engines {', '.join(e.url for e in stack.engines)}, Harbor {stack.harbor_urls}; "
                     f"logs in {stack.logs}"
                 )
                 with Progress(*PROGRESS_COLUMNS, console=console) as progress:

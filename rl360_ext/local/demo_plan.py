@@ -60,7 +60,8 @@ class DemoConfig:
     temperature: float = 1.0
     max_new_tokens: int = 2  # the answer turn's budget (the look turn takes quiz_agent.LOOK_TURN_TOKENS)
     deadline_s: float = 120.0
-    session_servers: int = 1
+    session_servers: int = 1  # the generate hook's session servers (Ray actors)
+    harbor_replicas: int = 1  # Harbor /run servers; the agent function routes over them by image group
 
     def __post_init__(self) -> None:
         minimums = {
@@ -69,6 +70,7 @@ class DemoConfig:
             "attempts": 2,
             "engines": 1,
             "session_servers": 1,
+            "harbor_replicas": 1,
             "max_new_tokens": 1,
             "steps_per_rollout": 1,
             "lr_warmup_steps": 0,

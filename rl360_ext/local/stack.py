@@ -159,8 +159,9 @@ class LocalStack:
         return next(iter(self.harbors.values()))
 
     @property
-    def harbor_url(self) -> str:
-        return self.harbor.url
+    def harbor_urls(self) -> str:
+        """Every Harbor server's URL, comma-separated, as the agent function's --rl360-harbor-url."""
+        return ",".join(server.url for server in self.harbors.values())
 
     def services(self) -> list[Service]:
         return [*self.harbors.values(), *([self.smg] if self.smg else []), *self.engines]
@@ -363,19 +364,23 @@ def _harbor_starter(server: HarborServer, tasks_root: Path, logs: Path) -> Calla
 
 
 def demo_stack_config(config: DemoConfig) -> StackConfig:
-    """The demo's stack: `--engines` seeded engines behind SMG with the RL fan-out, the quiz agent's
-    Harbor server, local Ray; with `--faults`, engine 503s that SMG does not retry."""
+    """The demo's stack: `--engines` seeded engines behind SMG with the RL fan-out, `--harbor-replicas`
+    Harbor servers for the quiz agent, local Ray; with `--faults`, engine 503s that SMG does not retry."""
     gateway_flags = ["--enable-rl"]
     if config.faults > 0:
         gateway_flags += ["--disable-retries", "--disable-circuit-breaker"]
-    harbor = HarborServer(
-        agent=QUIZ_AGENT,
-        flags=(
-            "--max-concurrent", str(max(8, config.tasks * config.attempts)),
-            "--trials-dir", str(config.out / "trials"),
-            "--keep-trials", "failed",
-            *DEMO_HARBOR_BUDGET,
-        ),
+    harbors = tuple(
+        HarborServer(
+            name="harbor" if config.harbor_replicas == 1 else f"harbor{number}",
+            agent=QUIZ_AGENT,
+            flags=(
+                "--max-concurrent", str(max(8, config.tasks * config.attempts)),
+                "--trials-dir", str(config.out / "trials"),
+                "--keep-trials", "failed",
+                *DEMO_HARBOR_BUDGET,
+            ),
+        )
+        for number in range(config.harbor_replicas)
     )  # fmt: skip
     faults = {"error_rate": config.engine_error_rate, "seed": config.seed} if config.faults > 0 else None
     return StackConfig(
@@ -384,7 +389,7 @@ def demo_stack_config(config: DemoConfig) -> StackConfig:
         engine_flags=("--seed", str(config.seed), "--dtype", config.engine_dtype),
         engine_faults=faults,
         gateway_flags=tuple(gateway_flags),
-        harbors=(harbor,),
+        harbors=harbors,
         tokenizer_dir=config.out / "tokenizer",
         host_tools=DEMO_HOST_TOOLS,
     )
