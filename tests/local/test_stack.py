@@ -24,7 +24,8 @@ def _flag(flags: tuple[str, ...], name: str) -> str:
 
 def test_demo_config_without_faults(tmp_path: Path) -> None:
     config = demo_stack_config(DemoConfig(tasks=3, attempts=4, engines=3, seed=7, out=tmp_path))
-    assert (config.engines, config.engine_flags, config.engine_faults) == (3, ("--seed", "7", "--dtype", "float64"), None)
+    flags = ("--seed", "7", "--dtype", "float64")
+    assert (config.engines, config.engine_flags, config.engine_faults) == (3, flags, None)
     assert config.gateway_flags == ("--enable-rl",)
     (harbor,) = config.harbors
     assert harbor.agent == QUIZ_AGENT and _flag(harbor.flags, "--max-concurrent") == "12"
