@@ -94,7 +94,7 @@ OCCUPANCY_STYLE = {
     "tools": ("running tools", "#ffb300"),
     "verifier": ("verifier", "#43a047"),
 }
-TIMELINE_POINTS = 40
+TIMELINE_POINTS = 16  # moments of the in-flight timeline: few enough that every time label reads
 PALETTE = (
     "#1f77b4",
     "#ff7f0e",
