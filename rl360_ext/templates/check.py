@@ -38,7 +38,7 @@ from rl360_ext.templates.emission import (
     parse_emission_override,
 )
 from rl360_ext.templates.parse import ParsedAssistant
-from rl360_ext.templates.render import ChatRenderer, TemplateNotAppendOnlyError
+from rl360_ext.templates.render import ChatRenderer, TemplateNotAppendOnlyError, mapping_arguments
 
 Message = dict[str, Any]
 
@@ -392,21 +392,6 @@ def _text_of(content: Any) -> str:
     return content if isinstance(content, str) else ""
 
 
-def _mapping_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
-    """The call with its arguments as the mapping a template serializes (what the model learned
-    to emit); arguments that are not a JSON object stay as given."""
-    function = dict(call.get("function") or {})
-    arguments = function.get("arguments")
-    if isinstance(arguments, str):
-        try:
-            value = json.loads(arguments)
-        except ValueError:
-            value = None
-        if isinstance(value, dict):
-            function["arguments"] = value
-    return {**call, "function": function}
-
-
 def fit_to_emission(conversation: Conversation, emission: Emission) -> Conversation:
     """The conversation as this family can produce it: at most `emission.max_tool_calls` calls per
     generated turn (harmony stops at `<|call|>`), the dropped calls' results removed."""
@@ -487,7 +472,7 @@ class _Replay:
         if reasoning is not None:
             probe["reasoning_content"] = PROBE_REASONING
         if assistant.get("tool_calls"):
-            probe["tool_calls"] = [_mapping_arguments(call) for call in assistant["tool_calls"]]
+            probe["tool_calls"] = [mapping_arguments(call) for call in assistant["tool_calls"]]
         return probe
 
     def _with_reasoning(self, request_text: str, rest: str, reasoning: str | None, prompted: bool) -> str:

@@ -225,21 +225,24 @@ class ChatRenderer:
         self.__dict__.pop("tool_call_separator_always", None)
 
 
+def mapping_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
+    """The tool call with its JSON-object string arguments as the mapping a template serializes
+    (what the model learned to emit; key order kept); other arguments stay as given."""
+    function = dict(call.get("function") or {})
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            value = json.loads(arguments)
+        except ValueError:
+            value = None
+        if isinstance(value, dict):
+            function["arguments"] = value
+    return {**call, "function": function}
+
+
 def _with_mapping_arguments(message: Message) -> Message:
     """The message with JSON-object string arguments as mappings (key order kept)."""
     calls = message.get("tool_calls")
     if not calls:
         return message
-    out = []
-    for call in calls:
-        function = call.get("function") or {}
-        arguments = function.get("arguments")
-        if isinstance(arguments, str):
-            try:
-                value = json.loads(arguments)
-            except ValueError:
-                value = None
-            if isinstance(value, dict):
-                call = {**call, "function": {**function, "arguments": value}}
-        out.append(call)
-    return {**message, "tool_calls": out}
+    return {**message, "tool_calls": [mapping_arguments(call) for call in calls]}
