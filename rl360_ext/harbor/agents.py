@@ -28,7 +28,6 @@ from harbor.utils.import_path import import_class
 UTILITY_AGENTS = frozenset({AgentName.ORACLE.value, AgentName.NOP.value})
 TERMINUS_2 = AgentName.TERMINUS_2.value
 DEFAULT_AGENTS = (AgentName.ORACLE.value, AgentName.NOP.value, TERMINUS_2)
-DEMO_AGENT = "rl360_ext.local.agents:BashToolAgent"
 PLACEHOLDER_API_KEY = "rl360-session"  # session servers do not check keys; LiteLLM insists on one
 # Keys Harbor's agent factory and trial pass to an agent's constructor themselves: a client
 # value would collide (TypeError) or silently redirect Harbor (logs_dir, load_trajectory, ...).

@@ -7,8 +7,9 @@ import pytest
 
 from rl360_ext.harbor import agents
 from rl360_ext.local.agents import request_params
+from rl360_ext.local.fault_matrix import DEMO_AGENT
 
-TABLE = agents.AgentTable([agents.DEMO_AGENT, f"demo={agents.DEMO_AGENT}"])
+TABLE = agents.AgentTable([DEMO_AGENT, f"demo={DEMO_AGENT}"])
 
 
 def entry(name: str) -> agents.AgentEntry:
@@ -44,7 +45,7 @@ def test_terminus_2_talks_to_the_session_through_litellm() -> None:
 
 def test_import_path_agents_get_the_rl360_kwargs() -> None:
     config = agents.agent_config(entry("demo"), SETTINGS, 3, {"command_timeout_s": 5}, 100, 10)
-    assert config.import_path == agents.DEMO_AGENT and config.name is None
+    assert config.import_path == DEMO_AGENT and config.name is None
     assert config.kwargs["api_base"] == SETTINGS.base_url and config.kwargs["api_model"] == "policy"
     assert config.kwargs["max_turns"] == 3 and config.kwargs["command_timeout_s"] == 5
 
@@ -64,11 +65,11 @@ def test_unknown_agents_are_refused_at_start(spec: str) -> None:
 
 
 def test_the_table_holds_the_defaults_and_what_the_operator_named() -> None:
-    assert TABLE.names == sorted(["oracle", "nop", "terminus-2", agents.DEMO_AGENT, "demo"])
-    assert TABLE.default == agents.DEMO_AGENT  # the first --agent
+    assert TABLE.names == sorted(["oracle", "nop", "terminus-2", DEMO_AGENT, "demo"])
+    assert TABLE.default == DEMO_AGENT  # the first --agent
     assert agents.AgentTable().default == "oracle"
     assert agents.AgentTable(["claude-code"], default="nop").default == "nop"
-    assert entry("demo").import_path == agents.DEMO_AGENT and entry("nop").harbor_name == "nop"
+    assert entry("demo").import_path == DEMO_AGENT and entry("nop").harbor_name == "nop"
     assert not entry("nop").needs_model and entry("terminus-2").needs_model
     with pytest.raises(agents.UnknownAgent, match="default agent"):
         agents.AgentTable(default="demo")
