@@ -1,19 +1,19 @@
 """`rl360 engine ...` commands (thin: parse flags, call into rl360_ext.tiny_engine).
 
-`serve`'s flags are derived from `rl360_ext.tiny_engine.config.EngineConfig`: one flag per field,
-its default, bounds and help (the field's docstring) taken from the dataclass, so a new engine
-setting is one field there and nothing here.
+`serve`'s flags are derived from `rl360_ext.tiny_engine.config.EngineConfig` by
+`rl360_ext.cli.fields`: one flag per field, its default, bounds and help (the field's docstring)
+taken from the dataclass, so a new engine setting is one field there and nothing here.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-import typing
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
+
+from rl360_ext.cli.fields import config_command
+from rl360_ext.tiny_engine.config import EngineConfig
 
 app = typer.Typer(
     help="The tiny CPU reference engine (SGLang's native protocol), its tokenizer and weights.",
@@ -26,64 +26,13 @@ EXPERTS = typer.Option(8, min=1, help="MoE experts per layer.")
 TOP_K = typer.Option(2, "--top-k", min=1, help="Experts routed per token.")
 
 
-def _serve_options() -> list[inspect.Parameter]:
-    """One typer option per EngineConfig field: name, default, help and bounds from the dataclass."""
-    from rl360_ext.tiny_engine.config import EngineConfig
-    from rl360_ext.util.fielddocs import field_docs
-
-    docs = field_docs(EngineConfig)
-    hints = typing.get_type_hints(EngineConfig)
-    params = []
-    for item in dataclasses.fields(EngineConfig):
-        meta = item.metadata
-        flag = "--" + meta.get("flag", item.name).replace("_", "-")
-        if "parse" in meta:  # a structured value given as text (e.g. --faults k=v,...)
-            annotation: Any = str
-            default: Any = ""
-        elif meta.get("path"):
-            annotation, default = Path | None, None
-        else:
-            annotation = hints[item.name]
-            default = item.default
-        option = typer.Option(default, flag, help=docs.get(item.name, ""), min=meta.get("min"))
-        params.append(
-            inspect.Parameter(
-                item.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation
-            )
-        )
-    return params
-
-
-def _engine_config(values: dict[str, Any]) -> Any:
-    """EngineConfig from the parsed flags (text flags parsed, paths as strings)."""
-    from rl360_ext.tiny_engine.config import EngineConfig
-
-    kwargs: dict[str, Any] = {}
-    for item in dataclasses.fields(EngineConfig):
-        value = values[item.name]
-        flag = "--" + item.metadata.get("flag", item.name).replace("_", "-")
-        if "parse" in item.metadata:
-            try:
-                value = item.metadata["parse"](value)
-            except ValueError as err:
-                raise typer.BadParameter(str(err), param_hint=flag) from None
-        elif item.metadata.get("path") and value is not None:
-            value = str(value)
-        kwargs[item.name] = value
-    try:
-        return EngineConfig(**kwargs)
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
-
-
-def serve(**values: Any) -> None:
+def serve(config: EngineConfig) -> None:
     """Serve the tiny MoE engine with SGLang's native HTTP protocol."""
     import uvicorn
 
     from rl360_ext.tiny_engine.engine import TinyEngine
     from rl360_ext.tiny_engine.server import create_app
 
-    config = _engine_config(values)
     try:
         engine = TinyEngine(config)
     except (ValueError, FileNotFoundError) as err:
@@ -99,9 +48,7 @@ def serve(**values: Any) -> None:
     uvicorn.run(create_app(engine), host=config.host, port=config.port, log_level="warning", access_log=False)
 
 
-serve.__signature__ = inspect.Signature(_serve_options())  # type: ignore[attr-defined]
-serve.__annotations__ = {p.name: p.annotation for p in serve.__signature__.parameters.values()}  # type: ignore[attr-defined]
-app.command()(serve)
+app.command("serve")(config_command(EngineConfig, serve))
 
 
 @app.command()

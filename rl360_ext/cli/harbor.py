@@ -1,23 +1,19 @@
-"""`rl360 harbor ...` commands (thin: flags come from `ServerSettings`' fields, then call into
-rl360_ext.harbor)."""
+"""`rl360 harbor ...` commands (thin: flags come from `ServerSettings`' fields through
+`rl360_ext.cli.fields`, then call into rl360_ext.harbor)."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import inspect
 import logging
 import os
 import tempfile
-import typing
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from rl360_ext.harbor.settings import ServerSettings, flag_name
-from rl360_ext.util.fielddocs import field_docs
+from rl360_ext.cli.fields import fields_command
+from rl360_ext.harbor.settings import ServerSettings
 
 app = typer.Typer(
     help="The Harbor /run server (one deadline, waves, reservations, pinning) and example tasks.",
@@ -27,51 +23,13 @@ app = typer.Typer(
 _OPTIONAL_AT_THE_FLAG = ("tasks_root", "trials_dir")  # required settings the CLI defaults itself
 
 
-def _option(item: dataclasses.Field[Any], hints: dict[str, Any]) -> inspect.Parameter:
-    """One typer option for one settings field: its flag name, help (the field's docstring),
-    default, `min`, repeatability and environment variable."""
-    annotation = hints[item.name]
-    repeatable = bool(item.metadata.get("repeatable"))
-    if repeatable:
-        annotation, default = list[str] | None, None
-    elif item.name in _OPTIONAL_AT_THE_FLAG:
-        annotation, default = annotation | None, None
-    else:
-        default = item.default
-    option = typer.Option(
-        default,
-        f"--{flag_name(item.name)}",
-        help=field_docs(ServerSettings)[item.name],
-        min=item.metadata.get("min"),
-        envvar=item.metadata.get("envvar"),
-        show_default=not repeatable and item.name != "token",
-    )
-    return inspect.Parameter(item.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation)
-
-
-def _settings_command(run: Callable[[dict[str, Any]], None]) -> Callable[..., None]:
-    """A function whose signature is one keyword option per ServerSettings field."""
-    hints = typing.get_type_hints(ServerSettings)
-
-    def command(**values: Any) -> None:
-        run(values)
-
-    command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [_option(item, hints) for item in dataclasses.fields(ServerSettings)]
-    )
-    command.__doc__ = "Serve POST /run, POST /flush, GET /health, GET /metrics for Harbor trials."
-    return command
-
-
 def _serve(values: dict[str, Any]) -> None:
+    """Serve POST /run, POST /flush, GET /health, GET /metrics for Harbor trials."""
     from rl360_ext.harbor.app import serve
     from rl360_ext.harbor.runner import TrialRunner
     from rl360_ext.local.fixtures import tasks_root as example_tasks_root
     from rl360_ext.util.prereqs import bwrap_problem, require
 
-    for item in dataclasses.fields(ServerSettings):
-        if item.metadata.get("repeatable"):
-            values[item.name] = tuple(values[item.name] or ())
     values["tasks_root"] = values["tasks_root"] or example_tasks_root()
     # Without --trials-dir, trial directories live in a temporary directory removed at exit.
     scratch = (
@@ -102,7 +60,7 @@ def _serve(values: dict[str, Any]) -> None:
         serve(runner, token, settings.host, settings.port, settings.log_level)
 
 
-app.command("serve")(_settings_command(_serve))
+app.command("serve")(fields_command(ServerSettings, _serve, optional=_OPTIONAL_AT_THE_FLAG))
 
 
 @app.command("example-tasks")

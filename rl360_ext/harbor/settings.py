@@ -17,6 +17,7 @@ from typing import Any
 
 from rl360_ext.harbor.admission import Reservation
 from rl360_ext.harbor.budget import BudgetPolicy
+from rl360_ext.util.fielddocs import flag_of
 from rl360_ext.util.flags import key_values
 
 KEEP_TRIALS = ("all", "failed", "none")
@@ -92,9 +93,9 @@ class ServerSettings:
         for item in fields(self):
             value, low = getattr(self, item.name), item.metadata.get("min")
             if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"--{flag_name(item.name)} must be finite, got {value}")
+                raise ValueError(f"{flag_of(item)} must be finite, got {value}")
             if low is not None and value is not None and value < low:
-                raise ValueError(f"--{flag_name(item.name)} must be >= {low}, got {value}")
+                raise ValueError(f"{flag_of(item)} must be >= {low}, got {value}")
         if self.keep_trials not in KEEP_TRIALS:
             raise ValueError(
                 f"--keep-trials must be one of {', '.join(KEEP_TRIALS)}, got {self.keep_trials!r}"
@@ -143,8 +144,3 @@ class ServerSettings:
                 raise ValueError(f"--token-file {self.token_file} is empty")
             return token
         return self.token or None
-
-
-def flag_name(field_name: str) -> str:
-    return field_name.replace("_", "-")
-

@@ -23,10 +23,10 @@ DEFAULT_MODEL_NAME = "rl360-policy"  # replies' model name when neither the flag
 class ServiceOptions:
     """Options of one session server."""
 
-    backend_url: str = field(metadata={"flag": "--backend"})
+    backend_url: str = field(metadata={"flag": "backend"})
     """SGLang-protocol base URL: an engine or the SMG gateway."""
 
-    tokenizer_dir: str = field(metadata={"flag": "--tokenizer"})
+    tokenizer_dir: str = field(metadata={"flag": "tokenizer"})
     """Tokenizer directory (with its chat template)."""
 
     r3: bool = False
@@ -41,22 +41,22 @@ class ServiceOptions:
     max_sessions: int = field(default=4096, metadata={"min": 1})
     """Sessions held at once."""
 
-    idle_ttl_s: float = field(default=7200.0, metadata={"flag": "--idle-ttl", "min": 0.001})
+    idle_ttl_s: float = field(default=7200.0, metadata={"flag": "idle-ttl", "min": 0.001})
     """Drop sessions idle this many seconds."""
 
     model_name: str | None = None
     """Model name in replies and /v1/models (default: the backend's /v1/models id, as SGLang names it)."""
 
-    routing_layers: int | None = field(default=None, metadata={"flag": "--r3-layers", "min": 1})
+    routing_layers: int | None = field(default=None, metadata={"flag": "r3-layers", "min": 1})
     """MoE layers (default: config.json, /model_info)."""
 
-    routing_top_k: int | None = field(default=None, metadata={"flag": "--r3-top-k", "min": 1})
+    routing_top_k: int | None = field(default=None, metadata={"flag": "r3-top-k", "min": 1})
     """Experts per token (default: as above)."""
 
-    routing_experts: int | None = field(default=None, metadata={"flag": "--r3-experts", "min": 1})
+    routing_experts: int | None = field(default=None, metadata={"flag": "r3-experts", "min": 1})
     """Experts per layer (default: as above)."""
 
-    engine_timeout_s: float = field(default=3600.0, metadata={"flag": "--engine-timeout", "min": 0.001})
+    engine_timeout_s: float = field(default=3600.0, metadata={"flag": "engine-timeout", "min": 0.001})
     """Seconds one /generate call (connecting included) may take before the turn fails as engine_timeout."""
 
     public_url: str | None = None

@@ -1,16 +1,20 @@
 """Dataclass field docstrings (the string literal right below a field), read from the class source.
 
 Owns `field_docs`, so a config dataclass can be the single place a field's help text is written
-and a CLI derives its flags' help from it (the session, Harbor and engine servers' flags all do).
+and a CLI derives its flags' help from it (the session, Harbor and engine servers' flags all do),
+and `flag_of`, the one rule for a field's flag name (`--<metadata flag or field name>`, underscores
+as dashes), which the configs' own error messages use too.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import inspect
 import itertools
 import textwrap
+from typing import Any
 
 
 @functools.cache
@@ -30,3 +34,8 @@ def field_docs(cls: type) -> dict[str, str]:
         ):
             docs[node.target.id] = " ".join(following.value.value.split())
     return docs
+
+
+def flag_of(spec: dataclasses.Field[Any]) -> str:
+    """The flag of a config field: `--` and its metadata `flag` (else its name), underscores as dashes."""
+    return "--" + str(spec.metadata.get("flag", spec.name)).replace("_", "-")
