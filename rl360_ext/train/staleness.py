@@ -180,11 +180,20 @@ def _next_turn_cache_hit(versions: VersionArrays, positions: np.ndarray) -> np.n
     return np.where(has_next, (next_cached > positions).astype(np.int64), -1)
 
 
-def staleness_metrics(samples: Sequence[TrainedSample], trainer_version: int) -> dict[str, float]:
+def staleness_metrics(
+    samples: Sequence[TrainedSample], trainer_version: int | Sequence[int]
+) -> dict[str, float]:
     """The staleness, stale-KV and R3-provenance metrics of one step (see the module docstring).
 
-    A metric whose population is empty is left out, never reported as 0.
+    `trainer_version` is the step's, or one per sample (a buffer that handed samples out at
+    different versions). A metric whose population is empty is left out, never reported as 0.
     """
+    if isinstance(trainer_version, (int, np.integer)):
+        trainer_versions: Sequence[int] = [int(trainer_version)] * len(samples)
+    elif len(trainer_version) != len(samples):
+        raise ValueError(f"{len(samples)} samples but {len(trainer_version)} trainer versions")
+    else:
+        trainer_versions = trainer_version
     ages: list[np.ndarray] = []
     unversioned = future = 0
     group_versions: dict[Hashable, list[np.ndarray]] = {}
@@ -192,14 +201,14 @@ def staleness_metrics(samples: Sequence[TrainedSample], trainer_version: int) ->
     kv_stale = kv_known = 0
     r3_rows = r3_later = 0
     split = {1: [0, 0], 0: [0, 0]}  # cache hit / miss: [rows, later-prefill rows]
-    for position, sample in enumerate(samples):
+    for position, (sample, version) in enumerate(zip(samples, trainer_versions, strict=True)):
         versions = sample.versions
         trained = sample.trained_positions
         token = versions.token_version[trained]
         is_versioned = token != UNVERSIONED
         unversioned += int((~is_versioned).sum())
         own = token[is_versioned]
-        age = trainer_version - own
+        age = version - own
         future += int((age < 0).sum())
         ages.append(age[age >= 0])
         if len(own):
