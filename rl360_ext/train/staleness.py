@@ -110,6 +110,8 @@ def parse_versions(raw: Any, n_tokens: int, where: str = f"metadata[{VERSIONS_KE
             )
         if array is not None and ((array < 0) | (array > n_tokens)).any():
             raise ValueError(f"{where}[{key!r}] has an entry outside [0, {n_tokens}]")
+        if key == TURN_OUTPUT_START and array is not None and (np.diff(array) < 0).any():
+            raise ValueError(f"{where}[{key!r}] must not decrease (turns in order)")
         arrays[key] = array
     sources = arrays["routing_source"]
     if sources is not None and len(sources) and not np.isin(sources, [int(s) for s in RoutingSource]).all():

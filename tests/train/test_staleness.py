@@ -121,6 +121,12 @@ def test_parse_versions_names_the_bad_field(key, value, message):
     assert VERSIONS_KEY in str(error.value)
 
 
+def test_turn_starts_must_be_in_order():
+    raw = {"token_version": [U, 1, 1], "kv_version": [1, 1, 1], "turn_first_version": [1, 1]}
+    with pytest.raises(ValueError, match="'turn_output_start'] must not decrease"):
+        parse_versions({**raw, TURN_OUTPUT_START: [2, 1]}, 3)
+
+
 def test_parse_versions_rejects_a_non_mapping():
     with pytest.raises(ValueError, match="must be a mapping"):
         sample_staleness_metrics([_sample(2, 1, [1, 2])], trainer_version=1)
