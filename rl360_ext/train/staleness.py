@@ -159,14 +159,16 @@ def _kv_counts(versions: VersionArrays) -> tuple[int, int]:
     starts = versions.turn_output_start
     if starts is None:
         return 0, 0
+    turns = versions.turn_first_version != UNVERSIONED
+    firsts, starts = versions.turn_first_version[turns], starts[turns]
+    if not len(firsts):
+        return 0, 0
+    kv = versions.kv_version
     stale = known = 0
-    for first, start in zip(versions.turn_first_version, starts, strict=True):
-        if first == UNVERSIONED:
-            continue
-        context = versions.kv_version[:start]
-        have = context != UNVERSIONED
-        known += int(have.sum())
-        stale += int((have & (context < first)).sum())
+    for value in np.unique(kv[kv != UNVERSIONED]):  # few distinct versions: one prefix count each
+        before = np.concatenate([[0], np.cumsum(kv == value)])[starts]  # positions < start with it
+        known += int(before.sum())
+        stale += int(before[value < firsts].sum())
     return stale, known
 
 
