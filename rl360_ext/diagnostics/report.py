@@ -434,7 +434,7 @@ def _staleness_sections(run: Run) -> str:
     (a run without per-token version arrays)."""
     categories = [str(rid) for rid in run.step_ids]
     ages = [
-        Series(label, color, trained_metric_series(run, f"staleness/token_age_hist/{label}"))
+        Series(f"age {label}", color, trained_metric_series(run, f"staleness/token_age_hist/{label}"))
         for label, color in AGE_STYLE
     ]
     shares = [Series(n, c, trained_metric_series(run, m)) for n, c, m in STALENESS_SHARES]

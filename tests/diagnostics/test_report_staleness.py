@@ -56,10 +56,10 @@ def test_train_records_with_versions_chart_the_age_shares_and_version_mix(tmp_pa
     append_records(path, [_train_record(0, first), _train_record(1, second)])
     page = _page(tmp_path)
     ages = page.charts["chart-staleness-age"]
-    assert ages.values("0") == pytest.approx({"0": 1.0})  # a bar of 0 is not drawn
-    assert ages.values("1") == pytest.approx({"1": 0.5})
-    assert ages.values("3") == pytest.approx({"1": 0.5})
-    assert ages.values("2") == ages.values("4+") == {}
+    assert ages.values("age 0") == pytest.approx({"0": 1.0})  # a bar of 0 is not drawn
+    assert ages.values("age 1") == pytest.approx({"1": 0.5})
+    assert ages.values("age 3") == pytest.approx({"1": 0.5})
+    assert ages.values("age 2") == ages.values("age 4+") == {}
     header, *rows = ages.tables[0]
     assert header[:4] == ["rollout step", "age mean", "age p90", "age max"]
     assert [row[:4] for row in rows] == [["0", "0", "0", "0"], ["1", "2", "3", "3"]]
@@ -87,4 +87,4 @@ def test_miles_step_records_carry_the_buffer_metrics(tmp_path: Path) -> None:
     append_records(path, [step])
     page = _page(tmp_path)
     assert page.charts["chart-staleness-shares"].values("stale KV context") == {"4": 0.25}
-    assert page.charts["chart-staleness-age"].values("4+") == {"4": 1.0}
+    assert page.charts["chart-staleness-age"].values("age 4+") == {"4": 1.0}
