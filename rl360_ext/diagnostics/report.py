@@ -4,7 +4,10 @@ Owns the page: a summary table and six charts (attempt outcomes per step, unfilt
 reward, phase durations, infrastructure failures by cause, prefix-cache hit rate and routing
 bytes, weight pushes) plus, for a run that trained (`train` lines, as `rl360 demo` writes them
 with the reference trainer), the learning curve against the task's chance level and the trust
-metrics of every train step, each drawn as inline SVG (charts.py) from the run's metrics JSONL
+metrics of every train step, and, when the samples carried per-token version arrays, the
+token-age histogram and the mixed-version, stale-KV and R3-provenance shares per step (no section
+at all otherwise; from the train records, else the step records' `miles_metrics`), each drawn as
+inline SVG (charts.py) from the run's metrics JSONL
 (report_data.py). The page has no script and loads nothing: its content security policy is
 `default-src 'none'`, so it renders the same offline, from a file, or attached to a ticket. A
 chart whose data the run does not have says so ("no data in this run: <why>") instead of
@@ -58,6 +61,7 @@ from rl360_ext.diagnostics.report_data import (
     step_metric_series,
     summary,
     train_metric_series,
+    trained_metric_series,
 )
 from rl360_ext.rollout.occupancy import PHASES as OCCUPANCY_PHASES
 from rl360_ext.rollout.occupancy import timeline as occupancy_timeline
@@ -401,6 +405,85 @@ def _trust_section(run: Run) -> str:
     return _section("chart-trust", title, caption, charts + table)
 
 
+AGE_STYLE = (
+    ("0", "#2e7d32"),
+    ("1", "#9e9d24"),
+    ("2", "#f9a825"),
+    ("3", "#ef6c00"),
+    ("4+", "#c62828"),
+)
+STALENESS_SHARES = (
+    ("mixed-version samples", "#6a1b9a", "staleness/mixed_version_frac"),
+    ("stale KV context", "#1565c0", "kv/stale_prefix_tokens_frac"),
+    ("R3 rows from a later prefill", "#00838f", "r3/rows_from_later_prefill_frac"),
+    ("… next turn's cache hit", "#4db6ac", "r3/rows_from_later_prefill_frac/cache_hit"),
+    ("… next turn's cache miss", "#ff7043", "r3/rows_from_later_prefill_frac/cache_miss"),
+)
+STALENESS_TABLE = (
+    ("age mean", "staleness/token_age_mean"),
+    ("age p90", "staleness/token_age_p90"),
+    ("age max", "staleness/token_age_max"),
+    ("group spread max", "staleness/group_version_spread_max"),
+    ("aged tokens", "staleness/aged_tokens"),
+    ("unversioned tokens", "staleness/unversioned_tokens"),
+)
+
+
+def _staleness_sections(run: Run) -> str:
+    """Token ages and the version-mix shares per train step; nothing when no step carries them
+    (a run without per-token version arrays)."""
+    categories = [str(rid) for rid in run.step_ids]
+    ages = [
+        Series(f"age {label}", color, trained_metric_series(run, f"staleness/token_age_hist/{label}"))
+        for label, color in AGE_STYLE
+    ]
+    shares = [Series(n, c, trained_metric_series(run, m)) for n, c, m in STALENESS_SHARES]
+    shares = [s for s in shares if any(v is not None for v in s.values)]
+    html = ""
+    if any(v is not None for s in ages for v in s.values):
+        caption = (
+            "Token age = the trainer's policy version minus the version that sampled the token, over "
+            "loss-masked-in tokens of valid samples (staleness/token_age_hist/*: each bucket's share of "
+            "the tokens with a version; unversioned tokens are counted apart). One-step-off training "
+            "puts every token at age 1; in-flight updates spread it."
+        )
+        columns = [trained_metric_series(run, metric) for _, metric in STALENESS_TABLE]
+        rows = [
+            (rid, *(_optional(column[position]) for column in columns))
+            for position, rid in enumerate(categories)
+            if any(column[position] is not None for column in columns)
+        ]
+        table = _table(
+            ("rollout step", *(name for name, _ in STALENESS_TABLE)),
+            rows,
+            (False, *[True] * len(STALENESS_TABLE)),
+        )
+        chart = bar_chart(categories, ages, x_label=STEP_AXIS, y_label="share of tokens", fmt=format_percent)
+        html += _section(
+            "chart-staleness-age",
+            "Staleness: token age per train step",
+            caption,
+            chart + legend(ages) + table,
+        )
+    if shares:
+        caption = (
+            "<b>mixed-version samples</b> (staleness/mixed_version_frac): valid samples whose trained "
+            "tokens carry more than one version. <b>stale KV context</b> (kv/stale_prefix_tokens_frac): "
+            "of the context positions each turn read (known KV versions), the share written by a policy "
+            "older than the turn's first forward. <b>R3 rows from a later prefill</b> "
+            "(r3/rows_from_later_prefill_frac): the share of trained tokens whose kept routing a later "
+            "prefill recorded, split by whether the next turn read the token from the prefix cache."
+        )
+        chart = line_chart(categories, shares, x_label=STEP_AXIS, y_label="share", y_range=(0.0, 1.0))
+        html += _section(
+            "chart-staleness-shares",
+            "Staleness: version mix, stale KV, R3 provenance",
+            caption,
+            chart + legend(shares),
+        )
+    return html
+
+
 SHORT_OUTCOME = {
     "passed": "passed",
     "failed": "failed",
@@ -726,6 +809,7 @@ def render_report(run: Run) -> str:
             _rewards_section(run),
             _learning_section(run),
             _trust_section(run),
+            _staleness_sections(run),
             _phases_section(run),
             _occupancy_section(run),
             _infra_section(run),

@@ -165,10 +165,14 @@ class Step:
     prefilter: str | None
     metrics: dict[str, Any]
     where: str
+    miles_metrics: dict[str, Any] = field(default_factory=dict)  # the rollout function's (e.g. a buffer's)
 
     def metric(self, name: str) -> float | None:
         """A numeric metric, None when absent or null (checked when read: unused metrics may be anything)."""
         return _number(self.metrics, name, f"{self.where} metrics")
+
+    def miles_metric(self, name: str) -> float | None:
+        return _number(self.miles_metrics, name, f"{self.where} miles_metrics")
 
 
 def _step(record: Mapping[str, Any], where: str) -> Step:
@@ -177,6 +181,7 @@ def _step(record: Mapping[str, Any], where: str) -> Step:
         prefilter=_checked(record, "prefilter", (str,), where),
         metrics=_checked(record, "metrics", (dict,), where) or {},
         where=where,
+        miles_metrics=_checked(record, "miles_metrics", (dict,), where) or {},
     )
 
 
@@ -356,6 +361,19 @@ def step_metric_series(run: Run, name: str) -> list[float | None]:
 def train_metric_series(run: Run, name: str) -> list[float | None]:
     """A trainer metric per step (None for steps without a train record or without the metric)."""
     return [None if (rec := run.train.get(rid)) is None else rec.metric(name) for rid in run.step_ids]
+
+
+def trained_metric_series(run: Run, name: str) -> list[float | None]:
+    """A train-time metric per step: the train record's, else the step record's `miles_metrics`
+    (where Miles' rollout function puts its buffer's metrics, e.g. rl360's version-aware buffer)."""
+    values = []
+    for rid in run.step_ids:
+        rec, step = run.train.get(rid), run.steps.get(rid)
+        value = None if rec is None else rec.metric(name)
+        if value is None and step is not None:
+            value = step.miles_metric(name)
+        values.append(value)
+    return values
 
 
 def chance_level(run: Run) -> float | None:

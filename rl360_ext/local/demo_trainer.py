@@ -113,7 +113,10 @@ class DemoTrainer:
         metrics_path: Path,
     ) -> tuple[Path, dict[str, float]]:
         """Train on one step's kept samples, save the weights as `version`, append the train record."""
-        metrics = self.trainer.train_step(samples, advantages, raw_rewards) if samples else {}
+        # the weights this step starts from were pushed as pushed_version(step - 1) == str(step)
+        metrics = (
+            self.trainer.train_step(samples, advantages, raw_rewards, policy_version=step) if samples else {}
+        )
         metrics.setdefault("train/valid_samples", 0.0)
         metrics.setdefault("train/masked_samples", 0.0)
         path = self.save(version)

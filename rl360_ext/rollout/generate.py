@@ -47,6 +47,7 @@ from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, FAILURE_CAUSE, PHASE_TI
 from rl360_ext.outcomes.verdict import worst_engine_failure
 from rl360_ext.rollout import agent as agent_module
 from rl360_ext.rollout import metrics as metrics_module
+from rl360_ext.rollout import version_buffer
 from rl360_ext.rollout.agent import AGENT_CONFIG_KWARG
 from rl360_ext.rollout.config import (
     AgentConfig,
@@ -131,6 +132,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metrics_module.add_arguments(parser)
     if not _has_option(parser, "--rl360-pg-loss-constant"):
         reducers_module.add_arguments(parser)
+    if not _has_option(parser, flag_name("max_token_age")):
+        version_buffer.add_arguments(parser)
 
 
 # ---- the per-process session pool ------------------------------------------------------------------

@@ -39,6 +39,7 @@ import numpy as np
 
 from rl360_ext.tiny_engine.model import ModelConfig, init_weights, load_weights, save_weights
 from rl360_ext.tiny_engine.threads import limit_blas_threads
+from rl360_ext.train.staleness import sample_staleness_metrics
 from rl360_ext.trainer.backward import Tape, TrainModel
 from rl360_ext.trainer.data import TrainData, train_data
 from rl360_ext.trainer.loss import micro_batch_loss, reducer_coefficients, sum_of_sample_mean
@@ -241,8 +242,13 @@ class Trainer:
         samples: Sequence[Any],
         rewards: Sequence[float],
         raw_rewards: Sequence[float] | None = None,
+        policy_version: int | None = None,
     ) -> dict[str, float]:
-        """Train on one rollout's samples with the reward post-process hook's rewards; the metrics."""
+        """Train on one rollout's samples with the reward post-process hook's rewards; the metrics.
+
+        `policy_version` is the version of the weights this step starts from (token ages are
+        measured against it, `rl360_ext.train.staleness`); None counts the steps this trainer took.
+        """
         started = time.perf_counter()
         data = train_data(samples, rewards, raw_rewards)
         valid = data.valid
@@ -250,6 +256,8 @@ class Trainer:
             "train/valid_samples": float(sum(valid)),
             "train/masked_samples": float(len(data) - sum(valid)),
         }
+        version = self.steps_done if policy_version is None else policy_version
+        metrics.update(sample_staleness_metrics(samples, version))
         if not any(valid):
             metrics["train/loss_scale"] = 0.0
             metrics["train/time_s"] = time.perf_counter() - started

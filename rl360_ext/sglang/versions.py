@@ -1,0 +1,32 @@
+"""Policy-version vocabulary shared by the producer (session) and the consumers (train, rollout).
+
+Owns the per-token version conventions every layer above reads: SGLang's `weight_version` is a
+string label; rl360 numbers versions as integers (the demo pushes "0", "1", ...), so a label that
+is a decimal integer is its number and anything else is unnumbered. Per-token arrays use
+`UNVERSIONED` (-1) for tokens no forward of a known version produced (prompt and tool tokens in
+`token_version`). The merged sample's version arrays travel in a Miles `Sample`'s metadata under
+`VERSIONS_KEY`. `RoutingSource` names which forward recorded an R3 row.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+VERSIONS_KEY = "rl360_versions"  # Sample.metadata key of the per-token version arrays
+UNVERSIONED = -1  # a token no numbered forward produced (prompt / tool tokens, unnumbered labels)
+
+
+class RoutingSource(IntEnum):
+    """The forward that recorded an R3 routing row."""
+
+    DECODE = 0  # the row of a token the engine sampled, recorded while decoding it
+    PREFILL = 1  # the row recorded by the prefill of a turn's new input tokens
+    REPREFILL = 2  # the row of an earlier token recomputed by a later prefill (cache miss / retract)
+
+
+def version_number(label: str | None) -> int:
+    """The integer version of a weight-version label, or UNVERSIONED when it is not a decimal integer."""
+    if label is None:
+        return UNVERSIONED
+    text = label.strip()
+    return int(text) if text.isdecimal() else UNVERSIONED
