@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from rl360_ext.session.policy_versions import TurnVersions, VersionArrays, version_arrays
+from rl360_ext.session.policy_versions import TurnVersions, VersionArrays, routing_source_of, version_arrays
 from rl360_ext.session.routing import SOURCE_DECODE, SOURCE_LATER_PREFILL
-from rl360_ext.sglang.versions import UNVERSIONED
+from rl360_ext.sglang.versions import UNVERSIONED, RoutingSource
 
 COMPLETED = "COMPLETED"
 TRUNCATED = "TRUNCATED"
@@ -160,6 +160,13 @@ class MergedSample:
             "turn_first_version": self.turn_first_version,
         }
 
+    def _routing_source_or_derived(self, rows: int) -> np.ndarray:
+        if self.routing_source is not None:
+            return np.asarray(self.routing_source, np.uint8)
+        if self.routing_sources is not None and len(self.routing_sources) == rows:
+            return routing_source_of(self.routing_sources)
+        return np.full(rows, int(RoutingSource.PREFILL), np.uint8)
+
     def version_arrays(self) -> VersionArrays:
         """The version arrays, UNVERSIONED-filled where this sample recorded none."""
         n, rows = len(self.tokens), max(len(self.tokens) - 1, 0)
@@ -171,13 +178,7 @@ class MergedSample:
         return VersionArrays(
             token_version=filled(self.token_version, n),
             kv_version=filled(self.kv_version, n),
-            routing_source=(
-                None
-                if not r3
-                else np.zeros(rows, np.uint8)
-                if self.routing_source is None
-                else np.asarray(self.routing_source, np.uint8)
-            ),
+            routing_source=None if not r3 else self._routing_source_or_derived(rows),
             routing_version=filled(self.routing_version, rows) if r3 else None,
             turn_first_version=filled(self.turn_first_version, len(self.turns)),
         )

@@ -78,6 +78,12 @@ class VersionArrays:
     turn_first_version: np.ndarray  # int32 [turns]
 
 
+def routing_source_of(sources: np.ndarray) -> np.ndarray:
+    """`RoutingSource` codes of delta-R3 row sources (`routing.SOURCE_*`), before any retract."""
+    prefill = int(RoutingSource.PREFILL)
+    return np.asarray([_SOURCE_OF_ROW.get(int(code), prefill) for code in sources], np.uint8)
+
+
 def output_versions(turn: TurnVersions) -> np.ndarray:
     """int32 version number of each output token from the turn's spans (see the module rules)."""
     n = turn.output_tokens
@@ -143,8 +149,7 @@ def version_arrays(turns: Sequence[TurnVersions], n_tokens: int, r3: bool) -> Ve
             continue
         lo, hi = turn.routing_start, turn.routing_start + turn.routing_rows
         if turn.routing_sources is not None and len(turn.routing_sources) == hi - lo:
-            prefill = int(RoutingSource.PREFILL)
-            source[lo:hi] = [_SOURCE_OF_ROW.get(int(code), prefill) for code in turn.routing_sources]
+            source[lo:hi] = routing_source_of(turn.routing_sources)
         routing_version[lo:hi] = kv[lo:hi]
         for first, end in reprefilled:
             start, stop = max(first, lo), min(end, hi)
