@@ -25,7 +25,7 @@ __all__ = ["_needs_the_stack"]  # the stack/bwrap skip fixture (autouse) applies
 STEPS = 2
 
 
-@pytest.mark.parametrize("pause_mode", ["in_place"])
+@pytest.mark.parametrize("pause_mode", ["in_place", "retract"])
 def test_in_flight_step(tmp_path: Path, pause_mode: str) -> None:
     out, token = tmp_path / "demo", uuid.uuid4().hex
     flags = ["--steps", str(STEPS), "--tasks", "2", "--attempts", "2", "--schedule", IN_FLIGHT]
