@@ -88,6 +88,7 @@ from rl360_ext.local.fixtures import tasks_root as demo_tasks_root
 from rl360_ext.local.stack import (
     LocalStack,
     demo_stack,
+    engine_busy_seconds,
     engine_fault_counts,
 )
 from rl360_ext.outcomes.provenance import DOMAIN, is_valid
@@ -471,6 +472,8 @@ class DemoResult:
     report_path: Path
     engine_503s: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    loop_s: float | None = None  # the driver's steps alone (no stack start, no warm start)
+    engine_idle_share: float | None = None  # engine_idle_share over the driver's steps
 
 
 def write_summary(config: DemoConfig, result: DemoResult) -> Path:
@@ -483,6 +486,8 @@ def write_summary(config: DemoConfig, result: DemoResult) -> Path:
         "pushes": result.pushes,
         "engine_503s": result.engine_503s,
         "problems": result.problems,
+        "loop_s": result.loop_s,
+        "engine_idle_share": result.engine_idle_share,
     }
     path = config.out / SUMMARY_FILE
     path.write_text(json.dumps(body, indent=2) + "\n")
@@ -674,7 +679,10 @@ def run_demo(
                 )
                 with Progress(*PROGRESS_COLUMNS, console=console) as progress:
                     driver = DemoDriver(config, stack, progress, demo_policy(config))
+                    busy_before, loop_started = engine_busy_seconds(stack.engines), time.monotonic()
                     summaries = asyncio.run(driver.run())
+                    loop_s = time.monotonic() - loop_started
+                    idle_share = engine_idle_share(busy_before, engine_busy_seconds(stack.engines), loop_s)
                 if config.faults > 0:
                     engine_503s = engine_fault_counts(stack.engines)
             finally:
@@ -701,12 +709,22 @@ def run_demo(
         report_path=report_path,
         engine_503s=engine_503s,
         problems=list(driver.problems),
+        loop_s=loop_s,
+        engine_idle_share=idle_share,
     )
     write_summary(config, result)
     console.print(
         f"done in {wall_s:.1f} s: {config.out / METRICS_FILE}, {report_path}, {config.out / SUMMARY_FILE}"
     )
     return result
+
+
+def engine_idle_share(before: dict[str, float], after: dict[str, float], seconds: float) -> float | None:
+    """The share of `seconds` x engines the engines spent outside model steps (None if unreadable)."""
+    if not before or seconds <= 0 or any(v < 0 for v in (*before.values(), *after.values())):
+        return None
+    busy = sum(after[name] - before[name] for name in before)
+    return max(0.0, 1.0 - busy / (seconds * len(before)))
 
 
 def schedule_figures(result: DemoResult) -> dict[str, Any]:
@@ -725,7 +743,8 @@ def schedule_figures(result: DemoResult) -> dict[str, Any]:
     rollout = [s.rollout_time_s for s in steps if s.rollout_time_s is not None]
     return {
         "wall_s": result.wall_s,
-        "wall_s_per_step": result.wall_s / len(steps) if steps else None,
+        "loop_s_per_step": result.loop_s / len(steps) if steps and result.loop_s else None,
+        "engine_idle_share": result.engine_idle_share,
         "rollout_s_mean": sum(rollout) / len(rollout) if rollout else None,
         "token_age_hist": {bucket: hist.get(bucket, 0) for bucket in AGE_BUCKETS},
         "mixed_version_frac": sum(mixed) / len(mixed) if mixed else None,

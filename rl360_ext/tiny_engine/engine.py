@@ -55,17 +55,21 @@ class FairLock:
 
     `threading.Lock` is not fair: a prefill releasing it between chunks usually re-acquires it
     before the waiting request's thread even wakes, which would undo chunked prefill.
+    `busy_s` is the total time it has been held (the engine's model-busy time).
     """
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._waiters: deque[threading.Lock] = deque()
         self._held = False
+        self._since = 0.0
+        self._busy_s = 0.0
 
     def acquire(self) -> None:
         with self._mutex:
             if not self._held:
                 self._held = True
+                self._since = time.perf_counter()
                 return
             turn = threading.Lock()
             turn.acquire()
@@ -78,6 +82,12 @@ class FairLock:
                 self._waiters.popleft().release()
             else:
                 self._held = False
+                self._busy_s += time.perf_counter() - self._since
+
+    @property
+    def busy_s(self) -> float:
+        with self._mutex:
+            return self._busy_s + (time.perf_counter() - self._since if self._held else 0.0)
 
     def __enter__(self) -> FairLock:
         self.acquire()
@@ -627,6 +637,7 @@ class TinyEngine:
                     "cache_lookup_tokens": stats.lookup_tokens,
                     "cache_evicted_tokens": stats.evicted_tokens,
                     "cache_flushes": stats.flushes,
+                    "model_busy_s": self._model_lock.busy_s,  # rl360: time spent in model steps
                     **counters,
                 }
             ],

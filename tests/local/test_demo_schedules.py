@@ -105,3 +105,11 @@ def test_version_figures_from_the_contract_arrays() -> None:
     # known context positions: turn 0 of one: [1, 1] vs 1 -> 0 stale; turn 1: [1,1,2,1] vs 2 -> 3
     # stale; plain: [3] vs 3 -> 0
     assert figures["stale_kv_frac"] == pytest.approx(3 / 7)
+
+
+def test_engine_idle_share() -> None:
+    from rl360_ext.local.demo import engine_idle_share
+
+    assert engine_idle_share({"a": 1.0, "b": 2.0}, {"a": 3.0, "b": 2.0}, 4.0) == pytest.approx(0.75)
+    assert engine_idle_share({"a": -1.0}, {"a": 3.0}, 4.0) is None  # an engine could not be read
+    assert engine_idle_share({}, {}, 4.0) is None

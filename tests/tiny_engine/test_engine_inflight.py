@@ -164,7 +164,10 @@ def test_updates_within_a_request(weight_files: list[str], points: list[int], mo
     updates = [(at, f"v{n}") for n, at in enumerate(held, start=1)]
     assert meta["weight_versions"] == sglang_spans(updates, "default", MAX_NEW)
     assert meta["weight_version"] == f"v{len(points)}"
-    retracted = sum(1 for at in held if at > 0) if mode == "retract" else 0
+    # a retract pause takes KV from a request that stepped since it last had its KV recomputed
+    # (one still waiting from the previous pause holds none, as SGLang retracts only running ones)
+    stepped = [at > before for at, before in zip(held, [0, *held[:-1]], strict=True)]
+    retracted = sum(stepped) if mode == "retract" else 0
     assert meta["num_retractions"] == retracted
     sequence = PROMPT + output
     logprobs = np.array([lp for lp, _, _ in meta["output_token_logprobs"]])
@@ -204,3 +207,12 @@ def test_unpaused_update_waits_for_in_flight_requests(weight_files: list[str]) -
     meta = job.join()["meta_info"]
     assert meta["weight_versions"] == [{"version": "default", "start": 0, "end": 60}]
     assert engine.weight_version == "v1"
+
+
+def test_model_busy_seconds_grow_with_model_steps() -> None:
+    """`server_info` internal_states[0].model_busy_s: time spent in model steps (the demo's idle share)."""
+    engine = _slow_engine()
+    before = engine.server_info()["internal_states"][0]["model_busy_s"]
+    engine.generate(GenerateRequest(PROMPT, SamplingParams(max_new_tokens=10, ignore_eos=True)))
+    after = engine.server_info()["internal_states"][0]["model_busy_s"]
+    assert after - before >= 10 * STEP_S  # a prefill and 9 decode steps, each sleeping STEP_S
