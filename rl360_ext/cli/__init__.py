@@ -107,6 +107,13 @@ def demo(
     harbor_replicas: int = typer.Option(
         1, min=1, help="Harbor /run servers; attempts are routed over them by image group."
     ),
+    schedule: str = typer.Option(
+        "one-step-off", help="Weight pushes: one-step-off (Miles' train_async) or in-flight (mid-rollout)."
+    ),
+    pause_mode: str = typer.Option("in_place", help="How engines pause for a push: in_place or retract."),
+    compare: str | None = typer.Option(
+        None, help="'schedules': run one-step-off and in-flight and report them side by side."
+    ),
 ) -> None:
     """Run the whole RL loop on this CPU machine (rollouts, the reference trainer, weight pushes)
     and write a step report.
@@ -122,7 +129,11 @@ def demo(
         "engine_dtype": dtype,
         "session_servers": session_servers,
         "harbor_replicas": harbor_replicas,
+        "schedule": schedule,
+        "pause_mode": pause_mode,
     }
+    if compare not in (None, "schedules"):
+        raise typer.BadParameter(f"--compare must be 'schedules', got {compare!r}")
     try:
         config = DemoConfig(
             steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out, **settings
@@ -130,6 +141,13 @@ def demo(
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     preflight(demo_stack_config(config), "rl360 demo", install=True)
+    if compare == "schedules":
+        from rl360_ext.local.demo import compare_schedules
+
+        figures = compare_schedules(
+            steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out, **settings
+        )
+        raise typer.Exit(1 if any(side["problems"] for side in figures.values()) else 0)
     result = run_demo(
         steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out, **settings
     )

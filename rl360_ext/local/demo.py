@@ -15,6 +15,13 @@ Order (read off radixark/miles 31f1ca96):
   train on step k, wait for rollout k+1 (Miles never pushes weights mid-generation), push
   weights. So step k's update overlaps step k+1's generation and step k+2 generates on step k's
   weights (`demo_plan.expected_weight_version`); every turn's version is checked.
+- `--schedule in-flight` (`demo_plan.in_flight_schedule`): the same, but each push goes out as
+  soon as the step's training wrote the weights, while the next rollout generates: the engines
+  pause with `--pause-mode` (in_place: KV kept, so the push keeps the prefix cache, as SGLang
+  refuses that flush; retract: KV recomputed on the new weights), update and continue. A step's
+  turns may then carry the two versions `demo_plan.allowed_weight_versions` names; the trainer's
+  TIS corrects for the hybrid behaviour policy through the per-token rollout logprobs. Each train
+  step prints and records the per-token version figures (`demo_plan.version_figures`).
 - one rollout (`RolloutManager.generate` -> `inference_rollout_train.generate_rollout_async`):
   submit every group's attempts at once through the generate hook (a fresh routing key per sample,
   as `generate_and_rm_group` does under policy manual), run the dynamic filter on each group as it
@@ -39,6 +46,7 @@ import contextlib
 import importlib
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -55,20 +63,24 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from rl360_ext.local.demo_plan import (
+    AGE_BUCKETS,
     CLIENT_DEADLINE,
+    IN_FLIGHT,
     INITIAL_WEIGHT_VERSION,
+    SCHEDULES,
     START,
     TRAIN,
     WAIT,
     AttemptPlan,
     DemoConfig,
     StepSummary,
+    allowed_weight_versions,
     attach_push,
-    expected_weight_version,
-    one_step_off_schedule,
     plan_step,
     pushed_version,
+    schedule_events,
     summarize_step,
+    version_figures,
 )
 from rl360_ext.local.demo_trainer import CHANCE_LEVEL, DemoTrainer
 from rl360_ext.local.fixtures import quiz_task_names
@@ -76,6 +88,7 @@ from rl360_ext.local.fixtures import tasks_root as demo_tasks_root
 from rl360_ext.local.stack import (
     LocalStack,
     demo_stack,
+    engine_busy_seconds,
     engine_fault_counts,
 )
 from rl360_ext.outcomes.provenance import DOMAIN, is_valid
@@ -89,6 +102,8 @@ ROLLOUT_LOG_PATH = "rl360_ext.rollout.metrics.log_rollout_metrics"
 METRICS_FILE = "metrics.jsonl"
 REPORT_FILE = "report.html"
 SUMMARY_FILE = "summary.json"
+COMPARE_FILE = "compare.json"
+TRUST_METRICS = ("train/logprob_abs_diff_mean", "train/tis_clipfrac")
 # A client-deadline fault starts the attempt with its deadline already spent (as when an attempt
 # waited in the rollout queue past its budget): the client gives up before Harbor can answer.
 SPENT_DEADLINE_S = 0.001
@@ -205,13 +220,14 @@ class DemoDriver:
     # ---- the one-step-off loop (train_async.py) ---------------------------------------------------
 
     async def run(self) -> list[StepSummary]:
-        """Carry out `one_step_off_schedule`: rollouts as tasks, training and pushes in between."""
+        """Carry out the schedule (`demo_plan.schedule_events`): rollouts as tasks, training and
+        pushes in between."""
         await self._start_session_pool()
         rollouts: dict[int, asyncio.Task[StepData]] = {}
         finished: dict[int, StepData] = {}
         trained: dict[int, Path] = {}
         try:
-            for event in one_step_off_schedule(self.config.steps):
+            for event in schedule_events(self.config.schedule, self.config.steps):
                 if event.action == START:
                     rollouts[event.step] = asyncio.create_task(self.rollout(event.step))
                 elif event.action == WAIT:
@@ -240,6 +256,8 @@ class DemoDriver:
 
     async def train(self, data: StepData) -> Path:
         """`actor_model.train` on the reference trainer: new weights on disk for the next push."""
+        trainer_version = int(pushed_version(data.step - 1 if data.step else None))
+        data.summary.versions = version_figures(data.samples, trainer_version)
         path, metrics = await asyncio.to_thread(
             self.weights.update,
             data.step,
@@ -251,7 +269,9 @@ class DemoDriver:
         )
         self.train_metrics[data.step] = metrics
         data.summary.train_time_s = metrics.get("train/time_s")
+        data.summary.trust = {k: metrics[k] for k in TRUST_METRICS if k in metrics}
         self.console.print(train_line(data.step, metrics, pushed_version(data.step)))
+        self.console.print(versions_line(data.step, data.summary.versions))
         return path
 
     async def push(self, step: int | None, weights_path: Path) -> dict[str, Any]:
@@ -260,8 +280,15 @@ class DemoDriver:
         from rl360_ext.weights.push import push_weights_from_disk
 
         version = pushed_version(step)
+        # In flight, an in_place pause leaves requests holding KV, so SGLang would refuse the flush.
+        flush = not (self.config.schedule == IN_FLIGHT and self.config.pause_mode == "in_place")
         push = await asyncio.to_thread(
-            push_weights_from_disk, self.stack.gateway_url, str(weights_path), version
+            push_weights_from_disk,
+            self.stack.gateway_url,
+            str(weights_path),
+            version,
+            pause_mode=self.config.pause_mode,
+            flush_cache=flush,
         )
         record = {"kind": "weight_push", "rollout_id": step, **push.to_dict()}
         append_records(self.metrics_path, [record])
@@ -321,7 +348,7 @@ class DemoDriver:
             step,
             [finished[g] for g in order],
             [kept[g] for g in order],
-            expected_weight_version(step),
+            allowed_weight_versions(self.config.schedule, step, self.config.steps),
             rollout_time,
         )
         self.summaries[step] = summary
@@ -371,6 +398,23 @@ class DemoDriver:
     def _problem(self, message: str) -> None:
         self.problems.append(message)
         self.console.print(f"[bold red]MISMATCH[/] {message}")
+
+
+def versions_line(step: int, figures: dict[str, Any] | None) -> str:
+    """One console line per train step: token ages, mixed versions and stale KV of its samples."""
+    if not figures or not figures["samples"]:
+        return f"versions step {step}: no sample carries version arrays"
+
+    def share(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0%}"
+
+    hist = " ".join(f"{age}:{n}" for age, n in figures["token_age_hist"].items())
+    mean = figures["token_age_mean"]
+    return (
+        f"versions step {step}: token age [{hist}] mean {'-' if mean is None else f'{mean:.2f}'}, "
+        f"mixed-version samples {share(figures['mixed_version_frac'])}, "
+        f"stale KV {share(figures['stale_kv_frac'])}"
+    )
 
 
 def train_line(step: int, metrics: dict[str, float], version: str) -> str:
@@ -428,6 +472,8 @@ class DemoResult:
     report_path: Path
     engine_503s: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    loop_s: float | None = None  # the driver's steps alone (no stack start, no warm start)
+    engine_idle_share: float | None = None  # engine_idle_share over the driver's steps
 
 
 def write_summary(config: DemoConfig, result: DemoResult) -> Path:
@@ -440,6 +486,8 @@ def write_summary(config: DemoConfig, result: DemoResult) -> Path:
         "pushes": result.pushes,
         "engine_503s": result.engine_503s,
         "problems": result.problems,
+        "loop_s": result.loop_s,
+        "engine_idle_share": result.engine_idle_share,
     }
     path = config.out / SUMMARY_FILE
     path.write_text(json.dumps(body, indent=2) + "\n")
@@ -631,7 +679,10 @@ def run_demo(
                 )
                 with Progress(*PROGRESS_COLUMNS, console=console) as progress:
                     driver = DemoDriver(config, stack, progress, demo_policy(config))
+                    busy_before, loop_started = engine_busy_seconds(stack.engines), time.monotonic()
                     summaries = asyncio.run(driver.run())
+                    loop_s = time.monotonic() - loop_started
+                    idle_share = engine_idle_share(busy_before, engine_busy_seconds(stack.engines), loop_s)
                 if config.faults > 0:
                     engine_503s = engine_fault_counts(stack.engines)
             finally:
@@ -658,9 +709,89 @@ def run_demo(
         report_path=report_path,
         engine_503s=engine_503s,
         problems=list(driver.problems),
+        loop_s=loop_s,
+        engine_idle_share=idle_share,
     )
     write_summary(config, result)
     console.print(
         f"done in {wall_s:.1f} s: {config.out / METRICS_FILE}, {report_path}, {config.out / SUMMARY_FILE}"
     )
     return result
+
+
+def engine_idle_share(before: dict[str, float], after: dict[str, float], seconds: float) -> float | None:
+    """The share of `seconds` x engines the engines spent outside model steps (None if unreadable)."""
+    if not before or seconds <= 0 or any(v < 0 for v in (*before.values(), *after.values())):
+        return None
+    busy = sum(after[name] - before[name] for name in before)
+    return max(0.0, 1.0 - busy / (seconds * len(before)))
+
+
+def schedule_figures(result: DemoResult) -> dict[str, Any]:
+    """One schedule's side of `--compare schedules`, from its step summaries."""
+    steps = result.summaries
+    hist: Counter[str] = Counter()
+    stale = [f for s in steps if s.versions and (f := s.versions["stale_kv_frac"]) is not None]
+    mixed = [f for s in steps if s.versions and (f := s.versions["mixed_version_frac"]) is not None]
+    for s in steps:
+        hist.update((s.versions or {}).get("token_age_hist") or {})
+
+    def trust(name: str) -> float | None:
+        values = [v for s in steps if s.trust and (v := s.trust.get(name)) is not None and not math.isnan(v)]
+        return sum(values) / len(values) if values else None
+
+    rollout = [s.rollout_time_s for s in steps if s.rollout_time_s is not None]
+    return {
+        "wall_s": result.wall_s,
+        "loop_s_per_step": result.loop_s / len(steps) if steps and result.loop_s else None,
+        "engine_idle_share": result.engine_idle_share,
+        "rollout_s_mean": sum(rollout) / len(rollout) if rollout else None,
+        "token_age_hist": {bucket: hist.get(bucket, 0) for bucket in AGE_BUCKETS},
+        "mixed_version_frac": sum(mixed) / len(mixed) if mixed else None,
+        "stale_kv_frac": sum(stale) / len(stale) if stale else None,
+        "logprob_abs_diff_mean": trust("train/logprob_abs_diff_mean"),
+        "tis_clipfrac": trust("train/tis_clipfrac"),
+        "learning_curve": [s.unfiltered_mean for s in steps],
+        "problems": len(result.problems),
+    }
+
+
+def compare_table(figures: dict[str, dict[str, Any]]) -> Table:
+    """The schedules side by side."""
+    table = Table(title="schedules compared")
+    table.add_column("figure", justify="left")
+    for name in figures:
+        table.add_column(name, justify="right")
+
+    def cell(value: Any) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:.3f}"
+        if isinstance(value, dict):
+            return " ".join(f"{k}:{v}" for k, v in value.items())
+        if isinstance(value, list):
+            return " ".join("-" if v is None else f"{v:.2f}" for v in value)
+        return str(value)
+
+    first = next(iter(figures.values()))
+    for key in first:
+        table.add_row(key, *(cell(side[key]) for side in figures.values()))
+    return table
+
+
+def compare_schedules(
+    out: Path = Path("runs/demo"), console: Console | None = None, **options: Any
+) -> dict[str, dict[str, Any]]:
+    """`rl360 demo --compare schedules`: the demo once per schedule (OUT/<schedule>), same seed and
+    settings, then the figures side by side (printed, and written to OUT/compare.json)."""
+    console = console or Console()
+    options.pop("schedule", None)
+    figures: dict[str, dict[str, Any]] = {}
+    for schedule in SCHEDULES:
+        result = run_demo(out=Path(out) / schedule, console=console, schedule=schedule, **options)
+        figures[schedule] = schedule_figures(result)
+    console.print(compare_table(figures))
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / COMPARE_FILE).write_text(json.dumps(figures, indent=2) + "\n")
+    return figures

@@ -1,5 +1,5 @@
-"""The pure parts of `rl360 demo`: its settings, the task and fault plan, the one-step-off weight
-schedule, and the per-step summary.
+"""The pure parts of `rl360 demo`: its settings, the task and fault plan, the weight schedules
+(one-step-off, in-flight), the per-step version figures, and the per-step summary.
 
 Owns deciding, before anything runs, which quiz task each group of a step asks and which attempts
 get an injected infrastructure fault (seeded, so a run can be repeated); which weight version each
@@ -14,6 +14,16 @@ crashes before writing a reward, or a client whose deadline has already run out.
 engine 503s, cannot be aimed at one attempt: every engine answers each `/generate` with a 503 at
 rate RATE / 4 (the engine's `POST /rl360/faults`). So about RATE of all attempts fail for
 infrastructure reasons.
+
+Schedules (`--schedule`): `one-step-off` is Miles' `train_async.py` (weights pushed only once no
+rollout generates). `in-flight` pushes the weights step k's training produced as soon as they are
+written, while rollout k+1 keeps generating: the engines pause (`--pause-mode in_place` keeps the
+KV; `retract` recomputes it on the new weights), update and continue, so a trajectory's tokens
+come from up to two policy versions and the trainer's TIS corrects for the hybrid behaviour
+policy through the per-token `rollout_log_probs`. `version_figures` reads the per-token arrays
+(`metadata[VERSIONS_KEY]`, the rl360_ext.sglang.versions contract) into the figures the
+comparison reports: token age at train time over loss-masked-in tokens, mixed-version share and
+stale-KV share (context KV older than its turn's first version).
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from typing import Any
 from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.provenance import VALID, attempt_class, infra_cause
 from rl360_ext.rollout.rewards import reward_value
+from rl360_ext.sglang.versions import UNVERSIONED, VERSIONS_KEY
 
 # Fault kinds; the two that are causes are named by the cause they produce.
 SANDBOX_START = "sandbox_start"
@@ -40,6 +51,10 @@ ATTEMPT_FAULT_KINDS = (SANDBOX_START, VERIFIER_CRASH, CLIENT_DEADLINE)  # aimed 
 FAULT_TASKS = {SANDBOX_START: "fault-sandbox-start", VERIFIER_CRASH: "fault-verifier-crash"}
 
 INITIAL_WEIGHT_VERSION = "0"  # pushed before step 0, as Miles' train_async updates weights first
+ONE_STEP_OFF, IN_FLIGHT = "one-step-off", "in-flight"
+SCHEDULES = (ONE_STEP_OFF, IN_FLIGHT)
+PAUSE_MODES = ("in_place", "retract")
+AGE_BUCKETS = ("0", "1", "2", "3", "4+")
 
 
 @dataclass(frozen=True)
@@ -62,6 +77,8 @@ class DemoConfig:
     deadline_s: float = 120.0
     session_servers: int = 1  # the generate hook's session servers (Ray actors)
     harbor_replicas: int = 1  # Harbor /run servers; the agent function routes over them by image group
+    schedule: str = ONE_STEP_OFF  # when weights are pushed (SCHEDULES)
+    pause_mode: str = "in_place"  # how engines pause for a push (PAUSE_MODES)
 
     def __post_init__(self) -> None:
         minimums = {
@@ -89,6 +106,10 @@ class DemoConfig:
             raise ValueError(f"deadline_s and lr must be > 0, got {self.deadline_s!r} and {self.lr!r}")
         if self.engine_dtype not in ("float64", "float32"):
             raise ValueError(f"--dtype must be float64 or float32, got {self.engine_dtype!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.pause_mode not in PAUSE_MODES:
+            raise ValueError(f"--pause-mode must be one of {', '.join(PAUSE_MODES)}, got {self.pause_mode!r}")
 
     @property
     def attempt_fault_rate(self) -> float:
@@ -177,6 +198,57 @@ def one_step_off_schedule(steps: int) -> list[Event]:
     return events
 
 
+def in_flight_schedule(steps: int) -> list[Event]:
+    """The in-flight driver's actions: push the initial weights; start rollout 0; for each step k:
+    wait for rollout k, start rollout k+1, train on step k, push at once (rollout k+1 is still
+    generating: the push pauses the engines, updates and continues them)."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    events = [Event(PUSH, None), Event(START, 0)]
+    for step in range(steps):
+        events.append(Event(WAIT, step))
+        if step + 1 < steps:
+            events.append(Event(START, step + 1))
+        events.append(Event(TRAIN, step))
+        events.append(Event(PUSH, step))
+    return events
+
+
+def schedule_events(schedule: str, steps: int) -> list[Event]:
+    """The driver's actions for `schedule` (SCHEDULES)."""
+    if schedule == ONE_STEP_OFF:
+        return one_step_off_schedule(steps)
+    if schedule == IN_FLIGHT:
+        return in_flight_schedule(steps)
+    raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+
+
+def versions_per_rollout(schedule: list[Event]) -> dict[int, list[str]]:
+    """The versions each rollout may generate on: the last push before it started, then every push
+    while it was in flight (in order). Under one-step-off each list has one entry."""
+    current: str | None = None
+    in_flight: set[int] = set()
+    versions: dict[int, list[str]] = {}
+    for event in schedule:
+        if event.action == START:
+            if current is None:
+                raise ValueError(f"rollout {event.step} starts before any weights were pushed")
+            versions[event.step] = [current]  # type: ignore[index]
+            in_flight.add(event.step)  # type: ignore[arg-type]
+        elif event.action == WAIT:
+            in_flight.discard(event.step)  # type: ignore[arg-type]
+        elif event.action == PUSH:
+            current = pushed_version(event.step)
+            for step in in_flight:
+                versions[step].append(current)
+    return versions
+
+
+def allowed_weight_versions(schedule: str, step: int, steps: int) -> list[str]:
+    """The versions `step`'s turns may carry under `schedule` (one under one-step-off)."""
+    return versions_per_rollout(schedule_events(schedule, max(steps, step + 1)))[step]
+
+
 def pushed_version(after_step: int | None) -> str:
     """The weight version pushed after step `after_step`'s update (None: the initial push)."""
     return INITIAL_WEIGHT_VERSION if after_step is None else str(after_step + 1)
@@ -216,18 +288,72 @@ def expected_weight_version(step: int) -> str:
     return INITIAL_WEIGHT_VERSION if step < 2 else pushed_version(step - 2)
 
 
-def version_mismatches(samples: Sequence[Any], expected: str) -> list[str]:
-    """One message per sample with a turn on another weight version than `expected`."""
+def version_mismatches(samples: Sequence[Any], expected: str | Sequence[str]) -> list[str]:
+    """One message per sample with a turn on a weight version outside `expected` (one or several)."""
+    allowed = {expected} if isinstance(expected, str) else set(expected)
+    expected = ",".join(sorted(allowed))
     problems = []
     for sample in samples:
         versions = [str(v) for v in getattr(sample, "weight_versions", None) or []]
-        wrong = sorted({v for v in versions if v != expected})
+        wrong = sorted({v for v in versions if v not in allowed})
         if wrong:
             problems.append(
                 f"group {sample.group_index} attempt {sample.index}: turns on weight version(s) "
                 f"{', '.join(wrong)}, expected {expected}"
             )
     return problems
+
+
+# ---- per-token version figures ------------------------------------------------------------------
+
+
+def _age_bucket(age: int) -> str:
+    return AGE_BUCKETS[min(max(age, 0), len(AGE_BUCKETS) - 1)]
+
+
+def version_figures(samples: Sequence[Any], trainer_version: int) -> dict[str, Any]:
+    """What the schedule comparison reports for one step's training samples, from the contract
+    arrays in `sample.metadata[VERSIONS_KEY]` (samples without them are skipped):
+
+    - `token_age_hist` {0,1,2,3,4+} and `token_age_mean`/`_max` over loss-masked-in tokens, age =
+      `trainer_version` - token version (the version the trainer holds when it trains on them);
+    - `mixed_version_frac`: samples whose sampled tokens carry more than one version;
+    - `stale_kv_frac`: of the context positions each turn read (its whole prompt), the share whose
+      KV version is known and older than the turn's first version (`kv_version` is the final
+      context's KV, so earlier turns are approximate; computed here from the contract arrays).
+    """
+    hist = dict.fromkeys(AGE_BUCKETS, 0)
+    ages: list[int] = []
+    mixed = counted = stale = context = 0
+    for sample in samples:
+        arrays = (getattr(sample, "metadata", None) or {}).get(VERSIONS_KEY)
+        if not arrays:
+            continue
+        counted += 1
+        tokens = arrays["token_version"]
+        prompt = len(tokens) - len(sample.loss_mask)
+        sampled = {v for v in tokens if v != UNVERSIONED}
+        mixed += len(sampled) > 1
+        for mask, version in zip(sample.loss_mask, tokens[prompt:], strict=True):
+            if mask and version != UNVERSIONED:
+                ages.append(trainer_version - version)
+                hist[_age_bucket(trainer_version - version)] += 1
+        kv, firsts = arrays["kv_version"], arrays["turn_first_version"]
+        turns = (sample.metadata.get("merge") or {}).get("turns") or []
+        for turn, first in zip(turns, firsts, strict=False):
+            if first == UNVERSIONED:
+                continue
+            known = [v for v in kv[: turn["input_start"] + turn["input_tokens"]] if v != UNVERSIONED]
+            context += len(known)
+            stale += sum(1 for v in known if v < first)
+    return {
+        "samples": counted,
+        "token_age_hist": hist,
+        "token_age_mean": sum(ages) / len(ages) if ages else None,
+        "token_age_max": max(ages) if ages else None,
+        "mixed_version_frac": mixed / counted if counted else None,
+        "stale_kv_frac": stale / context if context else None,
+    }
 
 
 # ---- the summary table ---------------------------------------------------------------------------
@@ -248,6 +374,8 @@ class StepSummary:
     expected_version: str
     versions_seen: list[str]
     version_problems: list[str] = field(default_factory=list)
+    versions: dict[str, Any] | None = None  # version_figures of the samples trained on
+    trust: dict[str, float] | None = None  # the train step's |delta log p| and TIS clip fraction
     rollout_time_s: float | None = None
     train_time_s: float | None = None
     push_version: str | None = None
@@ -267,7 +395,7 @@ def summarize_step(
     step: int,
     groups: Sequence[Sequence[Any]],
     kept: Sequence[bool],
-    expected_version: str,
+    expected_version: str | Sequence[str],
     rollout_time_s: float | None = None,
 ) -> StepSummary:
     """The step's row from its samples (per group) and the filter's keep decision per group.
@@ -297,7 +425,9 @@ def summarize_step(
         kept_groups=sum(1 for keep in kept if keep),
         unfiltered_mean=_mean(valid_rewards),
         kept_mean=_mean(kept_rewards),
-        expected_version=expected_version,
+        expected_version=(
+            expected_version if isinstance(expected_version, str) else ",".join(expected_version)
+        ),
         versions_seen=versions,
         version_problems=version_mismatches(samples, expected_version),
         rollout_time_s=rollout_time_s,

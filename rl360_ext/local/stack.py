@@ -216,6 +216,19 @@ def engine_fault_counts(engines: list[Service]) -> dict[str, int]:
     return counts
 
 
+def engine_busy_seconds(engines: list[Service]) -> dict[str, float]:
+    """Seconds each tiny engine has spent in model steps so far (`server_info`
+    internal_states[0].model_busy_s), by engine name; -1 when unreadable."""
+    busy = {}
+    for engine in engines:
+        try:
+            body = httpx.get(f"{engine.url}/server_info", timeout=10.0).json()
+            busy[engine.name] = float(body["internal_states"][0]["model_busy_s"])
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+            busy[engine.name] = -1.0
+    return busy
+
+
 def _start_all(starters: dict[str, Callable[[], Service]], started: list[Service]) -> dict[str, Service]:
     """Start services in parallel; every one that came up lands in `started` (even on Ctrl-C), then
     the first failure is raised."""

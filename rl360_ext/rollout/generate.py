@@ -62,6 +62,7 @@ from rl360_ext.rollout.rewards import verifier_reward_value
 from rl360_ext.rollout.sample import GenerateFnInput, GenerateFnOutput, Sample
 from rl360_ext.session.merge import ABORTED, FAILED, MERGE_KEY, MergedSample
 from rl360_ext.session.miles_sample import MilesSample, to_miles_sample
+from rl360_ext.sglang.versions import VERSIONS_KEY
 from rl360_ext.templates.drift import DRIFT_KEY
 from rl360_ext.train import reducers as reducers_module
 
@@ -95,7 +96,6 @@ _SGLANG_TO_OPENAI = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_toke
 
 
 # ---- flags ------------------------------------------------------------------------------------------
-
 
 
 def _has_option(parser: argparse.ArgumentParser, option: str) -> bool:
@@ -428,6 +428,7 @@ def finish_sample(
         sample.metadata[PHASE_TIMINGS][MODEL_TIME] = model_seconds(merged)
     if filled is not None:  # the converter's merge facts: what max_seq_len kept, as the wire says
         sample.metadata[MERGE_KEY] = filled.metadata[MERGE_KEY]
+        sample.metadata[VERSIONS_KEY] = filled.metadata[VERSIONS_KEY]  # per-token policy versions
     if attempt_class == VALID:
         sample.metadata[ATTEMPT_CLASS] = VALID
         sample.reward = reward

@@ -416,6 +416,7 @@ class SessionCore:
             finish_detail=result.finish_reason.to_json(),
             weight_version=result.weight_version,
             weight_versions=[vars(span) for span in result.weight_versions],
+            num_retractions=result.num_retractions,
             prompt_tokens=result.prompt_tokens,
             cached_tokens=result.cached_tokens,
             routing=routing,

@@ -8,8 +8,10 @@ turn that finished with `length` (or `abort`) is the last one kept, later turns 
 the status says TRUNCATED (or ABORTED). When the history forked, the sample is the last segment
 (the context the model saw last); earlier segments are counted in the metadata. `branches` gives
 every segment's trainable turns instead (one sample per branch, Miles' v2 wire): an earlier
-segment loses only a last turn that the fork retried (Miles' drop_retries rule). It does not own
-producing turns (`core.py`) or their bytes on the wire (`wire.py`).
+segment loses only a last turn that the fork retried (Miles' drop_retries rule). The per-token
+policy versions (`token_version`, `kv_version`, `routing_source`, `routing_version`,
+`turn_first_version`) come from `policy_versions.py`. It does not own producing turns
+(`core.py`) or their bytes on the wire (`wire.py`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from rl360_ext.session.policy_versions import TurnVersions, VersionArrays, routing_source_of, version_arrays
 from rl360_ext.session.routing import SOURCE_DECODE, SOURCE_LATER_PREFILL
+from rl360_ext.sglang.versions import UNVERSIONED, RoutingSource
 
 COMPLETED = "COMPLETED"
 TRUNCATED = "TRUNCATED"
@@ -48,6 +52,7 @@ class TurnRecord:
     finish_reason: str  # "stop" | "length" | "abort"
     weight_version: str | None = None
     weight_versions: list[dict[str, Any]] = field(default_factory=list)  # spans {version, start, end}
+    num_retractions: int = 0  # the engine's meta_info.num_retractions
     prompt_tokens: int = 0
     cached_tokens: int = 0
     routing: np.ndarray | None = None  # compact [rows, layers, top_k] for positions from routing_start
@@ -63,6 +68,21 @@ class TurnRecord:
     def end(self) -> int:
         return self.input_start + len(self.input_ids) + len(self.output_ids)
 
+    def versions(self) -> TurnVersions:
+        """The facts `policy_versions` reads."""
+        return TurnVersions(
+            input_start=self.input_start,
+            input_tokens=len(self.input_ids),
+            output_tokens=len(self.output_ids),
+            spans=self.weight_versions,
+            weight_version=self.weight_version,
+            cached_tokens=self.cached_tokens,
+            num_retractions=self.num_retractions,
+            routing_start=self.routing_start,
+            routing_rows=None if self.routing is None else len(self.routing),
+            routing_sources=self.routing_sources,
+        )
+
     def summary(self) -> dict[str, Any]:
         """JSON-able facts of the turn (no token arrays)."""
         return {
@@ -77,6 +97,7 @@ class TurnRecord:
             "finish_detail": self.finish_detail,
             "weight_version": self.weight_version,
             "weight_versions": self.weight_versions,
+            "num_retractions": self.num_retractions,
             "routing_rows": 0 if self.routing is None else len(self.routing),
             "routing_wire_bytes": self.routing_wire_bytes,
             "latency_s": self.latency_s,
@@ -100,6 +121,13 @@ class MergedSample:
     weight_versions: list[str | None]  # one per kept turn
     turns: list[dict[str, Any]]  # TurnRecord.summary() of each kept turn
     metadata: dict[str, Any]
+    # Per-token policy versions (rl360_ext.sglang.versions contract; policy_versions.py rules).
+    # `merge` always sets them; None on a hand-built sample means "not recorded" (UNVERSIONED).
+    token_version: np.ndarray | None = None  # int32 [n]
+    kv_version: np.ndarray | None = None  # int32 [n]
+    routing_source: np.ndarray | None = None  # uint8 [n - 1] RoutingSource, None without R3
+    routing_version: np.ndarray | None = None  # int32 [n - 1], None without R3
+    turn_first_version: np.ndarray | None = None  # int32 [kept turns]
 
     @property
     def response_length(self) -> int:
@@ -125,7 +153,35 @@ class MergedSample:
             "weight_versions": self.weight_versions,
             "turns": self.turns,
             "metadata": self.metadata,
+            "token_version": self.token_version,
+            "kv_version": self.kv_version,
+            "routing_source": self.routing_source,
+            "routing_version": self.routing_version,
+            "turn_first_version": self.turn_first_version,
         }
+
+    def _routing_source_or_derived(self, rows: int) -> np.ndarray:
+        if self.routing_source is not None:
+            return np.asarray(self.routing_source, np.uint8)
+        if self.routing_sources is not None and len(self.routing_sources) == rows:
+            return routing_source_of(self.routing_sources)
+        return np.full(rows, int(RoutingSource.PREFILL), np.uint8)
+
+    def version_arrays(self) -> VersionArrays:
+        """The version arrays, UNVERSIONED-filled where this sample recorded none."""
+        n, rows = len(self.tokens), max(len(self.tokens) - 1, 0)
+        r3 = self.routed_experts is not None
+
+        def filled(array: np.ndarray | None, length: int) -> np.ndarray:
+            return np.full(length, UNVERSIONED, np.int32) if array is None else np.asarray(array, np.int32)
+
+        return VersionArrays(
+            token_version=filled(self.token_version, n),
+            kv_version=filled(self.kv_version, n),
+            routing_source=None if not r3 else self._routing_source_or_derived(rows),
+            routing_version=filled(self.routing_version, rows) if r3 else None,
+            turn_first_version=filled(self.turn_first_version, len(self.turns)),
+        )
 
 
 def prefill_fraction(sources: np.ndarray | None) -> float | None:
@@ -189,6 +245,7 @@ def merge(
         ]
     )
     routed, sources = _merge_routing(kept, len(tokens), routing_tail_shape, routing_dtype)
+    versions = version_arrays([t.versions() for t in kept], len(tokens), routed is not None)
     facts["r3_rows_from_prefill_fraction"] = prefill_fraction(sources)
     facts["routing_bytes_in_sample"] = 0 if routed is None else int(routed.nbytes)
     status = _STATUS_OF_FINISH.get(kept[-1].finish_reason, FAILED)
@@ -204,6 +261,11 @@ def merge(
         weight_versions=[t.weight_version for t in kept],
         turns=[t.summary() for t in kept],
         metadata=meta,
+        token_version=versions.token_version,
+        kv_version=versions.kv_version,
+        routing_source=versions.routing_source,
+        routing_version=versions.routing_version,
+        turn_first_version=versions.turn_first_version,
     )
 
 
@@ -275,6 +337,11 @@ def _empty(
         weight_versions=[],
         turns=[],
         metadata=meta,
+        token_version=np.zeros(0, np.int32),
+        kv_version=np.zeros(0, np.int32),
+        routing_source=None if routed is None else np.zeros(0, np.uint8),
+        routing_version=None if routed is None else np.zeros(0, np.int32),
+        turn_first_version=np.zeros(0, np.int32),
     )
 
 

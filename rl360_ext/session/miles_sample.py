@@ -14,6 +14,18 @@ that fits and the sample ends there with status truncated; if none of its output
 dropped and the sample keeps the previous turn's status; when no turn survives there is no
 sample (`None`). It lives in `session/` because the wire does, and `rollout/` stands above
 `session/`. It imports neither Miles nor torch, and decides nothing about rewards.
+
+`weight_versions` holds every weight-version span of every kept turn, in order (one entry per
+span, not one per turn; a cut turn keeps the spans with kept tokens): Miles reads them as
+`Sample.oldest_weight_version` (the minimum numeric entry, `miles/utils/types.py`), which
+`fully_async_data_buffer.group_oldest_weight_version` and `FullyAsyncDataBuffer._staleness` hold
+against `--max-weight-staleness`, and as `len(set(weight_versions)) > 1` for
+`weight_version/mixed_version_ratio` (`miles/ray/rollout/metrics.py`
+`_compute_metrics_from_samples`; all at 31f1ca96). Miles' own generate appends one
+`meta_info.weight_version` per engine call (`Sample.update_from_meta_info`), the newest span, so
+a turn whose weights changed mid-generation looked single-version; with every span both figures
+are token-true without a Miles change. The per-token version arrays go to
+`metadata[VERSIONS_KEY]` (`rl360_ext.sglang.versions`), cut like `tokens`.
 """
 
 from __future__ import annotations
@@ -26,6 +38,8 @@ import numpy as np
 
 from rl360_ext.session.core import SESSION_KEY
 from rl360_ext.session.merge import MERGE_KEY, MergedSample
+from rl360_ext.session.policy_versions import to_lists
+from rl360_ext.sglang.versions import VERSIONS_KEY
 
 Decode = Callable[[Sequence[int]], str]
 
@@ -69,6 +83,22 @@ def cut(sample: MergedSample, max_seq_len: int | None) -> tuple[list[dict[str, A
         break
     n = 0 if not kept else kept[-1]["input_start"] + kept[-1]["input_tokens"] + kept[-1]["output_tokens"]
     return kept, n, False
+
+
+def span_versions(turns: list[dict[str, Any]], n: int) -> list[str]:
+    """Every weight-version span label of `turns` in order, cut at `n` tokens (see the docstring);
+    a turn without spans contributes its `weight_version`."""
+    labels: list[str] = []
+    for turn in turns:
+        output_start = turn["input_start"] + turn["input_tokens"]
+        kept = min(turn["output_tokens"], n - output_start)
+        spans = turn.get("weight_versions") or []
+        visible = [s for s in spans if int(s["start"]) < kept or int(s["start"]) == 0]
+        if visible:
+            labels.extend(str(s["version"]) for s in visible)
+        elif turn["weight_version"] is not None:
+            labels.append(turn["weight_version"])
+    return labels
 
 
 def _response_text(tokens: np.ndarray, turns: list[dict[str, Any]], n: int, decode: Decode) -> str:
@@ -120,10 +150,15 @@ def to_miles_sample(
         rollout_log_probs=sample.rollout_log_probs[prompt:n].astype(np.float64),
         rollout_routed_experts=None if routed is None else routed[: n - 1].astype(np.int32),
         status=status,
-        weight_versions=[t["weight_version"] for t in turns if t["weight_version"] is not None],
+        weight_versions=span_versions(turns, n),
         prefix_cache_info={
             "cached_tokens": int(sum(t["cached_tokens"] for t in turns)),
             "total_prompt_tokens": int(sum(t["prompt_tokens"] for t in turns)),
         },
-        metadata={**own, **(metadata or {}), MERGE_KEY: merge_facts},
+        metadata={
+            **own,
+            **(metadata or {}),
+            MERGE_KEY: merge_facts,
+            VERSIONS_KEY: to_lists(sample.version_arrays(), n, len(turns)),
+        },
     )

@@ -1,13 +1,13 @@
 """The binary wire format of a merged sample: a fixed header, then contiguous little-endian arrays.
 
 Owns `encode(sample) -> bytes` and `decode(buffer) -> MergedSample`; decoding is zero-copy (the
-arrays are read-only numpy views on the buffer). Layout, version 1 (documented in
+arrays are read-only numpy views on the buffer). Layout, version 2 (version 1 documented in
 docs/session.md; every integer little-endian):
 
     offset  size  field
     0       4     magic b"RL3S"
-    4       2     u16 format version (1)
-    6       2     u16 flags (bit 0: routing present)
+    4       2     u16 format version (2; `encode(..., version=1)` writes version 1)
+    6       2     u16 flags (bit 0: routing present, bit 1: version arrays present)
     8       8     u64 n_tokens
     16      8     u64 n_rows (routing rows; n_tokens - 1, or 0 without routing)
     24      2     u16 layers
@@ -19,9 +19,18 @@ docs/session.md; every integer little-endian):
     64      ...   sections, each starting at a multiple of 64:
                   tokens int32[n_tokens], rollout_log_probs float32[n_tokens],
                   loss_mask uint8[n_tokens], routed_experts [n_rows, layers, top_k],
-                  routing_sources uint8[n_rows], metadata JSON
+                  routing_sources uint8[n_rows], then (version 2)
+                  token_version int32[n_tokens], kv_version int32[n_tokens],
+                  routing_version int32[n_rows], routing_source uint8[n_rows] (these two
+                  with routing only), metadata JSON (version 2 adds "turn_first_version")
 
-It does not own the merge (`merge.py`) or transport (the FastAPI adapter, the Ray pool).
+Version 1 is version 2 without the version sections (the layout up to the metadata is the same).
+This codec reads both: a version-1 sample decodes with the version arrays None (its
+`MergedSample.version_arrays()` is UNVERSIONED-filled). A version-1 codec refuses a version-2
+buffer ("merged-sample format version 2 is not supported (this codec reads 1)"); this one
+refuses any other version naming it and the versions it reads. A sample's missing version
+arrays are written UNVERSIONED-filled. It does not own the merge (`merge.py`) or transport (the
+FastAPI adapter, the Ray pool).
 """
 
 from __future__ import annotations
@@ -35,7 +44,9 @@ import orjson
 from rl360_ext.session.merge import MergedSample
 
 MAGIC = b"RL3S"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)
+FLAG_ROUTING, FLAG_VERSIONS = 1, 2
 ALIGN = 64
 _HEADER = struct.Struct("<4sHHQQHHB3xQ24x")
 HEADER_SIZE = _HEADER.size
@@ -52,22 +63,26 @@ def _aligned(offset: int) -> int:
     return -(-offset // ALIGN) * ALIGN
 
 
-def _meta_json(sample: MergedSample) -> bytes:
-    return orjson.dumps(
-        {
-            "session_id": sample.session_id,
-            "status": sample.status,
-            "prompt_length": sample.prompt_length,
-            "weight_versions": sample.weight_versions,
-            "turns": sample.turns,
-            "metadata": sample.metadata,
-        },
-        option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
-    )
+def _meta_json(sample: MergedSample, turn_first_version: list[int] | None) -> bytes:
+    meta: dict[str, Any] = {
+        "session_id": sample.session_id,
+        "status": sample.status,
+        "prompt_length": sample.prompt_length,
+        "weight_versions": sample.weight_versions,
+        "turns": sample.turns,
+        "metadata": sample.metadata,
+    }
+    if turn_first_version is not None:
+        meta["turn_first_version"] = turn_first_version
+    return orjson.dumps(meta, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
 
 
-def encode(sample: MergedSample) -> bytes:
-    """The sample as one bytes object (one copy of each array, no per-element work)."""
+def encode(sample: MergedSample, version: int = VERSION) -> bytes:
+    """The sample as one bytes object (one copy of each array, no per-element work).
+
+    `version=1` writes the previous format (no version arrays) for a reader that only knows it."""
+    if version not in READS:
+        raise WireFormatError(f"cannot write merged-sample format version {version} (writes {READS})")
     n = len(sample.tokens)
     routed = sample.routed_experts
     if routed is not None:
@@ -93,8 +108,28 @@ def encode(sample: MergedSample) -> bytes:
     if routed is not None and sources is not None:
         arrays.append(np.ascontiguousarray(routed, dtype=_ROUTING_DTYPES[code]))
         arrays.append(np.ascontiguousarray(sources, dtype=np.uint8))
-    meta = _meta_json(sample)
-    header = _HEADER.pack(MAGIC, VERSION, 1 if code else 0, n, rows, layers, top_k, code, len(meta))
+    firsts: list[int] | None = None
+    flags = FLAG_ROUTING if code else 0
+    if version >= 2:
+        versions = sample.version_arrays()
+        for name, length in (("token_version", n), ("kv_version", n), ("routing_version", rows)):
+            array = getattr(versions, name)
+            if array is not None and len(array) != length:
+                raise WireFormatError(f"{name} has {len(array)} entries, expected {length}")
+        arrays.append(np.ascontiguousarray(versions.token_version, dtype="<i4"))
+        arrays.append(np.ascontiguousarray(versions.kv_version, dtype="<i4"))
+        if code:
+            assert versions.routing_version is not None and versions.routing_source is not None
+            if len(versions.routing_source) != rows:
+                raise WireFormatError(
+                    f"routing_source has {len(versions.routing_source)} entries for {rows} rows"
+                )
+            arrays.append(np.ascontiguousarray(versions.routing_version, dtype="<i4"))
+            arrays.append(np.ascontiguousarray(versions.routing_source, dtype=np.uint8))
+        firsts = versions.turn_first_version.tolist()
+        flags |= FLAG_VERSIONS
+    meta = _meta_json(sample, firsts)
+    header = _HEADER.pack(MAGIC, version, flags, n, rows, layers, top_k, code, len(meta))
     parts: list[Any] = [header]
     offset = HEADER_SIZE
     for array in arrays:
@@ -115,9 +150,10 @@ def decode(buffer: bytes | bytearray | memoryview) -> MergedSample:
     magic, version, _flags, n, rows, layers, top_k, code, meta_len = _HEADER.unpack_from(view, 0)
     if magic != MAGIC:
         raise WireFormatError(f"buffer starts with {bytes(magic)!r}, not the merged-sample magic {MAGIC!r}")
-    if version != VERSION:
+    if version not in READS:
         raise WireFormatError(
-            f"merged-sample format version {version} is not supported (this codec reads {VERSION})"
+            f"merged-sample format version {version} is not supported (this codec reads "
+            f"{' and '.join(map(str, READS))})"
         )
     if code and code not in _ROUTING_DTYPES:
         raise WireFormatError(f"unknown routing dtype code {code}")
@@ -130,6 +166,11 @@ def decode(buffer: bytes | bytearray | memoryview) -> MergedSample:
     ]
     if code:
         layout += [(_ROUTING_DTYPES[code], (rows, layers, top_k)), (np.dtype(np.uint8), (rows,))]
+    versioned = version >= 2
+    if versioned:
+        layout += [(np.dtype("<i4"), (n,)), (np.dtype("<i4"), (n,))]
+        if code:
+            layout += [(np.dtype("<i4"), (rows,)), (np.dtype(np.uint8), (rows,))]
     for dtype, shape in layout:
         offset = _aligned(offset)
         count = int(np.prod(shape))
@@ -142,6 +183,8 @@ def decode(buffer: bytes | bytearray | memoryview) -> MergedSample:
     if offset + meta_len != len(view):
         raise WireFormatError(f"buffer has {len(view)} bytes; header promises {offset + meta_len}")
     meta = orjson.loads(view[offset : offset + meta_len])
+    at = 5 if code else 3  # the first version section
+    firsts = meta.get("turn_first_version")
     return MergedSample(
         session_id=meta["session_id"],
         status=meta["status"],
@@ -154,4 +197,9 @@ def decode(buffer: bytes | bytearray | memoryview) -> MergedSample:
         weight_versions=meta["weight_versions"],
         turns=meta["turns"],
         metadata=meta["metadata"],
+        token_version=sections[at] if versioned else None,
+        kv_version=sections[at + 1] if versioned else None,
+        routing_version=sections[at + 2] if versioned and code else None,
+        routing_source=sections[at + 3] if versioned and code else None,
+        turn_first_version=np.asarray(firsts, np.int32) if versioned and firsts is not None else None,
     )

@@ -118,6 +118,7 @@ class GenerateResult:
     latency_s: float | None
     routed_worker: str | None = None
     meta_info: dict[str, Any] = field(default_factory=dict, repr=False)
+    num_retractions: int = 0  # times the engine retracted the request (SGLang meta_info.num_retractions)
 
     @property
     def expected_routing_rows(self) -> int:
@@ -177,6 +178,7 @@ class GenerateResult:
             latency_s=meta.get("e2e_latency"),
             routed_worker=routed_worker,
             meta_info=meta,
+            num_retractions=int(meta.get("num_retractions", 0) or 0),
         )
 
 

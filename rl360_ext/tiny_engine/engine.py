@@ -9,6 +9,12 @@ never a whole long prefill), pause/continue (abort | retract | in_place), abort 
 updates and versions, cache flushes and fault injection. Blocking: the server calls it from
 worker threads. It does not parse HTTP (`server.py`) or define the model (`model.py`).
 
+A model step is one forward followed by sampling from its last logits, under one turn of the model
+lock, as in SGLang's scheduler: the prefill samples the first output token, each decode step
+forwards the token sampled last and samples the next one. So a sampled token's KV is written by
+the next step, and a weight update lands between steps: every output token was sampled from
+logits of the weights its `weight_versions` span names (docs/engine.md, "In-flight updates").
+
 Logprobs are the log-softmax of the raw logits (before temperature, penalties, top-k/top-p), so
 they equal `TinyMoEModel.sequence_logprobs` over the final sequence.
 """
@@ -49,17 +55,21 @@ class FairLock:
 
     `threading.Lock` is not fair: a prefill releasing it between chunks usually re-acquires it
     before the waiting request's thread even wakes, which would undo chunked prefill.
+    `busy_s` is the total time it has been held (the engine's model-busy time).
     """
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._waiters: deque[threading.Lock] = deque()
         self._held = False
+        self._since = 0.0
+        self._busy_s = 0.0
 
     def acquire(self) -> None:
         with self._mutex:
             if not self._held:
                 self._held = True
+                self._since = time.perf_counter()
                 return
             turn = threading.Lock()
             turn.acquire()
@@ -72,6 +82,12 @@ class FairLock:
                 self._waiters.popleft().release()
             else:
                 self._held = False
+                self._busy_s += time.perf_counter() - self._since
+
+    @property
+    def busy_s(self) -> float:
+        with self._mutex:
+            return self._busy_s + (time.perf_counter() - self._since if self._held else 0.0)
 
     def __enter__(self) -> FairLock:
         self.acquire()
@@ -96,8 +112,6 @@ class _Run:
     tokens: list[int]
     kv: KVState | None = None
     routing: list[np.ndarray] = field(default_factory=list)
-    next_logits: np.ndarray | None = None
-    next_logits_version: str = DEFAULT_WEIGHT_VERSION
     cache_epoch: int = -1
     cached_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)
@@ -108,6 +122,8 @@ class _Run:
     input_top: list[Any] | None = None
     abort_message: str | None = None
     waiting: bool = False
+    retractions: int = 0  # times a retract pause dropped this request's KV (SGLang's num_retractions)
+    stop: Any = None  # the stop the last sampled token matched (None: not stopped)
 
 
 class TinyEngine:
@@ -137,6 +153,7 @@ class TinyEngine:
         self._rng_lock = threading.Lock()  # the engine's own sampling generator
         self._state = threading.Condition()
         self._paused_mode: str | None = None
+        self._updates_waiting = 0  # unpaused weight updates waiting for in-flight requests (writers)
         self._inflight: dict[str, _Run] = {}
         self._cache_epoch = 0
         self._sampling_rng = np.random.default_rng(self.config.seed + 7919)
@@ -201,6 +218,8 @@ class TinyEngine:
             raise ServiceUnavailable("injected fault: engine unavailable")
         run = _Run(rid=request.rid or uuid.uuid4().hex, request=request, tokens=list(request.input_ids))
         with self._state:
+            while self._updates_waiting:  # SGLang's model_update_lock: a waiting update goes first
+                self._state.wait()
             if run.rid in self._inflight:
                 raise RequestError("rid", f"a request with rid {run.rid!r} is already in flight")
             self._inflight[run.rid] = run
@@ -219,16 +238,21 @@ class TinyEngine:
         rng = np.random.default_rng(seed % SEED_MODULUS) if seed is not None else None
         max_new = min(params.max_new_tokens, self.config.context_length - len(run.request.input_ids))
         finish: dict[str, Any]
+
+        def sample(logits: np.ndarray) -> None:
+            self._sample(run, checker, rng, logits)
+
         try:
             self._wait_while_paused(run)
-            self._prefill(run)
+            if max_new == 0:
+                self._prefill(run, None)
             while len(run.output_ids) < max_new:
                 if abort_after is not None and len(run.output_ids) >= abort_after:
                     raise _Aborted("injected fault: request aborted")
                 self._checkpoint(run)
-                stop = self._decode_step(run, checker, rng, last=len(run.output_ids) + 1 >= max_new)
-                if stop is not None:
-                    finish = {"type": "stop", "matched": stop}
+                self._step(run, sample)
+                if run.stop is not None:
+                    finish = {"type": "stop", "matched": run.stop}
                     break
             else:
                 finish = {"type": "length", "length": len(run.output_ids)}
@@ -238,19 +262,27 @@ class TinyEngine:
         return finish
 
     def _checkpoint(self, run: _Run) -> None:
-        """Between steps: honour aborts and pauses (in_place waits with its KV; retract drops it)."""
+        """Between steps: honour aborts and pauses (in_place waits with its KV; retract drops it,
+        into the prefix cache as SGLang's retract releases it to the radix tree, and the next step
+        re-prefills the whole sequence)."""
         with self._state:
             if run.abort_message is not None:
                 raise _Aborted(run.abort_message)
             mode = self._paused_mode
         if mode is None:
             return
-        if mode == "retract":
+        if mode == "retract" and run.kv is not None:
             self._cache_partial(run)
-            run.kv, run.routing, run.next_logits = None, [], None
+            run.kv, run.routing = None, []
+            run.retractions += 1
         self._wait_while_paused(run)
+
+    def _step(self, run: _Run, sample: Any) -> None:
+        """One model step: prefill (first step, or after a retract) or decode, then sample."""
         if run.kv is None:
-            self._prefill(run)
+            self._prefill(run, sample)
+        else:
+            self._decode_step(run, sample)
 
     def _wait_while_paused(self, run: _Run) -> None:
         with self._state:
@@ -261,8 +293,9 @@ class TinyEngine:
             if run.abort_message is not None:
                 raise _Aborted(run.abort_message)
 
-    def _prefill(self, run: _Run) -> None:
-        """Forward every position not in the cache; the last position's logits give the next token.
+    def _prefill(self, run: _Run, sample: Any) -> None:
+        """Forward every position not in the cache; `sample` draws the next token from the last
+        position's logits in the last chunk's turn of the model lock (None: no token, max_new 0).
 
         The positions go through the model `chunked_prefill_size` at a time, each chunk one turn
         of the model lock; between chunks other requests step and an abort is honoured. Chunking
@@ -285,22 +318,24 @@ class TinyEngine:
             spare = len(run.tokens) - match.length + min(request.sampling.max_new_tokens, 2048) + 1
             kv = match.kv_state(spare) or KVState.empty(self.model_config, spare)
             routing = [match.routing] if match.routing is not None else []
+            starts = list(range(match.length, len(tokens), chunk))
             out = self.model.forward(tokens[match.length : match.length + chunk], kv, logits_for=logits_for)
-            version = self.weight_version
             self.counters["prefill_chunks"] += 1
+            if len(starts) == 1 and sample is not None:
+                sample(out.logits[-1])
         routing.append(out.routing)
         logits.append(out.logits)
-        for start in range(match.length + chunk, len(tokens), chunk):
+        for index, start in enumerate(starts[1:], start=2):
             self._raise_if_aborted(run)
             with self._model_lock:
                 out = self.model.forward(tokens[start : start + chunk], kv, logits_for=logits_for)
-                version = self.weight_version
                 self.counters["prefill_chunks"] += 1
+                if index == len(starts) and sample is not None:
+                    sample(out.logits[-1])
             routing.append(out.routing)
             logits.append(out.logits)
         run.kv, run.routing = kv, routing
         run.cached_tokens += match.length
-        run.next_logits, run.next_logits_version = logits[-1][-1], version
         if want_input_logprobs:
             self._record_input_logprobs(run, match.length, np.concatenate(logits, axis=0))
 
@@ -326,13 +361,20 @@ class TinyEngine:
             tops.append(self._top_entries(row, request.top_logprobs_num, with_text))
         run.input_logprobs, run.input_top = entries, tops
 
-    def _decode_step(
-        self, run: _Run, checker: StopChecker, rng: np.random.Generator | None, last: bool
-    ) -> Any:
-        """Sample one token from the pending logits; unless it ends the request, forward it."""
+    def _decode_step(self, run: _Run, sample: Any) -> None:
+        """Forward the token sampled last (writing its KV and routing row), sample the next one."""
+        assert run.kv is not None and run.kv.length == len(run.tokens) - 1
+        with self._model_lock:
+            out = self.model.forward(np.asarray(run.tokens[-1:]), run.kv)
+            run.routing.append(out.routing)
+            sample(out.logits[-1])
+
+    def _sample(
+        self, run: _Run, checker: StopChecker, rng: np.random.Generator | None, logits: np.ndarray
+    ) -> None:
+        """Draw one token from `logits` (called under the model lock, so `weight_version` is the
+        version of the forward that computed them) and record it, its logprob and version."""
         params = run.request.sampling
-        logits = run.next_logits
-        assert logits is not None and run.kv is not None
         logprobs = log_softmax(logits)
         scores = adjusted_logits(logits, params, run.output_ids)
         banned = checker.banned_tokens(len(run.output_ids))
@@ -344,21 +386,13 @@ class TinyEngine:
         run.output_ids.append(token)
         run.tokens.append(token)
         run.output_logprobs.append(float(logprobs[token]))
-        run.output_versions.append(run.next_logits_version)
+        run.output_versions.append(self.weight_version)
         if run.request.top_logprobs_num:
             run.output_top.append(
                 self._top_entries(logprobs, run.request.top_logprobs_num, run.request.return_text_in_logprobs)
             )
         stop = checker.check(run.output_ids)
-        if stop is not None:
-            return stop.matched
-        if last:
-            return None
-        with self._model_lock:
-            out = self.model.forward(np.asarray([token]), run.kv)
-            run.routing.append(out.routing)
-            run.next_logits, run.next_logits_version = out.logits[-1], self.weight_version
-        return None
+        run.stop = None if stop is None else stop.matched
 
     def _cache_partial(self, run: _Run) -> None:
         """Insert this request's KV (with the routing written alongside it) unless the cache was flushed."""
@@ -389,14 +423,16 @@ class TinyEngine:
             if cut >= 0:
                 text = text[:cut]
         prompt_tokens, completion_tokens = len(request.input_ids), len(run.output_ids)
+        spans = _version_spans(run.output_versions, self.weight_version)
         meta: dict[str, Any] = {
             "id": run.rid,
             "finish_reason": finish,
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "cached_tokens": run.cached_tokens,
-            "weight_version": self.weight_version,
-            "weight_versions": _version_spans(run.output_versions, self.weight_version),
+            "weight_version": spans[-1]["version"],  # SGLang: the last visible span's version
+            "weight_versions": spans,
+            "num_retractions": run.retractions,
             "e2e_latency": elapsed,
         }
         if request.return_logprob:
@@ -444,8 +480,12 @@ class TinyEngine:
             self._state.notify_all()
             return len(targets)
 
-    def pause(self, mode: str) -> int:
-        """Stop generating: `abort` aborts in-flight requests; `retract`/`in_place` hold them."""
+    def pause(self, mode: str, timeout_s: float = 60.0) -> int:
+        """Stop generating: `abort` aborts in-flight requests; `retract`/`in_place` hold them.
+
+        `in_place` returns at once (the step in progress finishes; requests keep their KV).
+        `retract` returns once every in-flight request has given its KV back (SGLang retracts the
+        running batch before the pause call answers), so a following update can flush the cache."""
         if mode not in PAUSE_MODES:
             raise RequestError("mode", f"must be one of {', '.join(PAUSE_MODES)}, got {mode!r}")
         with self._state:
@@ -453,6 +493,16 @@ class TinyEngine:
             running = len(self._inflight)
         if mode == "abort":
             self.abort(abort_all=True, message="aborted by pause_generation(mode=abort)")
+        if mode == "retract":
+            deadline = time.monotonic() + timeout_s
+            with self._state:
+                while self._paused_mode == "retract" and not all(
+                    r.waiting or r.abort_message is not None for r in self._inflight.values()
+                ):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise ServiceUnavailable("pause_generation(retract): requests did not retract")
+                    self._state.wait(min(left, 0.05))
         return running
 
     def resume(self) -> None:
@@ -464,30 +514,66 @@ class TinyEngine:
     def paused_mode(self) -> str | None:
         return self._paused_mode
 
-    def flush_cache(self) -> None:
+    def _holding_kv(self) -> int:
+        """Requests that would lose KV to a flush: SGLang's `is_fully_idle` (running or, unless
+        paused, queued requests). Under a pause, requests waiting without KV (retracted, or not
+        yet admitted) do not count."""
+        with self._state:
+            if self._paused_mode is None:
+                return len(self._inflight)
+            return sum(1 for r in self._inflight.values() if r.kv is not None and r.abort_message is None)
+
+    def flush_cache(self) -> bool:
+        """Drop the prefix cache; refused (False) while requests hold KV, as SGLang refuses."""
+        if self._holding_kv():
+            return False
         with self._cache_lock:
             self.cache.flush()
             self._cache_epoch += 1
+        return True
 
     def update_weights_from_disk(
         self, model_path: str, weight_version: str | None, flush_cache: bool = True
-    ) -> None:
-        """Load weights saved by `rl360 engine save-weights` between two model steps."""
+    ) -> tuple[bool, str]:
+        """Load weights saved by `rl360 engine save-weights` between two model steps.
+
+        As SGLang: unpaused, the update waits for the in-flight requests to finish (the writer
+        side of `model_update_lock`) and holds new ones back; paused, it lands between steps at
+        once. Returns (success, message): a flush refused because requests still hold KV (an
+        `in_place` pause) fails the call after the weights and version changed."""
         try:
             weights = load_weights(model_path, self.model_config)
         except FileNotFoundError as err:
             raise RequestError("model_path", str(err)) from err
         except Exception as err:  # any file that is not our .npz (empty, not a zip, ...) is the client's
             raise RequestError("model_path", f"cannot load weights: {type(err).__name__}: {err}") from err
-        with self._model_lock:
-            self.model.weights = weights
-            self.model_path = str(model_path)
-            if weight_version is not None:
-                self.weight_version = weight_version
-            if flush_cache:
-                with self._cache_lock:
-                    self.cache.flush()
-                    self._cache_epoch += 1
+        with self._state:
+            writer = self._paused_mode is None
+            if writer:
+                self._updates_waiting += 1
+                while self._inflight:
+                    self._state.wait()
+        try:
+            with self._model_lock:
+                self.model.weights = weights
+                self.model_path = str(model_path)
+                if weight_version is not None:
+                    self.weight_version = weight_version
+                flushed = not flush_cache or self.flush_cache()
+        finally:
+            if writer:
+                with self._state:
+                    self._updates_waiting -= 1
+                    self._state.notify_all()
+        message = "Succeeded to update model weights."
+        if not flushed:
+            return False, (
+                "Weights were updated, but the cache was not flushed because requests are still "
+                "running or queued. Retract or finish them, then call /flush_cache."
+            )
+        if weight_version is not None:
+            message += f" Weight version updated to {weight_version}."
+        return True, message
 
     def update_weight_version(self, weight_version: str) -> None:
         with self._model_lock:
@@ -551,6 +637,7 @@ class TinyEngine:
                     "cache_lookup_tokens": stats.lookup_tokens,
                     "cache_evicted_tokens": stats.evicted_tokens,
                     "cache_flushes": stats.flushes,
+                    "model_busy_s": self._model_lock.busy_s,  # rl360: time spent in model steps
                     **counters,
                 }
             ],

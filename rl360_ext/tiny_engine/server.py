@@ -169,11 +169,12 @@ def create_app(engine: TinyEngine) -> FastAPI:
         if body.abort_all_requests:
             engine.abort(abort_all=True, message="aborted by update_weights_from_disk(abort_all_requests)")
         flush = True if body.flush_cache is None else body.flush_cache
-        await anyio.to_thread.run_sync(
+        success, message = await anyio.to_thread.run_sync(
             engine.update_weights_from_disk, body.model_path, body.weight_version, flush
         )
-        return json_response(
-            {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
+        return json_response(  # SGLang answers a refused flush with 400 and success false
+            {"success": success, "message": message, "num_paused_requests": 0},
+            200 if success else 400,
         )
 
     @app.post("/update_weight_version")
@@ -189,7 +190,7 @@ def create_app(engine: TinyEngine) -> FastAPI:
     @app.post("/pause_generation")
     async def pause_generation(body: PauseGenerationBody) -> Response:
         mode = body.mode or "abort"  # SGLang's default; the body itself is required
-        running = engine.pause(mode)
+        running = await anyio.to_thread.run_sync(engine.pause, mode)  # retract waits for the KV
         return json_response(
             {"success": True, "message": f"Generation paused ({mode}).", "num_running": running}
         )
@@ -202,7 +203,11 @@ def create_app(engine: TinyEngine) -> FastAPI:
     @app.get("/flush_cache")
     @app.post("/flush_cache")
     async def flush_cache() -> Response:
-        await anyio.to_thread.run_sync(engine.flush_cache)
+        if not await anyio.to_thread.run_sync(engine.flush_cache):
+            return json_response(
+                {"success": False, "message": "Cache not flushed: requests are running or queued."},
+                400,
+            )
         return json_response({"success": True, "message": "Cache flushed."})
 
     @app.post("/abort_request")

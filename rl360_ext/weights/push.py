@@ -71,8 +71,12 @@ def push_weights_from_disk(
     selector: str = "engine=sglang",
     pause_mode: str = "in_place",
     timeout_s: float = 600.0,
+    flush_cache: bool = True,
 ) -> WeightPush:
-    """Pause, refit every matching engine from `model_path`, resume; report what happened."""
+    """Pause, refit every matching engine from `model_path`, resume; report what happened.
+
+    `flush_cache=False` keeps the prefix cache: SGLang refuses the flush (and fails the update
+    call) while an `in_place` pause holds requests with KV, so an in-flight push needs it."""
     control_calls: Counter[str] = Counter()
     update_calls: Counter[str] = Counter()
     failures: list[dict[str, Any]] = []
@@ -80,7 +84,10 @@ def push_weights_from_disk(
         started = time.perf_counter()
         steps = (
             ("pause_generation", {"mode": pause_mode}),
-            ("update_weights_from_disk", {"model_path": model_path, "weight_version": weight_version}),
+            (
+                "update_weights_from_disk",
+                {"model_path": model_path, "weight_version": weight_version, "flush_cache": flush_cache},
+            ),
             ("continue_generation", {}),
         )
         reached: set[str] = set()

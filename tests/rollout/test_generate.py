@@ -26,6 +26,7 @@ from rl360_ext.rollout.generate import (
 )
 from rl360_ext.rollout.sample import GenerateFnInput, GenerateFnOutput, Sample
 from rl360_ext.session.merge import MergedSample, TurnRecord, merge
+from rl360_ext.sglang.versions import VERSIONS_KEY
 
 LAYERS, TOP_K = 2, 3
 EOS = 99
@@ -449,3 +450,17 @@ def test_template_drift_mask_zeroes_the_loss_mask_only_when_asked() -> None:
                 rl360_on_template_drift="drop",
             )
         )
+
+
+def test_the_rollout_sample_carries_every_span_and_the_version_arrays() -> None:
+    first = turn(0, 0, 5, 3)
+    first.weight_versions = [{"version": "3", "start": 0, "end": 1}, {"version": "4", "start": 1, "end": 3}]
+    second = turn(1, first.end, 4, 2, rows_from=first.end - 1)
+    merged = merge([first, second], "sid", {"session": {"routing_key": "sid"}})
+    sample = finish(Sample(prompt="p", metadata={"task": "t"}), merged, "valid", verifier_result())
+    assert sample.weight_versions == ["3", "4", "4"]  # every span of every turn, in order
+    assert min(int(v) for v in sample.weight_versions) == 3  # Miles' Sample.oldest_weight_version
+    arrays = sample.metadata[VERSIONS_KEY]
+    assert arrays["token_version"] == [-1] * 5 + [3, 4, 4] + [-1] * 4 + [4, 4]
+    assert len(arrays["routing_source"]) == len(arrays["routing_version"]) == len(sample.tokens) - 1
+    assert arrays["turn_first_version"] == [3, 4]

@@ -86,7 +86,7 @@ def test_decode_is_zero_copy_and_aligned() -> None:
 def test_header_is_little_endian_and_documented() -> None:
     buffer = encode(_sample(6))
     magic, version, flags, n, rows, layers, top_k, code = struct.unpack_from("<4sHHQQHHB", buffer)
-    assert (magic, version, flags, n, rows, layers, top_k, code) == (b"RL3S", 1, 1, 6, 5, 4, 2, 1)
+    assert (magic, version, flags, n, rows, layers, top_k, code) == (b"RL3S", 2, 3, 6, 5, 4, 2, 1)
     assert np.frombuffer(buffer, "<i4", 6, HEADER_SIZE).tolist() == list(range(6))
 
 
@@ -94,8 +94,8 @@ def test_foreign_or_damaged_buffers_are_refused() -> None:
     buffer = encode(_sample())
     with pytest.raises(WireFormatError, match="magic"):
         decode(b"JSON" + buffer[4:])
-    with pytest.raises(WireFormatError, match="version 2"):
-        decode(buffer[:4] + struct.pack("<H", 2) + buffer[6:])
+    with pytest.raises(WireFormatError, match="version 9"):
+        decode(buffer[:4] + struct.pack("<H", 9) + buffer[6:])
     with pytest.raises(WireFormatError):
         decode(buffer[:-3])
     with pytest.raises(WireFormatError, match="shorter than"):

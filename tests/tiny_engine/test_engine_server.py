@@ -195,7 +195,8 @@ def test_pause_holds_in_flight_requests_and_weight_versions_split(
     paused_at = job.wait_for(lambda s: s["waiting"])["output_tokens"]
     time.sleep(0.05)
     assert fresh_engine.inflight()[0]["output_tokens"] == paused_at  # nothing generated while paused
-    fresh_engine.update_weights_from_disk(_new_weights(fresh_engine, tmp_path), "v2", flush_cache=True)
+    success, _ = fresh_engine.update_weights_from_disk(_new_weights(fresh_engine, tmp_path), "v2", True)
+    assert success == (mode == "retract")  # in_place keeps KV, so SGLang refuses the flush
     fresh_engine.resume()
     meta = job.join()["meta_info"]
     assert meta["finish_reason"]["type"] == "length"

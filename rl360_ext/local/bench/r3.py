@@ -122,7 +122,7 @@ def bench_serialization(repeats: int = 3) -> dict[str, Any]:
             lambda s: orjson.dumps(_json_payload(s)),
             lambda b: _from_payload(orjson.loads(b)),
         ),
-        "rl360 wire v1 (uint8 routing)": (wire.encode, wire.decode),
+        "rl360 wire v2 (uint8 routing)": (wire.encode, wire.decode),
     }
     rows = []
     for name, (encode, decode) in codecs.items():
