@@ -1,7 +1,8 @@
 """Token-in/token-out for a session: what to append to the held tokens, and what the reply says.
 
 Owns the session's use of `ChatRenderer` (every message the session tokenizes goes through
-`prompt_ids` / `suffix_ids`, the contract the append-only checker proves), the end-of-turn
+`prompt_ids` / `suffix_ids`, the contract the append-only checker proves; a suffix renders only the
+new messages after an anchor when the template allows it, `ChatRenderer.incremental`), the end-of-turn
 facts of a template (which token ends an assistant turn and the text the template renders after
 the assistant's content), the closing tokens appended when a turn did not end with that token
 (a `length` cut or a stop string), the role tokens a family with no end token stops at (GLM),
@@ -57,6 +58,8 @@ class TitoRenderer:
         self.renderer = renderer
         self.tokenizer = renderer.tokenizer
         self.turn_end = turn_end(renderer)
+        # Decide the suffix mode now (the incremental probe), not on a session's first turn.
+        self.incremental = renderer.incremental
         # Families with no end token (GLM): the model stops at the next message's role token,
         # which the next suffix renders again.
         roles = next_role_tokens(renderer) if not renderer.emission.end_tokens else ()
