@@ -33,9 +33,11 @@ DATA = Path(__file__).parents[2] / "rl360_ext" / "templates" / "data"
 FIXTURES = Path(__file__).parent / "fixtures"
 SHIPPED = sorted(p.stem for p in DATA.glob("*.jinja"))
 TEST_TEMPLATES = sorted(p.stem for p in FIXTURES.glob("*.jinja"))
-TEMPLATES = [f"data:{n}" for n in SHIPPED] + [f"fixture:{n}" for n in TEST_TEMPLATES] + [
-    f"real:{n}" for n in sorted(FAMILIES)
-]
+TEMPLATES = (
+    [f"data:{n}" for n in SHIPPED]
+    + [f"fixture:{n}" for n in TEST_TEMPLATES]
+    + [f"real:{n}" for n in sorted(FAMILIES)]
+)
 # What the probe decides (see docs/templates.md): True renders suffixes incrementally.
 INCREMENTAL = {
     **{f"data:{n}": True for n in SHIPPED},
