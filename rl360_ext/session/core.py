@@ -367,7 +367,7 @@ class SessionCore:
         if result.prompt_tokens != sent:
             return f"meta_info.prompt_tokens is {result.prompt_tokens}, but {sent} input_ids were sent"
         echoed = result.prompt_token_ids
-        if echoed is not None and (len(echoed) != sent or not np.array_equal(echoed, plan.prompt)):
+        if echoed is not None and (len(echoed) != sent or echoed != plan.prompt):  # list ==: no arrays
             return "prompt_token_ids differ from the input_ids sent"
         if result.output_logprobs is None:
             return "no output_token_logprobs although return_logprob was set"
