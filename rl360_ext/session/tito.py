@@ -84,7 +84,23 @@ class TitoRenderer:
         """Raises TemplateNotAppendOnlyError when the history's render is not a prefix. When the
         held tokens end with the role token the model stopped at (a family with no end token), the
         suffix starts after it, so the token is held once."""
-        suffix = self.renderer.suffix_ids(history, new_messages, tools)
+        return self._after_held(held, self.renderer.suffix_ids(history, new_messages, tools))
+
+    def anchored_suffix(
+        self,
+        history: Sequence[Message],
+        new_messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None,
+        held: Sequence[int] = (),
+    ) -> list[int] | None:
+        """`suffix` when the template renders incrementally and this turn's anchor renders (the
+        cheap case: a few messages); None otherwise (then `suffix` decides, rendering it all)."""
+        if not self.renderer.incremental:
+            return None
+        text = self.renderer.anchored_suffix_text(history, new_messages, tools)
+        return None if text is None else self._after_held(held, self.renderer.encode(text))
+
+    def _after_held(self, held: Sequence[int], suffix: list[int]) -> list[int]:
         if held and suffix and held[-1] in self.role_stop_ids and suffix[0] == held[-1]:
             return suffix[1:]
         return suffix
