@@ -58,8 +58,7 @@ class TitoRenderer:
         self.renderer = renderer
         self.tokenizer = renderer.tokenizer
         self.turn_end = turn_end(renderer)
-        # Decide the suffix mode now (the incremental probe), not on a session's first turn.
-        self.incremental = renderer.incremental
+        renderer.incremental  # noqa: B018 - decide the suffix mode (the probe) now, not on a first turn
         # Families with no end token (GLM): the model stops at the next message's role token,
         # which the next suffix renders again.
         roles = next_role_tokens(renderer) if not renderer.emission.end_tokens else ()
