@@ -144,6 +144,12 @@ class _Plan:
     new_messages: int
 
 
+def _append(held: Segment, suffix: list[int], new_messages: int) -> _Plan:
+    """The plan of a turn that appends `suffix` (after the held segment's pending closing tokens)."""
+    appended = [*held.pending, *suffix]
+    return _Plan(held, appended, [*held.tokens, *appended], None, new_messages)
+
+
 class SessionCore:
     """All sessions of one server. Async methods run on one event loop."""
 
@@ -245,8 +251,9 @@ class SessionCore:
         A request identical to one that produced a recorded turn of this session (a client's retry
         after a timeout or a dropped connection, even one delayed past later turns) gets that
         turn's reply again; nothing is generated, recorded or forked. A call cancelled before its
-        turn is recorded leaves the session as it was. The template is rendered and tokenized on a
-        worker thread, so a large request does not stall the event loop.
+        turn is recorded leaves the session as it was. A first prompt, a fork or a full render is
+        rendered and tokenized on a worker thread, so a large request does not stall the event
+        loop; an append whose suffix renders after an anchor (a few messages) is planned in place.
         """
         request = parse_chat_request(body)
         fingerprint = request_fingerprint(body)
@@ -258,7 +265,9 @@ class SessionCore:
             if recorded is not None:
                 self.metrics.replays.inc()
                 return recorded
-            plan = await asyncio.to_thread(self._plan, session, request)
+            plan = self._plan_appended(session, request)
+            if plan is None:
+                plan = await asyncio.to_thread(self._plan, session, request)
             started = time.monotonic()
             result = await self._generate(session, plan, request)
             turn = self._record(session, plan, result, time.monotonic() - started)
@@ -284,6 +293,24 @@ class SessionCore:
             session.last_used = time.monotonic()
         return reply
 
+    def _plan_appended(self, session: Session, request: ChatRequest) -> _Plan | None:
+        """The plan of an append whose suffix renders after an anchor (the anchor and the new
+        messages: about a millisecond), made on the event loop without a thread hand-off; None for
+        everything else (first prompts, mismatches, full renders, template errors), which `_plan`
+        makes on a worker thread."""
+        held = session.segment
+        if held is None or not self.tito.renderer.incremental:
+            return None
+        if find_mismatch(held.messages, request.messages, held.tools, request.tools) is not None:
+            return None
+        new = request.messages[len(held.messages) :]
+        history = request.messages[: len(held.messages)]
+        try:
+            suffix = self.tito.anchored_suffix(history, new, request.tools, held.tokens)
+        except Exception:  # a template error: `_plan` turns it into the request's 400
+            return None
+        return None if suffix is None else _append(held, suffix, len(new))
+
     def _plan(self, session: Session, request: ChatRequest) -> _Plan:
         try:
             return self._plan_tokens(session, request)
@@ -308,8 +335,7 @@ class SessionCore:
                 except TemplateNotAppendOnlyError as exc:
                     mismatch = Mismatch(len(held.messages), f"the template is not append-only here: {exc}")
                 else:
-                    appended = [*held.pending, *suffix]
-                    return _Plan(held, appended, [*held.tokens, *appended], None, len(new))
+                    return _append(held, suffix, len(new))
             if self.config.history_mismatch == "reject":
                 self.metrics.rejects.inc()
                 raise HistoryMismatchError(f"history mismatch: {mismatch.reason}", param="messages")
@@ -367,7 +393,7 @@ class SessionCore:
         if result.prompt_tokens != sent:
             return f"meta_info.prompt_tokens is {result.prompt_tokens}, but {sent} input_ids were sent"
         echoed = result.prompt_token_ids
-        if echoed is not None and (len(echoed) != sent or not np.array_equal(echoed, plan.prompt)):
+        if echoed is not None and (len(echoed) != sent or echoed != plan.prompt):  # list ==: no arrays
             return "prompt_token_ids differ from the input_ids sent"
         if result.output_logprobs is None:
             return "no output_token_logprobs although return_logprob was set"

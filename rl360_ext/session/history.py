@@ -4,8 +4,10 @@ Owns the comparison of the messages a session holds (the agent's earlier request
 assistant replies the session returned) with the messages of a new request: what counts as the
 same message (role, text, tool calls by name and arguments; tool-call ids and reasoning are not
 compared, since clients drop or rewrite them), the index of the first difference, and a
-human-readable description for the 409 / the fork record. It does not decide what happens on a
-mismatch (`core.py`).
+human-readable description for the 409 / the fork record. A message equal to the held one as a
+dict is the same message without building its comparable form, so an agent that echoes its
+history costs one dict comparison per message. It does not decide what happens on a mismatch
+(`core.py`).
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ def find_mismatch(
                 f"messages ends after {len(incoming)} messages, but the session holds messages[{i}] "
                 f"({_preview(message)}); a retry or a shortened history is not an append",
             )
+        if incoming[i] == message:  # the agent echoed it as held (one C-level comparison)
+            continue
         if comparable(incoming[i]) != comparable(message):
             return Mismatch(
                 i,

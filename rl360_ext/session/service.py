@@ -135,6 +135,7 @@ def check_template_or_refuse(renderer: Any, options: ServiceOptions) -> dict[str
         "tokenizer_dir": options.tokenizer_dir,
         "chat_template_sha256": hashlib.sha256(renderer.chat_template.encode()).hexdigest(),
         "append_only": report.ok,
+        "incremental_suffix": renderer.incremental,
         "end_token": report.end_token,
         "checked_conversations": report.cases,
         "violations": [v.kind for v in report.violations],

@@ -1,7 +1,8 @@
 """Token-in/token-out for a session: what to append to the held tokens, and what the reply says.
 
 Owns the session's use of `ChatRenderer` (every message the session tokenizes goes through
-`prompt_ids` / `suffix_ids`, the contract the append-only checker proves), the end-of-turn
+`prompt_ids` / `suffix_ids`, the contract the append-only checker proves; a suffix renders only the
+new messages after an anchor when the template allows it, `ChatRenderer.incremental`), the end-of-turn
 facts of a template (which token ends an assistant turn and the text the template renders after
 the assistant's content), the closing tokens appended when a turn did not end with that token
 (a `length` cut or a stop string), the role tokens a family with no end token stops at (GLM),
@@ -57,6 +58,7 @@ class TitoRenderer:
         self.renderer = renderer
         self.tokenizer = renderer.tokenizer
         self.turn_end = turn_end(renderer)
+        renderer.incremental  # noqa: B018 - decide the suffix mode (the probe) now, not on a first turn
         # Families with no end token (GLM): the model stops at the next message's role token,
         # which the next suffix renders again.
         roles = next_role_tokens(renderer) if not renderer.emission.end_tokens else ()
@@ -81,7 +83,23 @@ class TitoRenderer:
         """Raises TemplateNotAppendOnlyError when the history's render is not a prefix. When the
         held tokens end with the role token the model stopped at (a family with no end token), the
         suffix starts after it, so the token is held once."""
-        suffix = self.renderer.suffix_ids(history, new_messages, tools)
+        return self._after_held(held, self.renderer.suffix_ids(history, new_messages, tools))
+
+    def anchored_suffix(
+        self,
+        history: Sequence[Message],
+        new_messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None,
+        held: Sequence[int] = (),
+    ) -> list[int] | None:
+        """`suffix` when the template renders incrementally and this turn's anchor renders (the
+        cheap case: a few messages); None otherwise (then `suffix` decides, rendering it all)."""
+        if not self.renderer.incremental:
+            return None
+        text = self.renderer.anchored_suffix_text(history, new_messages, tools)
+        return None if text is None else self._after_held(held, self.renderer.encode(text))
+
+    def _after_held(self, held: Sequence[int], suffix: list[int]) -> list[int]:
         if held and suffix and held[-1] in self.role_stop_ids and suffix[0] == held[-1]:
             return suffix[1:]
         return suffix

@@ -9,13 +9,14 @@ not own retries, session state or what a caller does with the results.
 
 from __future__ import annotations
 
-import base64
+import binascii
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import numpy as np
 import orjson
+import pybase64
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"
@@ -90,8 +91,14 @@ class WeightSpan:
 
 
 def decode_routed_experts(encoded: str) -> np.ndarray:
-    """Base64 of raw little-endian int32 -> a flat int32 array (a view on the decoded bytes)."""
-    raw = base64.b64decode(encoded, validate=False)
+    """Base64 of raw little-endian int32 -> a flat int32 array (a view on the decoded bytes).
+
+    pybase64's validating SIMD decoder: about 40x the stdlib's on a turn's rows (its
+    non-validating mode takes a slow path). A character outside the base64 alphabet is refused."""
+    try:
+        raw = pybase64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise EngineResponseError(f"routed_experts is not valid base64: {exc}") from exc
     if len(raw) % 4:
         raise EngineResponseError(f"routed_experts decodes to {len(raw)} bytes, not a multiple of 4 (int32)")
     return np.frombuffer(raw, dtype="<i4")

@@ -12,6 +12,16 @@ formats that render arguments key by key (GLM), hands the template the arguments
 (OpenAI clients send a JSON string). It does not own template selection
 (`rl360_ext.templates.select`), the checker (`rl360_ext.templates.check`) or the parsing rules
 themselves (`rl360_ext.templates.parse`).
+
+A suffix costs the new messages, not the history: for a template whose render of appended messages
+does not depend on what came before them (decided once per renderer by `incremental`, a probe over
+the checker's conversation generator), `suffix_text` renders the new messages after a short anchor
+that stands in for the history -- its first message when that is a system message, one fixed user
+message, and its last message -- and takes the difference. Templates where the anchor changes the
+render (loop counters, first-user or last-user logic, state carried across messages) are detected
+by the probe and keep the full render (`full_suffix_text`: the whole history, twice), as does any
+single turn whose anchor renders oddly. The merge-time drift check (`rl360_ext.templates.drift`)
+compares the whole trajectory once, so a mis-rendered suffix cannot reach training unnoticed.
 """
 
 from __future__ import annotations
@@ -27,6 +37,10 @@ from rl360_ext.templates.parse import TOOL_CALL_END, TOOL_CALL_START, ParsedAssi
 Message = dict[str, Any]
 _PROBE = "\u2063rl360-probe\u2063"
 _PROBE_TOOL = {"type": "function", "function": {"name": "probe", "parameters": {"type": "object"}}}
+# The one user message of every anchor (see `ChatRenderer.anchor`).
+ANCHOR_USER: Message = {"role": "user", "content": "rl360 anchor"}
+# Conversations (of `rl360_ext.templates.conversations`, seed 0) the incremental probe compares on.
+INCREMENTAL_PROBE_CASES = 48
 
 
 class TemplateNotAppendOnlyError(ValueError):
@@ -61,7 +75,8 @@ class ChatRenderer:
 
     `template_kwargs` are extra variables the template sees on every render (for example
     `{"enable_thinking": False}` for Qwen3-style templates). `emission` overrides the detected
-    emission facts.
+    emission facts. `incremental` pins the suffix mode (True: anchored, False: full render)
+    instead of probing the template for it.
     """
 
     def __init__(
@@ -70,8 +85,12 @@ class ChatRenderer:
         chat_template: str | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
         emission: Emission | None = None,
+        incremental: bool | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self._pinned_incremental = incremental is not None
+        if incremental is not None:
+            self.__dict__["incremental"] = incremental
         self.chat_template = _resolve_template(tokenizer, chat_template)
         self.template_kwargs = dict(template_kwargs or {})
         self._emission: Emission | None = None
@@ -130,12 +149,69 @@ class ChatRenderer:
         new_messages: Sequence[Message],
         tools: Sequence[dict[str, Any]] | None = None,
     ) -> str:
-        """Text the new messages (and the generation prompt) add after the history's render."""
+        """Text the new messages (and the generation prompt) add after the history's render.
+
+        Renders only the new messages after the history's anchor when the template passed the
+        incremental probe (`incremental`), else (or when the anchor does not render as a prefix)
+        the whole history (`full_suffix_text`, which raises TemplateNotAppendOnlyError)."""
+        if self.incremental:
+            text = self.anchored_suffix_text(history, new_messages, tools)
+            if text is not None:
+                return text
+        return self.full_suffix_text(history, new_messages, tools)
+
+    def full_suffix_text(
+        self,
+        history: Sequence[Message],
+        new_messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> str:
+        """The suffix from two renders of the whole conversation (the reference `suffix_text` is held to)."""
         history_text = self.render_text(history, tools, add_generation_prompt=False)
         full_text = self.render_text([*history, *new_messages], tools, add_generation_prompt=True)
         if not full_text.startswith(history_text):
             raise TemplateNotAppendOnlyError(history_text, full_text)
         return full_text[len(history_text) :]
+
+    @staticmethod
+    def anchor(history: Sequence[Message]) -> list[Message] | None:
+        """A short stand-in for `history` that ends as it does: its first message when that is a
+        system (or developer) message, `ANCHOR_USER`, and its last message, which must be an
+        assistant's. None when the history does not end with an assistant message or is no longer
+        than its anchor (nothing to save)."""
+        if not history or history[-1].get("role") != "assistant":
+            return None
+        head = [history[0]] if history[0].get("role") in ("system", "developer") else []
+        anchor = [*head, ANCHOR_USER, history[-1]]
+        return anchor if len(anchor) < len(history) else None
+
+    def anchored_suffix_text(
+        self,
+        history: Sequence[Message],
+        new_messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> str | None:
+        """The suffix rendered after the history's `anchor` (cost: the anchor and the new messages).
+
+        None when there is no anchor, the template raises on it, or the anchor's render is not a
+        prefix of the anchor-plus-new render (the caller then renders the whole history). Equal to
+        `full_suffix_text` only for templates `incremental` accepts."""
+        anchor = self.anchor(history)
+        if anchor is None:
+            return None
+        try:
+            base = self.render_text(anchor, tools, add_generation_prompt=False)
+            text = self.render_text([*anchor, *new_messages], tools, add_generation_prompt=True)
+        except Exception:  # a template refusing the anchor (e.g. a role-order check): render it all
+            return None
+        return text[len(base) :] if text.startswith(base) else None
+
+    @cached_property
+    def incremental(self) -> bool:
+        """True when the anchored suffix equals the full-render suffix at every split point of the
+        probe conversations (and at least one was compared); False for templates whose render of
+        new messages depends on the history, and for templates that are not append-only there."""
+        return incremental_probe(self)
 
     def suffix_ids(
         self,
@@ -223,6 +299,48 @@ class ChatRenderer:
         self._mapping_arguments = emission.needs_mapping_arguments
         self.__dict__.pop("tool_call_separator", None)
         self.__dict__.pop("tool_call_separator_always", None)
+        if not self._pinned_incremental:
+            self.__dict__.pop("incremental", None)
+
+
+def probe_splits(conversations: Sequence[Any]) -> list[tuple[list[Message], list[Message], Any]]:
+    """(history ending with an assistant message, the messages appended after it, tools) of every
+    turn of `conversations` (`rl360_ext.templates.conversations.Conversation`) that has new messages."""
+    splits = []
+    for conversation in conversations:
+        history = list(conversation.prompt)
+        for turn in conversation.turns:
+            history = [*history, turn.assistant]
+            if turn.new_messages:
+                splits.append((history, list(turn.new_messages), conversation.tools))
+            history = [*history, *turn.new_messages]
+    return splits
+
+
+def incremental_probe(renderer: ChatRenderer, cases: int = INCREMENTAL_PROBE_CASES) -> bool:
+    """Does `renderer`'s anchored suffix equal its full-render suffix on the probe conversations?
+
+    False at the first split point where the template is not append-only (the full render refuses
+    with TemplateNotAppendOnlyError: such templates keep the full render, so the session still
+    forks there) or the anchored suffix is missing or differs; False when nothing was compared.
+    Split points the template refuses to render at all (it raises) are skipped: the server answers
+    those with a 400 either way."""
+    from rl360_ext.templates.conversations import generate_conversations
+
+    compared = 0
+    for history, new_messages, tools in probe_splits(generate_conversations(cases, seed=0)):
+        try:
+            expected = renderer.full_suffix_text(history, new_messages, tools)
+        except TemplateNotAppendOnlyError:
+            return False
+        except Exception:  # the template refuses this conversation (e.g. two tool calls in one reply)
+            continue
+        if renderer.anchor(history) is None:
+            continue
+        if renderer.anchored_suffix_text(history, new_messages, tools) != expected:
+            return False
+        compared += 1
+    return compared > 0
 
 
 def mapping_arguments(call: Mapping[str, Any]) -> dict[str, Any]:

@@ -33,6 +33,7 @@ def test_the_reference_template_passes_and_its_facts_are_recorded() -> None:
     core = build_core(ServiceOptions(backend_url=UNREACHABLE, tokenizer_dir=str(default_tokenizer_dir())))
     facts = core.config.template_facts
     assert facts["append_only"] is True and facts["end_token"] == "<|im_end|>" and facts["violations"] == []
+    assert facts["incremental_suffix"] is True and core.tito.renderer.incremental  # decided at start
     assert (
         core.session_facts(core.create())["template"]["chat_template_sha256"] == facts["chat_template_sha256"]
     )

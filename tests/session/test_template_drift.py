@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from rl360_ext.session.core import ServerConfig, SessionCore
 from rl360_ext.session.tito import TitoRenderer
 from rl360_ext.templates.drift import DRIFT_KEY
@@ -114,3 +116,35 @@ async def test_glm_turn_ends_at_the_role_token_it_sampled_and_holds_it_once() ->
     assert sample.tokens.tolist() == rendered[: len(sample.tokens)]
     assert sample.tokens.tolist().count(vocab["<|observation|>"]) == 1
     assert not sample.metadata[DRIFT_KEY]["mismatch"]
+
+
+NUMBERED = (Path(__file__).parents[1] / "templates" / "fixtures" / "numbered_users.jinja").read_text()
+
+
+async def _three_turns(core: SessionCore) -> dict:
+    sid = core.create().id
+    history = [USER]
+    for text in ("again", "once more"):
+        reply = await core.chat(sid, {"messages": history})
+        history = [*history, reply.message(), {"role": "user", "content": text}]
+    await core.chat(sid, {"messages": history})
+    return (await core.merged(sid)).metadata[DRIFT_KEY]
+
+
+@pytest.mark.parametrize("pinned", [True, None])
+async def test_a_mis_rendered_incremental_suffix_is_caught_at_merge(renderer, pinned) -> None:
+    """The correctness net of the incremental suffix: forced on a template whose render depends on
+    the history (it numbers user messages), the anchored suffix says "[2]" where the render says
+    "[3]", and the merge-time drift check names the position; the probe (not pinned) refuses that
+    template, renders the whole history, and merges without drift."""
+    numbered = ChatRenderer(renderer.tokenizer, NUMBERED, incremental=pinned)
+    assert numbered.incremental is bool(pinned)
+    backend = ScriptedBackend(numbered)
+    core = SessionCore(TitoRenderer(numbered), backend, ServerConfig())
+    backend.push(Step("a<|im_end|>"), Step("b<|im_end|>"), Step("c<|im_end|>"))
+    record = await _three_turns(core)
+    if pinned:
+        assert record["mismatch"] and record["position"] is not None, record
+        assert "[2]" in record["evidence"] and "[3]" in record["evidence"], record["evidence"]
+    else:
+        assert record["checked"] and not record["mismatch"], record
