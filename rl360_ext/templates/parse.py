@@ -120,11 +120,18 @@ def _parse_glm_call(body: str) -> dict[str, Any] | None:
     }
 
 
+def _opens_block(before_end: str) -> bool:
+    """Whether the text before the first `</think>` opened a block of its own, so that `</think>`
+    does not close a reasoning block the prompt opened: a `<think>`, or a tool call (reasoning never
+    follows one; a `</think>` inside a call's arguments is argument text)."""
+    return THINK_START in before_end or TOOL_CALL_START in before_end
+
+
 def _split_reasoning(text: str, think_open: str, think_close: str) -> tuple[str | None, str]:
     start = None
     if text.startswith(think_open) and THINK_END in text:
         start = len(think_open)
-    elif THINK_END in text and THINK_START not in text[: text.index(THINK_END)]:
+    elif THINK_END in text and not _opens_block(text[: text.index(THINK_END)]):
         start = 0  # the prompt opened the block (DeepSeek-R1 style)
     if start is None:
         return None, text

@@ -206,3 +206,12 @@ def test_qwen3_think_layout_is_not_content() -> None:
         think_close="</think>\n\n",
     )
     assert (parsed.reasoning, parsed.content, len(parsed.tool_calls)) == ("\n\n", "", 1)
+
+
+def test_think_end_inside_tool_arguments_is_argument_text(tokenizer) -> None:
+    renderer = ChatRenderer(tokenizer, fixed_template("qwen3"))
+    text = '<tool_call>\n{"name": "bash", "arguments": {"": "</think>"}}\n</tool_call>'
+    parsed = renderer.parse_assistant(text)
+    assert parsed.reasoning is None
+    assert [c["function"]["arguments"] for c in parsed.tool_calls] == ['{"": "</think>"}']
+    assert generated_text(renderer, parsed.to_message()) == text
