@@ -107,6 +107,13 @@ def demo(
     harbor_replicas: int = typer.Option(
         1, min=1, help="Harbor /run servers; attempts are routed over them by image group."
     ),
+    compare: str | None = typer.Option(
+        None,
+        help="The fault A/B: 'upstream' or 'upstream,clean'. Runs rl360's arm, then upstream Miles' defaults "
+        "(failures scored 0, Miles' baseline, masked samples in the loss denominator) on the same seed, "
+        "tasks and faults, then (clean) rl360's rules without faults; one after the other, each a full "
+        "run of --steps in OUT/<arm> (wall time: arms x one demo), plus OUT/compare.html and compare.json.",
+    ),
 ) -> None:
     """Run the whole RL loop on this CPU machine (rollouts, the reference trainer, weight pushes)
     and write a step report.
@@ -129,7 +136,19 @@ def demo(
         )
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
+    arms = None
+    if compare is not None:
+        from rl360_ext.local.compare import parse_compare
+
+        try:
+            arms = parse_compare(compare)
+        except ValueError as err:
+            raise typer.BadParameter(str(err), param_hint="--compare") from None
     preflight(demo_stack_config(config), "rl360 demo", install=True)
+    if arms is not None:
+        from rl360_ext.local.compare import run_compare
+
+        raise typer.Exit(1 if run_compare(config, arms).problems else 0)
     result = run_demo(
         steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out, **settings
     )

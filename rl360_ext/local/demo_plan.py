@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rl360_ext.local.arms import RL360_RULES, arm_rules
 from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.provenance import VALID, attempt_class, infra_cause
 from rl360_ext.rollout.rewards import reward_value
@@ -62,6 +63,7 @@ class DemoConfig:
     deadline_s: float = 120.0
     session_servers: int = 1  # the generate hook's session servers (Ray actors)
     harbor_replicas: int = 1  # Harbor /run servers; the agent function routes over them by image group
+    rules: str = RL360_RULES  # the A/B arm's reward and loss rules (`rl360_ext.local.arms.ARM_RULES`)
 
     def __post_init__(self) -> None:
         minimums = {
@@ -89,6 +91,7 @@ class DemoConfig:
             raise ValueError(f"deadline_s and lr must be > 0, got {self.deadline_s!r} and {self.lr!r}")
         if self.engine_dtype not in ("float64", "float32"):
             raise ValueError(f"--dtype must be float64 or float32, got {self.engine_dtype!r}")
+        arm_rules(self.rules)
 
     @property
     def attempt_fault_rate(self) -> float:
