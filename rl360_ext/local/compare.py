@@ -16,12 +16,13 @@ folder (`OUT/<arm>`: its own stack, engines, trainer weights and weight versions
 both cores and none waits on another's rollouts. What is the same in every arm: the seed, the
 format warm start (so the same first policy), each step's quiz tasks and every fault aimed at
 an attempt (`demo_plan.plan_step` is a function of the seed, the step and the task/attempt
-counts; the clean arm draws the same tasks, with the fault rate 0). What is not: the engines'
-sampled tokens (their sampling generator is shared by all requests, so the order requests
-arrive in decides who gets which draw) and where the engines' 503s land (seeded per engine,
-drawn per request in arrival order); the report's standard errors say how much of a difference
-that noise alone makes. The dynamic filter is rl360's in every arm, so the arms differ only in
-the rules above.
+counts; the clean arm draws the same tasks, with the fault rate 0), and each attempt's sampling
+seed (`demo_plan.attempt_sampling_seed`, `seeded_sampling` on in every arm), so while two arms
+hold the same weights (steps 0 and 1 generate on the warm-started weights under one-step-off)
+an attempt that runs in both samples the same tokens. What is not: where the engines' 503s land
+(seeded per engine, drawn per request in arrival order), and everything after the arms'
+weights part; the report's standard errors say how much of a difference noise alone makes.
+The dynamic filter is rl360's in every arm, so the arms differ only in the rules above.
 
 Wall time: the sum of the arms' runs (each as long as a `rl360 demo` of the same size). It does
 not own any hook or the report's layout (`rl360_ext.diagnostics.compare_report`).
@@ -87,7 +88,11 @@ def arm_configs(base: DemoConfig, arms: Sequence[str]) -> dict[str, DemoConfig]:
     for name in arms:
         spec = ARMS[name]
         configs[name] = dataclasses.replace(
-            base, out=base.out / name, rules=spec.rules, faults=base.faults if spec.faults else 0.0
+            base,
+            out=base.out / name,
+            rules=spec.rules,
+            faults=base.faults if spec.faults else 0.0,
+            seeded_sampling=True,
         )
     return configs
 

@@ -66,6 +66,7 @@ from rl360_ext.local.demo_plan import (
     DemoConfig,
     StepSummary,
     attach_push,
+    attempt_sampling_seed,
     expected_weight_version,
     one_step_off_schedule,
     plan_step,
@@ -349,7 +350,7 @@ class DemoDriver:
                 self._input_type(
                     state=state,
                     sample=self._sample(plan),
-                    sampling_params=dict(self.sampling_params),
+                    sampling_params=self._sampling_params(plan),
                     evaluation=False,
                 )
             )
@@ -361,6 +362,12 @@ class DemoDriver:
             return sample
 
         return list(await asyncio.gather(*(attempt(plan) for plan in plans)))
+
+    def _sampling_params(self, plan: AttemptPlan) -> dict[str, Any]:
+        params = dict(self.sampling_params)
+        if self.config.seeded_sampling:
+            params["sampling_seed"] = attempt_sampling_seed(self.config.seed, plan.index)
+        return params
 
     def _sample(self, plan: AttemptPlan) -> Any:
         return self._sample_type(

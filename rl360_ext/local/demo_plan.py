@@ -18,6 +18,7 @@ infrastructure reasons.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from collections import Counter
@@ -40,6 +41,7 @@ FAULT_KINDS = (SANDBOX_START, VERIFIER_CRASH, CLIENT_DEADLINE, ENGINE_503)
 ATTEMPT_FAULT_KINDS = (SANDBOX_START, VERIFIER_CRASH, CLIENT_DEADLINE)  # aimed at single attempts
 FAULT_TASKS = {SANDBOX_START: "fault-sandbox-start", VERIFIER_CRASH: "fault-verifier-crash"}
 
+SAMPLING_SEED_LIMIT = 2**63  # an OpenAI `seed` is a non-negative integer; SGLang's sampling_seed is int64
 INITIAL_WEIGHT_VERSION = "0"  # pushed before step 0, as Miles' train_async updates weights first
 
 
@@ -64,6 +66,7 @@ class DemoConfig:
     session_servers: int = 1  # the generate hook's session servers (Ray actors)
     harbor_replicas: int = 1  # Harbor /run servers; the agent function routes over them by image group
     rules: str = RL360_RULES  # the A/B arm's reward and loss rules (`rl360_ext.local.arms.ARM_RULES`)
+    seeded_sampling: bool = False  # every attempt's turns sample with `attempt_sampling_seed` (the A/B)
 
     def __post_init__(self) -> None:
         minimums = {
@@ -140,6 +143,14 @@ def plan_step(step: int, config: DemoConfig, task_names: Sequence[str]) -> list[
             group.append(AttemptPlan(step, group_index, group_index * config.attempts + attempt, task, fault))
         groups.append(group)
     return groups
+
+
+def attempt_sampling_seed(seed: int, attempt_index: int) -> int:
+    """The sampling seed of every model turn of one attempt, from the run's seed and the attempt's
+    Miles index: two runs with the same seed draw the same tokens for the same attempt while their
+    weights are the same, whatever order the requests reach the engines in."""
+    digest = hashlib.sha256(f"rl360-demo-sampling:{seed}:{attempt_index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % SAMPLING_SEED_LIMIT
 
 
 # ---- one-step-off weight schedule ---------------------------------------------------------------
