@@ -226,3 +226,14 @@ def test_a_failure_shifts_upstreams_advantages_up() -> None:
 def test_advantage_metrics_refuses_a_length_mismatch() -> None:
     with pytest.raises(ValueError, match="2 samples but 1 advantages"):
         advantage_metrics(_args(False), [valid(0, 0, 1.0), valid(0, 1, 0.0)], [0.5])
+
+
+def test_the_cli_refuses_a_bad_compare_value_before_starting_anything(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from rl360_ext.cli import app
+
+    result = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "ab"), "--compare", "upstream,miles"])
+    assert result.exit_code == 2
+    assert "--compare" in result.output and "upstream, clean" in result.output
+    assert not (tmp_path / "ab").exists()
