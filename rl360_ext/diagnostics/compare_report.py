@@ -186,7 +186,7 @@ def arm_sentence(facts: ArmFacts) -> str:
         "no train step"
         if facts.loss_scale_mean is None
         else f"gradient scale {_fmt(facts.loss_scale_mean, '.2f')} on average, lowest "
-        f"{_fmt(facts.loss_scale_min, '.2f')} ({facts.masked_samples} masked samples trained in all)"
+        f"{_fmt(facts.loss_scale_min, '.2f')} ({facts.masked_samples} masked samples in its trained batches)"
     )
     shift = (
         "no advantage line"
