@@ -95,6 +95,8 @@ class DemoConfig:
         if self.engine_dtype not in ("float64", "float32"):
             raise ValueError(f"--dtype must be float64 or float32, got {self.engine_dtype!r}")
         arm_rules(self.rules)
+        if not isinstance(self.seeded_sampling, bool):
+            raise ValueError(f"seeded_sampling must be true or false, got {self.seeded_sampling!r}")
 
     @property
     def attempt_fault_rate(self) -> float:

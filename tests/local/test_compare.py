@@ -69,6 +69,8 @@ def test_a_bad_compare_value_names_the_option(value: str, message: str) -> None:
 def test_an_unknown_rule_set_is_refused_naming_the_field() -> None:
     with pytest.raises(ValueError, match="rules must be one of rl360, upstream"):
         DemoConfig(rules="miles")
+    with pytest.raises(ValueError, match="seeded_sampling must be true or false"):
+        DemoConfig(seeded_sampling=1)  # type: ignore[arg-type]
 
 
 # ---- every arm on the same plan -----------------------------------------------------------------------
