@@ -112,7 +112,12 @@ def demo(
     ),
     pause_mode: str = typer.Option("in_place", help="How engines pause for a push: in_place or retract."),
     compare: str | None = typer.Option(
-        None, help="'schedules': run one-step-off and in-flight and report them side by side."
+        None,
+        help="'schedules': run one-step-off and in-flight and report them side by side. "
+        "The fault A/B, 'upstream' or 'upstream,clean': runs rl360's arm, then upstream Miles' defaults "
+        "(failures scored 0, Miles' baseline, masked samples in the loss denominator) on the same seed, "
+        "tasks and faults, then (clean) rl360's rules without faults; one after the other, each a full "
+        "run of --steps in OUT/<arm> (wall time: arms x one demo), plus OUT/compare.html and compare.json.",
     ),
 ) -> None:
     """Run the whole RL loop on this CPU machine (rollouts, the reference trainer, weight pushes)
@@ -132,14 +137,20 @@ def demo(
         "schedule": schedule,
         "pause_mode": pause_mode,
     }
-    if compare not in (None, "schedules"):
-        raise typer.BadParameter(f"--compare must be 'schedules', got {compare!r}")
     try:
         config = DemoConfig(
             steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out, **settings
         )
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
+    arms = None
+    if compare not in (None, "schedules"):
+        from rl360_ext.local.compare import parse_compare
+
+        try:
+            arms = parse_compare(compare)
+        except ValueError as err:
+            raise typer.BadParameter(str(err), param_hint="--compare") from None
     preflight(demo_stack_config(config), "rl360 demo", install=True)
     if compare == "schedules":
         from rl360_ext.local.demo import compare_schedules
@@ -148,6 +159,10 @@ def demo(
             steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out, **settings
         )
         raise typer.Exit(1 if any(side["problems"] for side in figures.values()) else 0)
+    if arms is not None:
+        from rl360_ext.local.compare import run_compare
+
+        raise typer.Exit(1 if run_compare(config, arms).problems else 0)
     result = run_demo(
         steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out, **settings
     )

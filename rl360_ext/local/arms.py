@@ -18,23 +18,68 @@ Owns what the "upstream" arm does differently, as pure functions over the same s
 `RL360_TRAINER` is rl360's side (`valid_sample_mean`, `valid_token_tis`); rl360's reward side is
 `rl360_ext.rollout.rewards.valid_group_advantages`. The samples an upstream arm trains on are the
 same samples (masked infra samples keep their zero loss masks: what an upstream run would have
-trained on for a failed attempt that made model calls is not recoverable from them). It does not
-run anything (the demo driver would).
+trained on for a failed attempt that made model calls is not recoverable from them; Miles itself
+zeroes the loss mask of a `remove_sample` sample and keeps it in the batch,
+`train_data_conversion.py` `convert_samples_to_train_data`, and `loss_function` in
+`miles/backends/training_utils/loss.py` divides every micro-batch by the step's rollout count).
+
+`ARM_RULES` names each arm's rules by the `rules` setting of `rl360 demo` (`DemoConfig.rules`):
+the reward post-process hook's dotted path and the trainer settings. `advantage_metrics` is the
+advantage shift the A/B report draws: over a step's valid trained samples, the mean advantage the
+arm's hook gave them minus the mean `valid_group_advantages` gives the same samples (their own
+groups' valid baseline; 0 up to rounding, since each group's valid advantages are centred), so
+rl360's arm reads 0 by construction and a positive value is how far a rule that scores failures 0
+pushes every valid sample up. It does not run anything (`rl360_ext.local.compare` does).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from rl360_ext.outcomes.provenance import is_valid
-from rl360_ext.rollout.rewards import STD_EPSILON, STD_NORMALIZED_ESTIMATORS, reward_value
+from rl360_ext.rollout.rewards import (
+    STD_EPSILON,
+    STD_NORMALIZED_ESTIMATORS,
+    reward_value,
+    valid_group_advantages,
+)
 
 RL360_TRAINER: dict[str, Any] = {}  # TrainerConfig's defaults are rl360's hooks
 UPSTREAM_TRAINER: dict[str, Any] = {"pg_loss_reducer_path": None, "tis_function_path": None}
+RL360_RULES = "rl360"
+UPSTREAM_RULES = "upstream"
+RL360_REWARD_POST_PROCESS = "rl360_ext.rollout.rewards.valid_group_advantages"
+UPSTREAM_REWARD_POST_PROCESS = "rl360_ext.local.arms.upstream_advantages"
+ADVANTAGE_SHIFT = "advantage/shift"
+ADVANTAGE_VALID_MEAN = "advantage/valid_mean"
+ADVANTAGE_REFERENCE_MEAN = "advantage/reference_valid_mean"
+ADVANTAGE_VALID_SAMPLES = "advantage/valid_samples"
+
+
+@dataclass(frozen=True)
+class ArmRules:
+    """What one arm runs differently: its reward post-process hook and its trainer settings."""
+
+    reward_post_process_path: str
+    trainer: dict[str, Any] = field(default_factory=dict)  # TrainerConfig fields
+
+
+ARM_RULES: dict[str, ArmRules] = {
+    RL360_RULES: ArmRules(RL360_REWARD_POST_PROCESS, RL360_TRAINER),
+    UPSTREAM_RULES: ArmRules(UPSTREAM_REWARD_POST_PROCESS, UPSTREAM_TRAINER),
+}
+
+
+def arm_rules(name: str) -> ArmRules:
+    """The rules called `name`; a ValueError names the known ones."""
+    if name not in ARM_RULES:
+        raise ValueError(f"rules must be one of {', '.join(ARM_RULES)}, got {name!r}")
+    return ARM_RULES[name]
 
 
 def upstream_raw_rewards(args: Any, samples: Sequence[Any]) -> list[float]:
@@ -84,3 +129,24 @@ def upstream_advantages(args: Any, samples: Sequence[Any]) -> tuple[list[float],
             for position in unit:
                 rewards[position] = value
     return raw, rewards
+
+
+def advantage_metrics(args: Any, samples: Sequence[Any], advantages: Sequence[float]) -> dict[str, float]:
+    """The step's advantage shift (module docstring) and its parts; {} without a valid sample.
+
+    `advantages` are what the arm's reward post-process hook returned for `samples` (the kept
+    samples of one step, every group with its `group_index`)."""
+    if len(advantages) != len(samples):
+        raise ValueError(f"{len(samples)} samples but {len(advantages)} advantages")
+    valid = [position for position, sample in enumerate(samples) if is_valid(sample)]
+    if not valid:
+        return {}
+    _, reference = valid_group_advantages(args, samples)
+    own = float(np.mean([advantages[p] for p in valid]))
+    base = float(np.mean([reference[p] for p in valid]))
+    return {
+        ADVANTAGE_VALID_MEAN: own,
+        ADVANTAGE_REFERENCE_MEAN: base,
+        ADVANTAGE_SHIFT: own - base,
+        ADVANTAGE_VALID_SAMPLES: float(len(valid)),
+    }

@@ -62,6 +62,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rl360_ext.diagnostics.compare_report import ADVANTAGE_KIND
+from rl360_ext.local.arms import RL360_REWARD_POST_PROCESS, advantage_metrics, arm_rules
 from rl360_ext.local.demo_plan import (
     AGE_BUCKETS,
     CLIENT_DEADLINE,
@@ -76,6 +78,7 @@ from rl360_ext.local.demo_plan import (
     StepSummary,
     allowed_weight_versions,
     attach_push,
+    attempt_sampling_seed,
     plan_step,
     pushed_version,
     schedule_events,
@@ -92,12 +95,13 @@ from rl360_ext.local.stack import (
     engine_fault_counts,
 )
 from rl360_ext.outcomes.provenance import DOMAIN, is_valid
+from rl360_ext.rollout.metrics import append_records
 from rl360_ext.trainer.trainer import TrainerConfig
 from rl360_ext.util.procs import LOOPBACK
 
 GENERATE_PATH = "rl360_ext.rollout.generate.generate"
 FILTER_PATH = "rl360_ext.rollout.filters.check_valid_reward_nonzero_std"
-REWARD_POST_PROCESS_PATH = "rl360_ext.rollout.rewards.valid_group_advantages"
+REWARD_POST_PROCESS_PATH = RL360_REWARD_POST_PROCESS
 ROLLOUT_LOG_PATH = "rl360_ext.rollout.metrics.log_rollout_metrics"
 METRICS_FILE = "metrics.jsonl"
 REPORT_FILE = "report.html"
@@ -146,7 +150,7 @@ def build_args(
     args = parser.parse_args(flags)
     args.custom_generate_function_path = GENERATE_PATH
     args.dynamic_sampling_filter_path = FILTER_PATH
-    args.custom_reward_post_process_path = REWARD_POST_PROCESS_PATH
+    args.custom_reward_post_process_path = arm_rules(config.rules).reward_post_process_path
     args.custom_rollout_log_function_path = ROLLOUT_LOG_PATH
     args.n_samples_per_prompt = config.attempts
     args.rollout_batch_size = config.tasks
@@ -343,6 +347,8 @@ class DemoDriver:
         rollout_time = time.monotonic() - started
         self.log_rollout(step, self.args, samples, extra, rollout_time)
         raw_rewards, advantages = self.reward_post_process(self.args, samples)
+        shift = advantage_metrics(self.args, samples, advantages)
+        append_records(self.metrics_path, [{"kind": ADVANTAGE_KIND, "rollout_id": step, "metrics": shift}])
         order = sorted(finished)
         summary = summarize_step(
             step,
@@ -371,7 +377,7 @@ class DemoDriver:
                 self._input_type(
                     state=state,
                     sample=self._sample(plan),
-                    sampling_params=dict(self.sampling_params),
+                    sampling_params=self._sampling_params(plan),
                     evaluation=False,
                 )
             )
@@ -383,6 +389,12 @@ class DemoDriver:
             return sample
 
         return list(await asyncio.gather(*(attempt(plan) for plan in plans)))
+
+    def _sampling_params(self, plan: AttemptPlan) -> dict[str, Any]:
+        params = dict(self.sampling_params)
+        if self.config.seeded_sampling:
+            params["sampling_seed"] = attempt_sampling_seed(self.config.seed, plan.index)
+        return params
 
     def _sample(self, plan: AttemptPlan) -> Any:
         return self._sample_type(
@@ -457,7 +469,10 @@ def demo_policy(config: DemoConfig) -> DemoTrainer:
         questions,
         config.seed,
         TrainerConfig(
-            lr=config.lr, lr_warmup_steps=config.lr_warmup_steps, steps_per_rollout=config.steps_per_rollout
+            lr=config.lr,
+            lr_warmup_steps=config.lr_warmup_steps,
+            steps_per_rollout=config.steps_per_rollout,
+            **arm_rules(config.rules).trainer,
         ),
     )
 

@@ -28,6 +28,7 @@ stale-KV share (context KV older than its turn's first version).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from collections import Counter
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rl360_ext.local.arms import RL360_RULES, arm_rules
 from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.provenance import VALID, attempt_class, infra_cause
 from rl360_ext.rollout.rewards import reward_value
@@ -50,6 +52,7 @@ FAULT_KINDS = (SANDBOX_START, VERIFIER_CRASH, CLIENT_DEADLINE, ENGINE_503)
 ATTEMPT_FAULT_KINDS = (SANDBOX_START, VERIFIER_CRASH, CLIENT_DEADLINE)  # aimed at single attempts
 FAULT_TASKS = {SANDBOX_START: "fault-sandbox-start", VERIFIER_CRASH: "fault-verifier-crash"}
 
+SAMPLING_SEED_LIMIT = 2**63  # an OpenAI `seed` is a non-negative integer; SGLang's sampling_seed is int64
 INITIAL_WEIGHT_VERSION = "0"  # pushed before step 0, as Miles' train_async updates weights first
 ONE_STEP_OFF, IN_FLIGHT = "one-step-off", "in-flight"
 SCHEDULES = (ONE_STEP_OFF, IN_FLIGHT)
@@ -79,6 +82,8 @@ class DemoConfig:
     harbor_replicas: int = 1  # Harbor /run servers; the agent function routes over them by image group
     schedule: str = ONE_STEP_OFF  # when weights are pushed (SCHEDULES)
     pause_mode: str = "in_place"  # how engines pause for a push (PAUSE_MODES)
+    rules: str = RL360_RULES  # the A/B arm's reward and loss rules (`rl360_ext.local.arms.ARM_RULES`)
+    seeded_sampling: bool = False  # every attempt's turns sample with `attempt_sampling_seed` (the A/B)
 
     def __post_init__(self) -> None:
         minimums = {
@@ -110,6 +115,9 @@ class DemoConfig:
             raise ValueError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if self.pause_mode not in PAUSE_MODES:
             raise ValueError(f"--pause-mode must be one of {', '.join(PAUSE_MODES)}, got {self.pause_mode!r}")
+        arm_rules(self.rules)
+        if not isinstance(self.seeded_sampling, bool):
+            raise ValueError(f"seeded_sampling must be true or false, got {self.seeded_sampling!r}")
 
     @property
     def attempt_fault_rate(self) -> float:
@@ -158,6 +166,14 @@ def plan_step(step: int, config: DemoConfig, task_names: Sequence[str]) -> list[
             group.append(AttemptPlan(step, group_index, group_index * config.attempts + attempt, task, fault))
         groups.append(group)
     return groups
+
+
+def attempt_sampling_seed(seed: int, attempt_index: int) -> int:
+    """The sampling seed of every model turn of one attempt, from the run's seed and the attempt's
+    Miles index: two runs with the same seed draw the same tokens for the same attempt while their
+    weights are the same, whatever order the requests reach the engines in."""
+    digest = hashlib.sha256(f"rl360-demo-sampling:{seed}:{attempt_index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % SAMPLING_SEED_LIMIT
 
 
 # ---- one-step-off weight schedule ---------------------------------------------------------------
