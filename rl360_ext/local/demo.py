@@ -193,9 +193,11 @@ class DemoDriver:
         self.weights = policy
         warm = self.weights.warm_start
         self.console.print(
-            f"format warm start: LM head fitted on {warm.prompts} answer prompts in {warm.seconds:.1f} s, "
-            f"letters A-D hold {warm.letter_mass:.0%} of the answer's probability, equally (chance "
-            f"{CHANCE_LEVEL:.2f})"
+            f"warm start ({warm.prompts} answer prompts, {warm.seconds:.1f} s, no answers or rewards seen): "
+            f"base stage {warm.label_steps} steps, question labels at p {warm.label_prob:.2f}, "
+            f"answer-position cosine between questions {warm.cosine_before:.3f} -> {warm.cosine_after:.3f}; "
+            f"format head: letters A-D hold {warm.letter_mass:.0%} of the answer's probability, equally "
+            f"(chance {CHANCE_LEVEL:.2f})"
         )
         self.train_metrics: dict[int, dict[str, float]] = {}
         self.summaries: dict[int, StepSummary] = {}
@@ -413,7 +415,10 @@ def demo_policy(config: DemoConfig) -> DemoTrainer:
         questions,
         config.seed,
         TrainerConfig(
-            lr=config.lr, lr_warmup_steps=config.lr_warmup_steps, steps_per_rollout=config.steps_per_rollout
+            lr=config.lr,
+            decoupled_lr=config.head_lr,
+            lr_warmup_steps=config.lr_warmup_steps,
+            steps_per_rollout=config.steps_per_rollout,
         ),
     )
 

@@ -4,14 +4,14 @@ becomes the answer.
 Owns what the demo's Harbor agent does inside a trial, through the session's OpenAI-compatible
 URL (official `openai` client):
 
-1. the look turn: the task's multiple-choice question, at most `LOOK_TURN_TOKENS` new tokens;
+1. the look turn: the task's question (the instruction names the options file but does not list
+   the options), at most `LOOK_TURN_TOKENS` new tokens;
 2. the probe: whatever the model wrote, the agent runs one command in the sandbox
    (`PROBE_COMMAND`: it prints the task's options, which each quiz task ships in
    `environment/app/options.txt`; bounded time and output) and sends its output back as a `tool`
    message (tool-call id `PROBE_CALL_ID`, or the model's own call id if it wrote a parsable
    call): the tiny model cannot write a tool call, so the agent makes the one call every attempt
-   makes. The options land right before the answer, where the tiny model can tell the questions
-   apart;
+   makes. The options land right before the answer: the model sees them only through the tool;
 3. the answer turn: the model's reply, whose answer is a parsable `answer` tool call if there is
    one, else the first character of the reply that is one of a, b, c, d in either case, once
    chat markup such as `</tool_call>` is removed.
@@ -49,7 +49,7 @@ PROBE_COMMAND = "cat /app/options.txt"  # each quiz task ships its options there
 PROBE_CALL_ID = "rl360-probe"
 PROBE_TIMEOUT_S = 10
 PROBE_OUTPUT_CHARS = 200
-SYSTEM_PROMPT = "You answer multiple-choice questions. Reply with the letter of your answer only."
+SYSTEM_PROMPT = "Answer with one letter."
 _FIRST_LETTER = re.compile(r"[ABCDabcd]")
 _MARKUP = re.compile(r"<[^<>\s]{1,24}>")  # template tags the model emits as text, e.g. </tool_call>
 
@@ -96,8 +96,13 @@ def probe_message(call_id: str, output: str) -> dict[str, Any]:
 
 
 def probe_output(return_code: int | None, stdout: str | None, stderr: str | None) -> str:
-    """The tool message content of the probe: exit code and output, capped at PROBE_OUTPUT_CHARS."""
-    text = f"exit code: {return_code}\nstdout:\n{stdout or ''}\nstderr:\n{stderr or ''}"
+    """The tool message content of the probe, capped at PROBE_OUTPUT_CHARS: the output alone when
+    the command succeeded silently on stderr (the options, the common case: fewer tokens to roll
+    out and train on), else exit code, stdout and stderr."""
+    if return_code == 0 and not stderr:
+        text = stdout or ""
+    else:
+        text = f"exit code: {return_code}\nstdout:\n{stdout or ''}\nstderr:\n{stderr or ''}"
     return text if len(text) <= PROBE_OUTPUT_CHARS else text[:PROBE_OUTPUT_CHARS] + "\n...[truncated]"
 
 
