@@ -36,6 +36,7 @@ from rl360_ext.local.quiz_agent import (
     LETTERS,
     LOOK_TURN_TOKENS,
     PROBE_CALL_ID,
+    extract_answer,
     look_messages,
     probe_message,
     probe_output,
@@ -73,12 +74,15 @@ class WarmStart:
 
 def question_labels(tokenizer: Any, questions: Sequence[tuple[str, str]]) -> list[int]:
     """One distinct label token per question for the base-model stage: chosen by a hash of the
-    question's text among the tokens that are neither special nor an answer letter (A-D or a-d,
-    which the quiz agent would read as an answer), so a label says which question it is and
-    nothing about its answer."""
-    letters = {tokenizer.convert_tokens_to_ids(c) for letter in LETTERS for c in (letter, letter.lower())}
-    excluded = letters | set(tokenizer.all_special_ids)
-    allowed = [token for token in range(len(tokenizer)) if token not in excluded]
+    question's text among the tokens that are not special and whose text holds no answer letter
+    (`extract_answer` finds none: a label written in the answer turn is never read as an answer),
+    so a label says which question it is and nothing about its answer."""
+    special = set(tokenizer.all_special_ids)
+    allowed = [
+        token
+        for token in range(len(tokenizer))
+        if token not in special and extract_answer(tokenizer.decode([token])) is None
+    ]
     if len(allowed) < len(questions):
         raise ValueError(f"{len(questions)} questions but only {len(allowed)} label tokens")
     labels: list[int] = []

@@ -133,11 +133,13 @@ def test_learning_line_reports_the_goal_and_the_time_split() -> None:
 def test_demo_config_checks_the_trainer_settings() -> None:
     from rl360_ext.local.demo_plan import DemoConfig
 
-    assert DemoConfig().steps == 20 and DemoConfig().lr == 5e-4 and DemoConfig().lr_warmup_steps == 8
+    assert DemoConfig().steps == 20 and DemoConfig().lr == 1e-3 and DemoConfig().head_lr == 3e-2
     with pytest.raises(ValueError, match="--dtype"):
         DemoConfig(engine_dtype="float16")
     with pytest.raises(ValueError, match="lr"):
         DemoConfig(lr=0.0)
+    with pytest.raises(ValueError, match="head_lr"):
+        DemoConfig(head_lr=0.0)
     with pytest.raises(ValueError, match="--lr-warmup-steps"):
         DemoConfig(lr_warmup_steps=-1)
 
