@@ -103,7 +103,7 @@ def demo(
     out: Path = typer.Option(Path("runs/demo"), help="Output folder for metrics.jsonl and report.html."),
     lr: float = typer.Option(1e-3, min=0.0, help="The reference trainer's AdamW learning rate."),
     head_lr: float = typer.Option(
-        3e-2, min=0.0, help="Learning rate of the embedding and LM head (Megatron's --decoupled-lr)."
+        2e-2, min=0.0, help="Learning rate of the embedding and LM head (Megatron's --decoupled-lr)."
     ),
     dtype: str = typer.Option("float64", help="The tiny engines' arithmetic: float64 or float32."),
     session_servers: int = typer.Option(1, min=1, help="Session servers (Ray actors) of the generate hook."),

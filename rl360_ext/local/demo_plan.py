@@ -54,7 +54,7 @@ class DemoConfig:
     out: Path = Path("runs/demo")
     seed: int = 0
     lr: float = 1e-3  # the reference trainer's AdamW learning rate (attention, norms, router, experts)
-    head_lr: float = 3e-2  # embedding and LM head (Megatron's --decoupled-lr): RL moves the answer there
+    head_lr: float = 2e-2  # embedding and LM head (Megatron's --decoupled-lr): RL moves the answer there
     lr_warmup_steps: int = 0  # linear warmup of both learning rates
     steps_per_rollout: int = 1  # optimizer steps per rollout (Miles' --num-steps-per-rollout)
     engine_dtype: str = "float64"  # the tiny engines' arithmetic (`rl360 engine serve --dtype`)

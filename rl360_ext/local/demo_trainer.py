@@ -54,7 +54,7 @@ WARM_START_LOOKS = 2  # random look turns per question in the warm start's promp
 
 
 WARM_START_LABEL_LOOKS = 4  # random look turns per question in the base-model stage's prompts
-WARM_START_LABEL_PROB = 0.99  # the base stage trains on until its labels are this likely
+WARM_START_LABEL_STEPS = 30  # AdamW steps of the base stage (12 prompts each)
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ class DemoTrainer:
         weights = init_weights(self.model_config, seed)
         before = separation(head_features(self.model_config, weights, prompts), groups)
         weights, label_prob, label_steps = fit_labels(
-            self.model_config, weights, label_prompts, labels, target_prob=WARM_START_LABEL_PROB, seed=seed
+            self.model_config, weights, label_prompts, labels, steps=WARM_START_LABEL_STEPS, seed=seed
         )
         after = separation(head_features(self.model_config, weights, prompts), groups)
         letters = [tokenizer.convert_tokens_to_ids(letter) for letter in LETTERS]

@@ -60,31 +60,30 @@ def fit_labels(
     labels: Sequence[int],
     *,
     batch_size: int = 12,
-    target_prob: float = 0.9,
-    max_steps: int = 40,
+    steps: int = 30,
     lr: float = 3e-3,
     seed: int = 0,
 ) -> tuple[dict[str, np.ndarray], float, int]:
     """New weights (every tensor trained), the mean probability of the labels in the last batch,
     and the optimizer steps taken.
 
-    Each step draws `batch_size` prompts (a seeded shuffle, cycling), runs the training forward and
-    backward of -log p(label | prompt) at the prompt's end, clips the gradient norm to 1 and takes
-    one AdamW step; it stops once a batch gives its labels a mean probability of `target_prob`, or
-    after `max_steps`.
+    Each of `steps` steps draws `batch_size` prompts (a seeded shuffle, cycling), runs the
+    training forward and backward of -log p(label | prompt) at the prompt's end, clips the
+    gradient norm to 1 and takes one AdamW step. It runs every step even once the labels are
+    likely: the labels are soon predicted from states that still share most of their direction,
+    and the later steps are what pulls the states of different prompts apart (on the demo's
+    quiz prompts, mean cosine 0.56 when the labels first reach p 0.99, about 0.1 after 30 steps).
     """
     if not prompts or len(prompts) != len(labels):
         raise ValueError(f"fit_labels needs one label per prompt, got {len(prompts)} prompts, {len(labels)} labels")
-    if not 0 < target_prob < 1:
-        raise ValueError(f"target_prob must be in (0, 1), got {target_prob}")
-    if batch_size < 1 or max_steps < 1:
-        raise ValueError(f"batch_size and max_steps must be >= 1, got {batch_size} and {max_steps}")
+    if batch_size < 1 or steps < 1:
+        raise ValueError(f"batch_size and steps must be >= 1, got {batch_size} and {steps}")
     trained = {name: np.array(value, dtype=np.float64) for name, value in weights.items()}
     model = TrainModel(model_config, trained)
     optimizer = AdamW(trained, lr)
     order = np.random.default_rng(seed).permutation(len(prompts))
     mass = 0.0
-    for step in range(max_steps):
+    for step in range(steps):
         batch = [order[(step * batch_size + i) % len(order)] for i in range(min(batch_size, len(order)))]
         grads = {name: np.zeros_like(value) for name, value in trained.items()}
         probs = []
@@ -94,10 +93,8 @@ def fit_labels(
             probs.append(float(np.exp(log_prob[0])))
             model.backward(tape, np.array([-1.0 / len(batch)]), grads)
         mass = float(np.mean(probs))
-        if mass >= target_prob:
-            return trained, mass, step
         optimizer.step(grads, 1.0)
-    return trained, mass, max_steps
+    return trained, mass, steps
 
 
 def fit_head(

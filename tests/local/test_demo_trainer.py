@@ -74,8 +74,8 @@ def test_warm_start_separates_the_questions_and_gives_the_letters_equal_probabil
     policy: DemoTrainer,
 ) -> None:
     warm = policy.warm_start
-    assert warm.letter_mass >= 0.9 and warm.label_prob >= 0.9 and warm.label_steps >= 1
-    assert warm.cosine_before > 0.9 and warm.cosine_after < 0.6
+    assert warm.letter_mass >= 0.9 and warm.label_prob >= 0.9 and warm.label_steps == 30
+    assert warm.cosine_before > 0.9 and warm.cosine_after < 0.5
     tokenizer = load_hf_tokenizer(str(default_tokenizer_dir()))
     renderer = ChatRenderer(tokenizer)
     prompt = answer_prompts(renderer, _questions(1), policy.model_config.vocab_size, seed=9)[0]
@@ -133,7 +133,7 @@ def test_learning_line_reports_the_goal_and_the_time_split() -> None:
 def test_demo_config_checks_the_trainer_settings() -> None:
     from rl360_ext.local.demo_plan import DemoConfig
 
-    assert DemoConfig().steps == 20 and DemoConfig().lr == 1e-3 and DemoConfig().head_lr == 3e-2
+    assert DemoConfig().steps == 20 and DemoConfig().lr == 1e-3 and DemoConfig().head_lr == 2e-2
     with pytest.raises(ValueError, match="--dtype"):
         DemoConfig(engine_dtype="float16")
     with pytest.raises(ValueError, match="lr"):
