@@ -141,7 +141,9 @@ class DemoTrainer:
         vocab = self.model_config.vocab_size
         prompts = answer_prompts(renderer, questions, vocab, seed)
         label_prompts = answer_prompts(renderer, questions, vocab, seed + 1, WARM_START_LABEL_LOOKS)
-        labels = [label for label in question_labels(tokenizer, questions) for _ in range(WARM_START_LABEL_LOOKS)]
+        labels = [
+            label for label in question_labels(tokenizer, questions) for _ in range(WARM_START_LABEL_LOOKS)
+        ]
         groups = [q for q in range(len(questions)) for _ in range(WARM_START_LOOKS)]
         weights = init_weights(self.model_config, seed)
         before = separation(head_features(self.model_config, weights, prompts), groups)

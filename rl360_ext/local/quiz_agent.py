@@ -21,9 +21,12 @@ No such character means no answer file, which the verifier grades 0 (a policy fa
 infrastructure one). So the tokens the policy sampled in its answer turn decide the reward, and
 the merged sample of every attempt holds two sampled spans (loss mask 1) around the probe's
 output (loss mask 0), with delta R3 across the turns. No tools are offered in the request: the
-reference template renders tool schemas into the system prompt (396 instead of 147 prompt
-tokens for quiz-01), which would triple the trainer's attention work for nothing the tiny model
-can use. The lenient rule is deliberate: the tiny model writes byte-level text and SMG's
+reference template renders tool schemas into the system prompt (about 250 more tokens: 396
+instead of 147 for quiz-01's first prompt before the quiz prompts were shortened, 75 now),
+which would multiply the trainer's attention work for nothing the tiny model can use. The
+prompts are kept short for the same reason (a one-line system prompt, the question alone in the
+instruction, the probe's bare output when it succeeds): about 120 tokens up to the answer
+instead of about 220. The lenient rule is deliberate: the tiny model writes byte-level text and SMG's
 `/generate` drops `logit_bias`, so nothing but training can make it say a clean letter.
 
 It does not grade, retry, or know the right answer. Select it with

@@ -75,7 +75,9 @@ def fit_labels(
     quiz prompts, mean cosine 0.56 when the labels first reach p 0.99, about 0.1 after 30 steps).
     """
     if not prompts or len(prompts) != len(labels):
-        raise ValueError(f"fit_labels needs one label per prompt, got {len(prompts)} prompts, {len(labels)} labels")
+        raise ValueError(
+            f"fit_labels needs one label per prompt, got {len(prompts)} prompts, {len(labels)} labels"
+        )
     if batch_size < 1 or steps < 1:
         raise ValueError(f"batch_size and steps must be >= 1, got {batch_size} and {steps}")
     trained = {name: np.array(value, dtype=np.float64) for name, value in weights.items()}
