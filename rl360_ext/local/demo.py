@@ -26,8 +26,9 @@ groups pass the filter; the demo submits `--tasks` groups per step and keeps wha
 stay comparable); the trainer is the CPU reference trainer (no parallelism), trained in a thread
 of this process while the next rollout generates.
 
-The model is the tiny engine's: random weights after a format warm start of its LM head (so the
-first policy answers with a letter at chance); the quiz agent takes two turns and reads the first
+The model is the tiny engine's: random weights after two warm starts that never see an answer or
+a reward (a base-model stage that tells the questions apart, then a format head, so the first
+policy answers with a letter at chance; `rl360_ext.local.demo_trainer`); the quiz agent takes two turns and reads the first
 a-d character of its answer as the answer. See docs/demo.md.
 """
 
