@@ -46,6 +46,7 @@ from rl360_ext.templates.markup import TURN_END
 from rl360_ext.templates.render import ChatRenderer
 from rl360_ext.templates.tokenizer import load_hf_tokenizer
 from rl360_ext.tiny_engine.model import ModelConfig, init_weights
+from rl360_ext.trainer.backward import TrainModel
 from rl360_ext.trainer.trainer import Trainer, TrainerConfig
 from rl360_ext.trainer.warm_start import fit_head, fit_labels, head_features, separation
 
@@ -70,6 +71,7 @@ class WarmStart:
     label_prob: float = 0.0
     cosine_before: float = 1.0
     cosine_after: float = 1.0
+    look_end_prob: float = 0.0  # the probability that the look turn ends at once (end-of-turn token)
 
 
 def question_labels(tokenizer: Any, questions: Sequence[tuple[str, str]]) -> list[int]:
@@ -101,8 +103,9 @@ def answer_prompts(
     seed: int,
     looks: int = WARM_START_LOOKS,
 ) -> list[list[int]]:
-    """Token ids of the quiz agent's conversation up to its answer turn, `looks` per question (each
-    with a random look turn), question by question.
+    """Token ids of the quiz agent's conversation up to its answer turn, `looks` per question,
+    question by question: the first with the look turn the warm-started policy takes (it ends the
+    turn at once), the others with a random look turn.
 
     `questions` are (instruction, what the probe prints) pairs."""
     rng = np.random.default_rng(seed)
@@ -112,8 +115,8 @@ def answer_prompts(
         probe = probe_message(PROBE_CALL_ID, probe_output(0, printed, ""))
         messages = look_messages(instruction)
         first = renderer.prompt_ids(messages)
-        for _ in range(looks):
-            look = rng.integers(0, vocab_size, LOOK_TURN_TOKENS).tolist()
+        for index in range(looks):
+            look = [] if index == 0 else rng.integers(0, vocab_size, LOOK_TURN_TOKENS).tolist()
             reply = {
                 "role": "assistant",
                 "content": renderer.tokenizer.decode(look, skip_special_tokens=True),
@@ -144,6 +147,12 @@ class DemoTrainer:
         labels = [
             label for label in question_labels(tokenizer, questions) for _ in range(WARM_START_LABEL_LOOKS)
         ]
+        # The look turn must end by itself (an end-of-turn token): a turn cut by max_tokens is the
+        # last one Miles' merge keeps, so the answer turn would never reach the trainer.
+        end = tokenizer.convert_tokens_to_ids(TURN_END)
+        look_prompts = [renderer.prompt_ids(look_messages(instruction)) for instruction, _ in questions]
+        label_prompts += look_prompts
+        labels += [end] * len(look_prompts)
         groups = [q for q in range(len(questions)) for _ in range(WARM_START_LOOKS)]
         weights = init_weights(self.model_config, seed)
         before = separation(head_features(self.model_config, weights, prompts), groups)
@@ -153,6 +162,7 @@ class DemoTrainer:
         after = separation(head_features(self.model_config, weights, prompts), groups)
         letters = [tokenizer.convert_tokens_to_ids(letter) for letter in LETTERS]
         weights, mass = fit_head(self.model_config, weights, prompts, letters)
+        look_end = float(np.mean([np.exp(self._log_prob(weights, p, end)) for p in look_prompts]))
         self.warm_start = WarmStart(
             len(prompts) + len(label_prompts),
             mass,
@@ -161,8 +171,15 @@ class DemoTrainer:
             label_prob,
             before,
             after,
+            look_end,
         )
         self.trainer = Trainer(self.model_config, weights, config)
+
+    def _log_prob(self, weights: dict[str, np.ndarray], prompt: Sequence[int], token: int) -> float:
+        log_prob, _ = TrainModel(self.model_config, weights).forward(
+            np.asarray([*prompt, token]), len(prompt)
+        )
+        return float(log_prob[0])
 
     def save(self, version: str) -> Path:
         return self.trainer.save(self.directory / f"v{version}.npz")
