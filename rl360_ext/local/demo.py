@@ -196,7 +196,8 @@ class DemoDriver:
         self.console.print(
             f"warm start ({warm.prompts} answer prompts, {warm.seconds:.1f} s, no answers or rewards seen): "
             f"base stage {warm.label_steps} steps, question labels at p {warm.label_prob:.2f}, "
-            f"answer-position cosine between questions {warm.cosine_before:.3f} -> {warm.cosine_after:.3f}; "
+            f"answer-position cosine between questions {warm.cosine_before:.3f} -> {warm.cosine_after:.3f}, "
+            f"look turn ends at once with p {warm.look_end_prob:.2f}; "
             f"format head: letters A-D hold {warm.letter_mass:.0%} of the answer's probability, equally "
             f"(chance {CHANCE_LEVEL:.2f})"
         )

@@ -68,6 +68,8 @@ def test_answer_prompts_end_where_the_agent_reads_its_answer() -> None:
     text = renderer.tokenizer.decode(prompts[0])
     assert text.endswith("<|im_start|>assistant\n")
     assert probe_output(0, _questions(1)[0][1], "") in text
+    assert "<|im_start|>assistant\n<|im_end|><|im_start|>tool" in text  # a look turn that ended at once
+    assert "<|im_start|>assistant\n<|im_end|>" not in renderer.tokenizer.decode(prompts[1])  # a random look
 
 
 def test_warm_start_separates_the_questions_and_gives_the_letters_equal_probability(
@@ -76,6 +78,7 @@ def test_warm_start_separates_the_questions_and_gives_the_letters_equal_probabil
     warm = policy.warm_start
     assert warm.letter_mass >= 0.9 and warm.label_prob >= 0.9 and warm.label_steps == 30
     assert warm.cosine_before > 0.9 and warm.cosine_after < 0.5
+    assert warm.look_end_prob >= 0.9  # the look turn ends by itself, so the merge keeps the answer turn
     tokenizer = load_hf_tokenizer(str(default_tokenizer_dir()))
     renderer = ChatRenderer(tokenizer)
     prompt = answer_prompts(renderer, _questions(1), policy.model_config.vocab_size, seed=9)[0]
