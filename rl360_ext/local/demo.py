@@ -28,8 +28,8 @@ of this process while the next rollout generates.
 
 The model is the tiny engine's: random weights after two warm starts that never see an answer or
 a reward (a base-model stage that tells the questions apart, then a format head, so the first
-policy answers with a letter at chance; `rl360_ext.local.demo_trainer`); the quiz agent takes two turns and reads the first
-a-d character of its answer as the answer. See docs/demo.md.
+policy answers with a letter at chance; `rl360_ext.local.demo_trainer`); the quiz agent takes
+two turns and reads the first a-d character of its answer as the answer. See docs/demo.md.
 """
 
 from __future__ import annotations
