@@ -101,7 +101,10 @@ def demo(
     faults: float = typer.Option(0.0, min=0.0, max=1.0, help="Rate of injected infrastructure faults."),
     engines: int = typer.Option(2, min=1, help="Tiny engines behind the SMG gateway."),
     out: Path = typer.Option(Path("runs/demo"), help="Output folder for metrics.jsonl and report.html."),
-    lr: float = typer.Option(5e-4, min=0.0, help="The reference trainer's AdamW learning rate."),
+    lr: float = typer.Option(1e-3, min=0.0, help="The reference trainer's AdamW learning rate."),
+    head_lr: float = typer.Option(
+        2e-2, min=0.0, help="Learning rate of the embedding and LM head (Megatron's --decoupled-lr)."
+    ),
     dtype: str = typer.Option("float64", help="The tiny engines' arithmetic: float64 or float32."),
     session_servers: int = typer.Option(1, min=1, help="Session servers (Ray actors) of the generate hook."),
     harbor_replicas: int = typer.Option(
@@ -131,6 +134,7 @@ def demo(
 
     settings = {
         "lr": lr,
+        "head_lr": head_lr,
         "engine_dtype": dtype,
         "session_servers": session_servers,
         "harbor_replicas": harbor_replicas,

@@ -33,9 +33,10 @@ groups pass the filter; the demo submits `--tasks` groups per step and keeps wha
 stay comparable); the trainer is the CPU reference trainer (no parallelism), trained in a thread
 of this process while the next rollout generates.
 
-The model is the tiny engine's: random weights after a format warm start of its LM head (so the
-first policy answers with a letter at chance); the quiz agent takes two turns and reads the first
-a-d character of its answer as the answer. See docs/demo.md.
+The model is the tiny engine's: random weights after two warm starts that never see an answer or
+a reward (a base-model stage that tells the questions apart, then a format head, so the first
+policy answers with a letter at chance; `rl360_ext.local.demo_trainer`); the quiz agent takes
+two turns and reads the first a-d character of its answer as the answer. See docs/demo.md.
 """
 
 from __future__ import annotations
@@ -212,9 +213,12 @@ class DemoDriver:
         self.weights = policy
         warm = self.weights.warm_start
         self.console.print(
-            f"format warm start: LM head fitted on {warm.prompts} answer prompts in {warm.seconds:.1f} s, "
-            f"letters A-D hold {warm.letter_mass:.0%} of the answer's probability, equally (chance "
-            f"{CHANCE_LEVEL:.2f})"
+            f"warm start ({warm.prompts} answer prompts, {warm.seconds:.1f} s, no answers or rewards seen): "
+            f"base stage {warm.label_steps} steps, question labels at p {warm.label_prob:.2f}, "
+            f"answer-position cosine between questions {warm.cosine_before:.3f} -> {warm.cosine_after:.3f}, "
+            f"look turn ends at once with p {warm.look_end_prob:.2f}; "
+            f"format head: letters A-D hold {warm.letter_mass:.0%} of the answer's probability, equally "
+            f"(chance {CHANCE_LEVEL:.2f})"
         )
         self.train_metrics: dict[int, dict[str, float]] = {}
         self.summaries: dict[int, StepSummary] = {}
@@ -470,6 +474,7 @@ def demo_policy(config: DemoConfig) -> DemoTrainer:
         config.seed,
         TrainerConfig(
             lr=config.lr,
+            decoupled_lr=config.head_lr,
             lr_warmup_steps=config.lr_warmup_steps,
             steps_per_rollout=config.steps_per_rollout,
             **arm_rules(config.rules).trainer,

@@ -71,8 +71,9 @@ class DemoConfig:
     engines: int = 2
     out: Path = Path("runs/demo")
     seed: int = 0
-    lr: float = 5e-4  # the reference trainer's AdamW learning rate
-    lr_warmup_steps: int = 8  # linear warmup: Adam's first, sign-sized steps would break the format
+    lr: float = 1e-3  # the reference trainer's AdamW learning rate (attention, norms, router, experts)
+    head_lr: float = 2e-2  # embedding and LM head (Megatron's --decoupled-lr): RL moves the answer there
+    lr_warmup_steps: int = 0  # linear warmup of both learning rates
     steps_per_rollout: int = 1  # optimizer steps per rollout (Miles' --num-steps-per-rollout)
     engine_dtype: str = "float64"  # the tiny engines' arithmetic (`rl360 engine serve --dtype`)
     temperature: float = 1.0
@@ -103,12 +104,13 @@ class DemoConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer >= {least}, got {value!r}")
         if not (isinstance(self.faults, int | float) and 0.0 <= self.faults <= 1.0):
             raise ValueError(f"--faults must be a rate in [0, 1], got {self.faults!r}")
-        for name in ("lr", "temperature", "deadline_s"):
+        for name in ("lr", "head_lr", "temperature", "deadline_s"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if self.deadline_s <= 0 or self.lr <= 0:
-            raise ValueError(f"deadline_s and lr must be > 0, got {self.deadline_s!r} and {self.lr!r}")
+        for name in ("deadline_s", "lr", "head_lr"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.engine_dtype not in ("float64", "float32"):
             raise ValueError(f"--dtype must be float64 or float32, got {self.engine_dtype!r}")
         if self.schedule not in SCHEDULES:

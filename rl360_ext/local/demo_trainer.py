@@ -1,9 +1,14 @@
 """The trainer side of `rl360 demo`: the reference trainer on the engines' own model, one file per push.
 
-Owns the demo's policy: its initial weights (the engines' seed weights after a format warm start,
-`rl360_ext.trainer.warm_start.fit_head`: only the LM head is fitted, on the frozen model's
-states at the quiz agent's answer position, toward the four letters A-D with equal weight, so the
-first policy answers with a letter at chance instead of writing byte-level text), one
+Owns the demo's policy: its initial weights (the engines' seed weights after two supervised warm
+starts that never see a correct letter or a reward, `rl360_ext.trainer.warm_start`: first a
+base-model stage, `fit_labels`, that trains the whole network to name, at the quiz agent's
+answer position, which question it read, as one arbitrary label token per question
+(`question_labels`: from a hash of the question's text, never a letter or a special token), so the
+answer position's features tell the questions apart as a pretrained model's would; then the
+answer-format stage, `fit_head`: only the LM head is fitted, on the frozen model's states at
+that position, toward the four letters A-D with equal weight, so the first policy answers with a
+letter at chance instead of writing byte-level text), one
 `Trainer.train_step` per rollout step on the kept samples and the reward post-process hook's
 advantages, the `.npz` written for every push (`weights/v<version>.npz`, what the engines'
 `update_weights_from_disk` loads) and the `train` record appended to `metrics.jsonl` after each
@@ -17,6 +22,7 @@ fitted where the agent reads its answer.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +36,7 @@ from rl360_ext.local.quiz_agent import (
     LETTERS,
     LOOK_TURN_TOKENS,
     PROBE_CALL_ID,
+    extract_answer,
     look_messages,
     probe_message,
     probe_output,
@@ -39,26 +46,66 @@ from rl360_ext.templates.markup import TURN_END
 from rl360_ext.templates.render import ChatRenderer
 from rl360_ext.templates.tokenizer import load_hf_tokenizer
 from rl360_ext.tiny_engine.model import ModelConfig, init_weights
+from rl360_ext.trainer.backward import TrainModel
 from rl360_ext.trainer.trainer import Trainer, TrainerConfig
-from rl360_ext.trainer.warm_start import fit_head
+from rl360_ext.trainer.warm_start import fit_head, fit_labels, head_features, separation
 
 CHANCE_LEVEL = 1.0 / len(LETTERS)  # a uniform guess among A-D
 WARM_START_LOOKS = 2  # random look turns per question in the warm start's prompts
 
 
+WARM_START_LABEL_LOOKS = 4  # random look turns per question in the base-model stage's prompts
+WARM_START_LABEL_STEPS = 30  # AdamW steps of the base stage (12 prompts each)
+
+
 @dataclass(frozen=True)
 class WarmStart:
-    """What the format warm start did: prompts fitted, the letters' mean probability after it, time."""
+    """What the warm starts did: prompts fitted, the base stage's steps and label probability, the
+    mean cosine between the answer-position states of different questions before and after it, the
+    letters' mean probability after the format stage, time."""
 
     prompts: int
     letter_mass: float
     seconds: float
+    label_steps: int = 0
+    label_prob: float = 0.0
+    cosine_before: float = 1.0
+    cosine_after: float = 1.0
+    look_end_prob: float = 0.0  # the probability that the look turn ends at once (end-of-turn token)
+
+
+def question_labels(tokenizer: Any, questions: Sequence[tuple[str, str]]) -> list[int]:
+    """One distinct label token per question for the base-model stage: chosen by a hash of the
+    question's text among the tokens that are not special and whose text holds no answer letter
+    (`extract_answer` finds none: a label written in the answer turn is never read as an answer),
+    so a label says which question it is and nothing about its answer."""
+    special = set(tokenizer.all_special_ids)
+    allowed = [
+        token
+        for token in range(len(tokenizer))
+        if token not in special and extract_answer(tokenizer.decode([token])) is None
+    ]
+    if len(allowed) < len(questions):
+        raise ValueError(f"{len(questions)} questions but only {len(allowed)} label tokens")
+    labels: list[int] = []
+    for instruction, _ in questions:
+        position = int.from_bytes(hashlib.sha256(instruction.encode()).digest()[:8], "big") % len(allowed)
+        while allowed[position] in labels:
+            position = (position + 1) % len(allowed)
+        labels.append(allowed[position])
+    return labels
 
 
 def answer_prompts(
-    renderer: ChatRenderer, questions: Sequence[tuple[str, str]], vocab_size: int, seed: int
+    renderer: ChatRenderer,
+    questions: Sequence[tuple[str, str]],
+    vocab_size: int,
+    seed: int,
+    looks: int = WARM_START_LOOKS,
 ) -> list[list[int]]:
-    """Token ids of the quiz agent's conversation up to its answer turn, per question and look.
+    """Token ids of the quiz agent's conversation up to its answer turn, `looks` per question,
+    question by question: the first with the look turn the warm-started policy takes (it ends the
+    turn at once), the others with a random look turn.
 
     `questions` are (instruction, what the probe prints) pairs."""
     rng = np.random.default_rng(seed)
@@ -68,8 +115,8 @@ def answer_prompts(
         probe = probe_message(PROBE_CALL_ID, probe_output(0, printed, ""))
         messages = look_messages(instruction)
         first = renderer.prompt_ids(messages)
-        for _ in range(WARM_START_LOOKS):
-            look = rng.integers(0, vocab_size, LOOK_TURN_TOKENS).tolist()
+        for index in range(looks):
+            look = [] if index == 0 else rng.integers(0, vocab_size, LOOK_TURN_TOKENS).tolist()
             reply = {
                 "role": "assistant",
                 "content": renderer.tokenizer.decode(look, skip_special_tokens=True),
@@ -94,11 +141,45 @@ class DemoTrainer:
         self.model_config = ModelConfig(vocab_size=len(tokenizer))
         renderer = ChatRenderer(tokenizer)
         started = time.perf_counter()
-        prompts = answer_prompts(renderer, questions, self.model_config.vocab_size, seed)
+        vocab = self.model_config.vocab_size
+        prompts = answer_prompts(renderer, questions, vocab, seed)
+        label_prompts = answer_prompts(renderer, questions, vocab, seed + 1, WARM_START_LABEL_LOOKS)
+        labels = [
+            label for label in question_labels(tokenizer, questions) for _ in range(WARM_START_LABEL_LOOKS)
+        ]
+        # The look turn must end by itself (an end-of-turn token): a turn cut by max_tokens is the
+        # last one Miles' merge keeps, so the answer turn would never reach the trainer.
+        end = tokenizer.convert_tokens_to_ids(TURN_END)
+        look_prompts = [renderer.prompt_ids(look_messages(instruction)) for instruction, _ in questions]
+        label_prompts += look_prompts
+        labels += [end] * len(look_prompts)
+        groups = [q for q in range(len(questions)) for _ in range(WARM_START_LOOKS)]
+        weights = init_weights(self.model_config, seed)
+        before = separation(head_features(self.model_config, weights, prompts), groups)
+        weights, label_prob, label_steps = fit_labels(
+            self.model_config, weights, label_prompts, labels, steps=WARM_START_LABEL_STEPS, seed=seed
+        )
+        after = separation(head_features(self.model_config, weights, prompts), groups)
         letters = [tokenizer.convert_tokens_to_ids(letter) for letter in LETTERS]
-        weights, mass = fit_head(self.model_config, init_weights(self.model_config, seed), prompts, letters)
-        self.warm_start = WarmStart(len(prompts), mass, time.perf_counter() - started)
+        weights, mass = fit_head(self.model_config, weights, prompts, letters)
+        look_end = float(np.mean([np.exp(self._log_prob(weights, p, end)) for p in look_prompts]))
+        self.warm_start = WarmStart(
+            len(prompts) + len(label_prompts),
+            mass,
+            time.perf_counter() - started,
+            label_steps,
+            label_prob,
+            before,
+            after,
+            look_end,
+        )
         self.trainer = Trainer(self.model_config, weights, config)
+
+    def _log_prob(self, weights: dict[str, np.ndarray], prompt: Sequence[int], token: int) -> float:
+        log_prob, _ = TrainModel(self.model_config, weights).forward(
+            np.asarray([*prompt, token]), len(prompt)
+        )
+        return float(log_prob[0])
 
     def save(self, version: str) -> Path:
         return self.trainer.save(self.directory / f"v{version}.npz")

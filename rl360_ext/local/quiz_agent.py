@@ -4,14 +4,14 @@ becomes the answer.
 Owns what the demo's Harbor agent does inside a trial, through the session's OpenAI-compatible
 URL (official `openai` client):
 
-1. the look turn: the task's multiple-choice question, at most `LOOK_TURN_TOKENS` new tokens;
+1. the look turn: the task's question (the instruction names the options file but does not list
+   the options), at most `LOOK_TURN_TOKENS` new tokens;
 2. the probe: whatever the model wrote, the agent runs one command in the sandbox
    (`PROBE_COMMAND`: it prints the task's options, which each quiz task ships in
    `environment/app/options.txt`; bounded time and output) and sends its output back as a `tool`
    message (tool-call id `PROBE_CALL_ID`, or the model's own call id if it wrote a parsable
    call): the tiny model cannot write a tool call, so the agent makes the one call every attempt
-   makes. The options land right before the answer, where the tiny model can tell the questions
-   apart;
+   makes. The options land right before the answer: the model sees them only through the tool;
 3. the answer turn: the model's reply, whose answer is a parsable `answer` tool call if there is
    one, else the first character of the reply that is one of a, b, c, d in either case, once
    chat markup such as `</tool_call>` is removed.
@@ -21,9 +21,12 @@ No such character means no answer file, which the verifier grades 0 (a policy fa
 infrastructure one). So the tokens the policy sampled in its answer turn decide the reward, and
 the merged sample of every attempt holds two sampled spans (loss mask 1) around the probe's
 output (loss mask 0), with delta R3 across the turns. No tools are offered in the request: the
-reference template renders tool schemas into the system prompt (396 instead of 147 prompt
-tokens for quiz-01), which would triple the trainer's attention work for nothing the tiny model
-can use. The lenient rule is deliberate: the tiny model writes byte-level text and SMG's
+reference template renders tool schemas into the system prompt (about 250 more tokens: 396
+instead of 147 for quiz-01's first prompt before the quiz prompts were shortened, 75 now),
+which would multiply the trainer's attention work for nothing the tiny model can use. The
+prompts are kept short for the same reason (a one-line system prompt, the question alone in the
+instruction, the probe's bare output when it succeeds): about 120 tokens up to the answer
+instead of about 220. The lenient rule is deliberate: the tiny model writes byte-level text and SMG's
 `/generate` drops `logit_bias`, so nothing but training can make it say a clean letter.
 
 It does not grade, retry, or know the right answer. Select it with
@@ -49,7 +52,7 @@ PROBE_COMMAND = "cat /app/options.txt"  # each quiz task ships its options there
 PROBE_CALL_ID = "rl360-probe"
 PROBE_TIMEOUT_S = 10
 PROBE_OUTPUT_CHARS = 200
-SYSTEM_PROMPT = "You answer multiple-choice questions. Reply with the letter of your answer only."
+SYSTEM_PROMPT = "Answer with one letter."
 _FIRST_LETTER = re.compile(r"[ABCDabcd]")
 _MARKUP = re.compile(r"<[^<>\s]{1,24}>")  # template tags the model emits as text, e.g. </tool_call>
 
@@ -96,8 +99,13 @@ def probe_message(call_id: str, output: str) -> dict[str, Any]:
 
 
 def probe_output(return_code: int | None, stdout: str | None, stderr: str | None) -> str:
-    """The tool message content of the probe: exit code and output, capped at PROBE_OUTPUT_CHARS."""
-    text = f"exit code: {return_code}\nstdout:\n{stdout or ''}\nstderr:\n{stderr or ''}"
+    """The tool message content of the probe, capped at PROBE_OUTPUT_CHARS: the output alone when
+    the command succeeded silently on stderr (the options, the common case: fewer tokens to roll
+    out and train on), else exit code, stdout and stderr."""
+    if return_code == 0 and not stderr:
+        text = stdout or ""
+    else:
+        text = f"exit code: {return_code}\nstdout:\n{stdout or ''}\nstderr:\n{stderr or ''}"
     return text if len(text) <= PROBE_OUTPUT_CHARS else text[:PROBE_OUTPUT_CHARS] + "\n...[truncated]"
 
 

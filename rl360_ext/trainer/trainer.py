@@ -47,6 +47,7 @@ from rl360_ext.trainer.optim import AdamW
 
 RL360_REDUCER = "rl360_ext.train.reducers.valid_sample_mean"
 RL360_TIS = "rl360_ext.train.tis.valid_token_tis"
+DECOUPLED_LR_TENSORS = ("embed", "lm_head")  # Megatron's --decoupled-lr: input embedding, output layer
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,9 @@ class TrainerConfig:
     """AdamW epsilon (`--adam-eps`)."""
     weight_decay: float = 0.0
     """Decoupled weight decay (`--weight-decay`)."""
+    decoupled_lr: float | None = None
+    """Learning rate of the input embedding and the output layer (`embed`, `lm_head`), Megatron's
+    `--decoupled-lr`; None: they use `lr`."""
     lr_warmup_steps: int = 0
     """Optimizer steps of linear learning-rate warmup (`--lr-warmup-iters`); 0: none."""
     clip_grad: float = 1.0
@@ -91,8 +95,10 @@ class TrainerConfig:
     """R3: MoE layers replay `rollout_routed_experts` (`--use-rollout-routing-replay`)."""
 
     def __post_init__(self) -> None:
-        for name in ("lr", "adam_eps", "tis_clip"):
+        for name in ("lr", "adam_eps", "tis_clip", "decoupled_lr"):
             value = getattr(self, name)
+            if value is None and name == "decoupled_lr":
+                continue
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive finite number, got {value!r}")
         for name in ("weight_decay", "clip_grad", "eps_clip", "eps_clip_high", "tis_clip_low"):
@@ -171,6 +177,9 @@ class Trainer:
             self.config.adam_eps,
             self.config.weight_decay,
             self.config.lr_warmup_steps,
+            None
+            if self.config.decoupled_lr is None
+            else {name: self.config.decoupled_lr for name in DECOUPLED_LR_TENSORS},
         )
         self.args = self.config.miles_args()
         self.tis_function = (

@@ -133,7 +133,7 @@ def test_shipped_demo_tasks_are_complete_harbor_tasks() -> None:
     for name in names:
         expected = (root / name / "tests" / "expected.txt").read_text().strip()
         assert expected in {"A", "B", "C", "D"}
-        assert "A)" in (root / name / "instruction.md").read_text()
+        assert "A)" in (root / name / "environment" / "app" / "options.txt").read_text()
     assert "exit 1" in (root / FAULT_TASKS["sandbox_start"] / "environment" / "setup.sh").read_text()
     crash = (root / FAULT_TASKS["verifier_crash"] / "tests" / "test.sh").read_text()
     assert "exit 3" in crash and "/logs/verifier/reward" not in crash

@@ -10,9 +10,9 @@ import pytest
 from rl360_ext.diagnostics.report_data import TRAIN_KIND
 from rl360_ext.local.demo import learning_line, train_line
 from rl360_ext.local.demo_plan import StepSummary
-from rl360_ext.local.demo_trainer import CHANCE_LEVEL, DemoTrainer, answer_prompts
+from rl360_ext.local.demo_trainer import CHANCE_LEVEL, DemoTrainer, answer_prompts, question_labels
 from rl360_ext.local.fixtures import quiz_task_names, tasks_root
-from rl360_ext.local.quiz_agent import LETTERS, probe_output
+from rl360_ext.local.quiz_agent import LETTERS, extract_answer, probe_output
 from rl360_ext.rollout.metrics import read_records
 from rl360_ext.rollout.sample import Sample
 from rl360_ext.templates.render import ChatRenderer
@@ -38,12 +38,27 @@ def policy(tmp_path_factory: pytest.TempPathFactory) -> DemoTrainer:
     )
 
 
-def test_every_quiz_ships_the_options_its_question_lists() -> None:
+def test_every_quiz_ships_its_options_for_the_probe_alone() -> None:
     root = tasks_root()
+    answers = []
     for name in quiz_task_names(root):
         options = (root / name / "environment/app/options.txt").read_text().splitlines()
+        instruction = (root / name / "instruction.md").read_text()
         assert [line[:2] for line in options] == ["A)", "B)", "C)", "D)"]
-        assert all(line in (root / name / "instruction.md").read_text() for line in options)
+        assert "/app/options.txt" in instruction and not any(line in instruction for line in options)
+        answers.append((root / name / "tests/expected.txt").read_text().strip())
+    assert sorted(set(answers)) == list(LETTERS) and max(map(answers.count, LETTERS)) <= 3
+
+
+def test_question_labels_are_distinct_and_never_an_answer_letter() -> None:
+    tokenizer = load_hf_tokenizer(str(default_tokenizer_dir()))
+    questions = _questions(12)
+    labels = question_labels(tokenizer, questions)
+    assert len(set(labels)) == len(questions) == 12
+    forbidden = {tokenizer.convert_tokens_to_ids(c) for letter in LETTERS for c in (letter, letter.lower())}
+    assert not forbidden & set(labels) and not set(tokenizer.all_special_ids) & set(labels)
+    assert all(extract_answer(tokenizer.decode([label])) is None for label in labels)
+    assert question_labels(tokenizer, questions) == labels  # a function of the question texts
 
 
 def test_answer_prompts_end_where_the_agent_reads_its_answer() -> None:
@@ -53,10 +68,17 @@ def test_answer_prompts_end_where_the_agent_reads_its_answer() -> None:
     text = renderer.tokenizer.decode(prompts[0])
     assert text.endswith("<|im_start|>assistant\n")
     assert probe_output(0, _questions(1)[0][1], "") in text
+    assert "<|im_start|>assistant\n<|im_end|><|im_start|>tool" in text  # a look turn that ended at once
+    assert "<|im_start|>assistant\n<|im_end|>" not in renderer.tokenizer.decode(prompts[1])  # a random look
 
 
-def test_warm_start_gives_the_letters_equal_probability(policy: DemoTrainer) -> None:
-    assert policy.warm_start.letter_mass >= 0.9
+def test_warm_start_separates_the_questions_and_gives_the_letters_equal_probability(
+    policy: DemoTrainer,
+) -> None:
+    warm = policy.warm_start
+    assert warm.letter_mass >= 0.9 and warm.label_prob >= 0.9 and warm.label_steps == 30
+    assert warm.cosine_before > 0.9 and warm.cosine_after < 0.5
+    assert warm.look_end_prob >= 0.9  # the look turn ends by itself, so the merge keeps the answer turn
     tokenizer = load_hf_tokenizer(str(default_tokenizer_dir()))
     renderer = ChatRenderer(tokenizer)
     prompt = answer_prompts(renderer, _questions(1), policy.model_config.vocab_size, seed=9)[0]
@@ -114,11 +136,13 @@ def test_learning_line_reports_the_goal_and_the_time_split() -> None:
 def test_demo_config_checks_the_trainer_settings() -> None:
     from rl360_ext.local.demo_plan import DemoConfig
 
-    assert DemoConfig().steps == 20 and DemoConfig().lr == 5e-4 and DemoConfig().lr_warmup_steps == 8
+    assert DemoConfig().steps == 20 and DemoConfig().lr == 1e-3 and DemoConfig().head_lr == 2e-2
     with pytest.raises(ValueError, match="--dtype"):
         DemoConfig(engine_dtype="float16")
     with pytest.raises(ValueError, match="lr"):
         DemoConfig(lr=0.0)
+    with pytest.raises(ValueError, match="head_lr"):
+        DemoConfig(head_lr=0.0)
     with pytest.raises(ValueError, match="--lr-warmup-steps"):
         DemoConfig(lr_warmup_steps=-1)
 
