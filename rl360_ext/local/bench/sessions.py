@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 
 from rl360_ext.local.services import start_engine
@@ -54,6 +54,7 @@ SYSTEM = {"role": "system", "content": "You are a coding agent. Run the tests an
 R3_SHAPE = (61, 8, 256)  # K2-Horizon-375B: 61 layers x top-8 of 256 experts, as in the field
 CLIENT_TIMEOUT_S = 120.0
 RL360 = "rl360"
+JSON_HEADERS = {"content-type": "application/json"}
 MILES_SCRIPT = Path(__file__).with_name("miles_server.py")
 MILES_READY_TIMEOUT_S = 300.0  # Miles imports torch, transformers and sglang before it serves
 MILES_VENV_ENV = "MILES_VENV"  # setup_venv.sh's variable: the venv Miles' modules import in
@@ -98,6 +99,7 @@ class CaseResult:
     server_cpu_ms_per_turn: float
     bytes_per_turn: float
     memory_mb_per_session: float
+    lost_because: str = ""  # the first failed turn's cause, "" when none was lost
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -157,30 +159,36 @@ def contenders(case: Case, miles: Miles | None) -> list[str]:
 
 
 async def _conversation(
-    http: httpx.AsyncClient, url: str, turns: int, latencies: list[list[float]], sent: list[int]
+    http: aiohttp.ClientSession,
+    url: str,
+    turns: int,
+    latencies: list[list[float]],
+    sent: list[int],
+    errors: list[str],
 ) -> tuple[int, int, str | None]:
-    """(turns done, turns lost, session id) of one session."""
-    created = await http.post(f"{url}/sessions", json={})
-    created.raise_for_status()
-    session_id = created.json()["session_id"]
+    """(turns done, turns lost, session id) of one session; a failed turn's cause goes to `errors`."""
+    async with http.post(f"{url}/sessions", json={}) as created:
+        created.raise_for_status()
+        session_id = (await created.json())["session_id"]
     messages: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "The test suite fails; fix it."}]
     done = lost = 0
     for turn in range(turns):
         body = orjson.dumps({"model": "policy", "messages": messages, "max_tokens": 16, "temperature": 0.0})
         started = time.perf_counter()
         try:
-            response = await http.post(
-                f"{url}/sessions/{session_id}/v1/chat/completions",
-                content=body,
-                headers={"content-type": "application/json"},
-            )
-            response.raise_for_status()
-        except httpx.HTTPError:
+            async with http.post(
+                f"{url}/sessions/{session_id}/v1/chat/completions", data=body, headers=JSON_HEADERS
+            ) as response:
+                content = await response.read()
+                if response.status >= 400:
+                    raise ValueError(f"HTTP {response.status}: {content[:200].decode(errors='replace')}")
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            errors.append(f"turn {turn}: {type(exc).__name__}: {exc}")
             lost += turns - turn
             break
         latencies[turn].append(time.perf_counter() - started)
-        sent[0] += len(body) + len(response.content)
-        reply = response.json()["choices"][0]["message"]
+        sent[0] += len(body) + len(content)
+        reply = orjson.loads(content)["choices"][0]["message"]
         messages = [
             *messages,
             {"role": "assistant", "content": reply.get("content") or ""},
@@ -193,15 +201,16 @@ async def _conversation(
 async def _load(case: Case, server: str, urls: Sequence[str], pids: Sequence[int]) -> CaseResult:
     latencies: list[list[float]] = [[] for _ in range(case.turns)]
     sent = [0]
-    limits = httpx.Limits(max_connections=case.sessions + 8, max_keepalive_connections=case.sessions + 8)
-    timeout = httpx.Timeout(CLIENT_TIMEOUT_S)
+    errors: list[str] = []
+    connector = aiohttp.TCPConnector(limit=case.sessions + 8)
+    timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
     rss_before = sum(_rss_mb(pid) for pid in pids)
     cpu_before = sum(_cpu_seconds(pid) for pid in pids)
     started = time.perf_counter()
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         outcomes = await asyncio.gather(
             *(
-                _conversation(http, urls[k % len(urls)], case.turns, latencies, sent)
+                _conversation(http, urls[k % len(urls)], case.turns, latencies, sent, errors)
                 for k in range(case.sessions)
             ),
             return_exceptions=True,
@@ -211,8 +220,9 @@ async def _load(case: Case, server: str, urls: Sequence[str], pids: Sequence[int
         rss = sum(_rss_mb(pid) for pid in pids) - rss_before
         ids = [(urls[k % len(urls)], o[2]) for k, o in enumerate(outcomes) if isinstance(o, tuple) and o[2]]
         await asyncio.gather(
-            *(http.delete(f"{url}/sessions/{sid}") for url, sid in ids), return_exceptions=True
+            *(_delete(http, f"{url}/sessions/{sid}") for url, sid in ids), return_exceptions=True
         )
+    errors += [f"session: {type(o).__name__}: {o}" for o in outcomes if isinstance(o, BaseException)]
     done = sum(o[0] for o in outcomes if isinstance(o, tuple))
     lost = case.sessions * case.turns - done
     flat = sorted(x for per_turn in latencies for x in per_turn)
@@ -237,7 +247,13 @@ async def _load(case: Case, server: str, urls: Sequence[str], pids: Sequence[int
         server_cpu_ms_per_turn=1000 * cpu / done if done else float("nan"),
         bytes_per_turn=sent[0] / done if done else float("nan"),
         memory_mb_per_session=rss / case.sessions,
+        lost_because=errors[0] if errors else "",
     )
+
+
+async def _delete(http: aiohttp.ClientSession, url: str) -> None:
+    async with http.delete(url) as response:
+        await response.read()
 
 
 def _run_one(
@@ -260,7 +276,7 @@ def _median(runs: Sequence[CaseResult]) -> CaseResult:
     numbers = {
         f.name: statistics.median(getattr(r, f.name) for r in runs)
         for f in fields(CaseResult)
-        if f.name not in ("case", "server")
+        if f.name not in ("case", "server", "lost_because")
     }
     numbers["turns_done"] = int(numbers["turns_done"])
     numbers["turns_lost"] = max(r.turns_lost for r in runs)
@@ -398,6 +414,12 @@ def _table(results: Sequence[CaseResult], note: str | None) -> None:
         console.print("rl360/Miles rows: above 1 is better for turns/s, below 1 for the others.")
     if note:
         console.print(note)
+    for r in results:
+        if r.turns_lost:
+            console.print(
+                f"{r.server}, {r.case.sessions} sessions x {r.case.turns} turns: "
+                f"lost {r.turns_lost}, first: {r.lost_because}"
+            )
     base = next((r for r in results if r.server == RL360), None)
     if base is not None:
         console.print(
