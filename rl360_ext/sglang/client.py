@@ -8,7 +8,9 @@ not own retries, session state or what a caller does with the results.
 
 The transport is one aiohttp session per event loop (its connection pool hands out an idle
 keep-alive connection in O(1); httpx's scans every pooled connection per request, which cost a
-session server at 256 concurrent sessions more CPU than everything else it did); a caller may pass
+session server at 256 concurrent sessions more CPU than everything else it did). A request the
+server drops unanswered on a pooled connection (its keep-alive closed it) is sent again, at most
+STALE_RETRIES times: no answer means the engine did not run it to an answer. A caller may pass
 its own `httpx.AsyncClient` instead (tests with a mock transport). Either way the whole
 `timeout_s` covers connecting and waiting for a pooled connection: no shorter connect limit.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +32,9 @@ import orjson
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"
 KEEPALIVE_S = 4.0  # idle pooled connections close before uvicorn's (SGLang's server) 5 s keep-alive does
+# A pooled connection the server closed (its keep-alive ran out while this side's loop lagged under
+# load) fails the request before any answer: send it again, on another connection, this often.
+STALE_RETRIES = 2
 
 
 class EngineError(RuntimeError):
@@ -295,9 +301,15 @@ class EngineClient:
         self, method: str, url: str, content: bytes | None, headers: dict[str, str] | None
     ) -> EngineReply:
         try:
-            async with self._http().request(method, url, data=content, headers=headers) as response:
-                body = await response.read()
-                return EngineReply(response.status, response.headers, body)
+            for attempt in range(STALE_RETRIES + 1):
+                try:
+                    async with self._http().request(method, url, data=content, headers=headers) as response:
+                        body = await response.read()
+                        return EngineReply(response.status, response.headers, body)
+                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                    if attempt == STALE_RETRIES or not _closed_before_answering(exc):
+                        raise
+            raise AssertionError("unreachable: the last attempt returns or raises")
         except TimeoutError as exc:
             raise EngineTimeoutError(f"{method} {url} timed out: {type(exc).__name__}: {exc}") from exc
         except aiohttp.ClientError as exc:
@@ -397,6 +409,13 @@ class EngineClient:
         except EngineError:
             return False
         return True
+
+
+def _closed_before_answering(exc: aiohttp.ClientError) -> bool:
+    """The server closed or reset the connection before it sent any answer (a stale pooled one)."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return True
+    return isinstance(exc, aiohttp.ClientOSError) and exc.errno in (errno.ECONNRESET, errno.EPIPE)
 
 
 def _json_or_text(response: EngineReply) -> dict[str, Any]:

@@ -7,10 +7,12 @@ import base64
 
 import httpx
 import numpy as np
+import orjson
 import pytest
 from aiohttp import web
 
 from rl360_ext.sglang.client import (
+    STALE_RETRIES,
     EngineClient,
     EngineError,
     EngineResponseError,
@@ -178,3 +180,48 @@ async def test_many_concurrent_generates_share_the_pool_without_failures() -> No
         assert [r.prompt_tokens for r in results] == [n + 1 for n in range(64)]
     finally:
         await runner.cleanup()
+
+
+async def _dropping_server(drops: int) -> tuple[asyncio.Server, str, list[int]]:
+    """A raw HTTP server that reads each request and, for the first `drops`, closes unanswered."""
+    seen: list[int] = []
+    answer = orjson.dumps(_body())
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(
+            next(
+                line.split(b":")[1]
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length")
+            )
+        )
+        await reader.readexactly(length)
+        seen.append(len(seen))
+        if len(seen) <= drops:
+            writer.close()
+            return
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n")
+        writer.write(b"content-length: %d\r\n\r\n" % len(answer) + answer)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}", seen
+
+
+async def test_a_request_dropped_unanswered_is_sent_again_on_another_connection() -> None:
+    server, url, seen = await _dropping_server(drops=STALE_RETRIES)
+    async with server, EngineClient(url) as client:
+        result = await client.generate([1, 2, 3])
+    assert result.output_ids == [5, 6] and len(seen) == STALE_RETRIES + 1
+
+
+async def test_a_server_that_keeps_dropping_fails_the_request_after_the_retries() -> None:
+    server, url, seen = await _dropping_server(drops=STALE_RETRIES + 5)
+    async with server, EngineClient(url) as client:
+        with pytest.raises(EngineError, match="ServerDisconnectedError") as failed:
+            await client.generate([1])
+    assert not isinstance(failed.value, EngineTimeoutError)
+    assert len(seen) == STALE_RETRIES + 1

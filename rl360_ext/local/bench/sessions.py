@@ -55,6 +55,7 @@ R3_SHAPE = (61, 8, 256)  # K2-Horizon-375B: 61 layers x top-8 of 256 experts, as
 CLIENT_TIMEOUT_S = 120.0
 RL360 = "rl360"
 JSON_HEADERS = {"content-type": "application/json"}
+AGENT_RETRIES = 2  # the OpenAI client's default max_retries for a connection the server dropped
 MILES_SCRIPT = Path(__file__).with_name("miles_server.py")
 MILES_READY_TIMEOUT_S = 300.0  # Miles imports torch, transformers and sglang before it serves
 MILES_VENV_ENV = "MILES_VENV"  # setup_venv.sh's variable: the venv Miles' modules import in
@@ -100,6 +101,7 @@ class CaseResult:
     bytes_per_turn: float
     memory_mb_per_session: float
     lost_because: str = ""  # the first failed turn's cause, "" when none was lost
+    turns_retried: int = 0  # turns the agent sent again after the server dropped them unanswered
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -158,6 +160,22 @@ def contenders(case: Case, miles: Miles | None) -> list[str]:
     return [RL360, "miles", "miles in_place"] if case.r3 else [RL360, "miles"]
 
 
+async def _turn(http: aiohttp.ClientSession, url: str, body: bytes, retried: list[int]) -> bytes:
+    """The reply's body; a turn the server dropped unanswered is sent again, as OpenAI clients do."""
+    for attempt in range(AGENT_RETRIES + 1):
+        try:
+            async with http.post(url, data=body, headers=JSON_HEADERS) as response:
+                content = await response.read()
+                if response.status >= 400:
+                    raise ValueError(f"HTTP {response.status}: {content[:200].decode(errors='replace')}")
+                return content
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            if attempt == AGENT_RETRIES:
+                raise
+            retried[0] += 1
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
 async def _conversation(
     http: aiohttp.ClientSession,
     url: str,
@@ -165,6 +183,7 @@ async def _conversation(
     latencies: list[list[float]],
     sent: list[int],
     errors: list[str],
+    retried: list[int],
 ) -> tuple[int, int, str | None]:
     """(turns done, turns lost, session id) of one session; a failed turn's cause goes to `errors`."""
     async with http.post(f"{url}/sessions", json={}) as created:
@@ -176,12 +195,7 @@ async def _conversation(
         body = orjson.dumps({"model": "policy", "messages": messages, "max_tokens": 16, "temperature": 0.0})
         started = time.perf_counter()
         try:
-            async with http.post(
-                f"{url}/sessions/{session_id}/v1/chat/completions", data=body, headers=JSON_HEADERS
-            ) as response:
-                content = await response.read()
-                if response.status >= 400:
-                    raise ValueError(f"HTTP {response.status}: {content[:200].decode(errors='replace')}")
+            content = await _turn(http, f"{url}/sessions/{session_id}/v1/chat/completions", body, retried)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             errors.append(f"turn {turn}: {type(exc).__name__}: {exc}")
             lost += turns - turn
@@ -202,6 +216,7 @@ async def _load(case: Case, server: str, urls: Sequence[str], pids: Sequence[int
     latencies: list[list[float]] = [[] for _ in range(case.turns)]
     sent = [0]
     errors: list[str] = []
+    retried = [0]
     connector = aiohttp.TCPConnector(limit=case.sessions + 8)
     timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
     rss_before = sum(_rss_mb(pid) for pid in pids)
@@ -210,7 +225,7 @@ async def _load(case: Case, server: str, urls: Sequence[str], pids: Sequence[int
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         outcomes = await asyncio.gather(
             *(
-                _conversation(http, urls[k % len(urls)], case.turns, latencies, sent, errors)
+                _conversation(http, urls[k % len(urls)], case.turns, latencies, sent, errors, retried)
                 for k in range(case.sessions)
             ),
             return_exceptions=True,
@@ -248,6 +263,7 @@ async def _load(case: Case, server: str, urls: Sequence[str], pids: Sequence[int
         bytes_per_turn=sent[0] / done if done else float("nan"),
         memory_mb_per_session=rss / case.sessions,
         lost_because=errors[0] if errors else "",
+        turns_retried=retried[0],
     )
 
 
@@ -280,6 +296,7 @@ def _median(runs: Sequence[CaseResult]) -> CaseResult:
     }
     numbers["turns_done"] = int(numbers["turns_done"])
     numbers["turns_lost"] = max(r.turns_lost for r in runs)
+    numbers["turns_retried"] = max(r.turns_retried for r in runs)
     return replace(runs[0], **numbers)
 
 
@@ -398,7 +415,8 @@ def _table(results: Sequence[CaseResult], note: str | None) -> None:
             c.backend, "61x8" if c.r3 else "off", str(c.servers), f"{c.sessions:,}", str(c.turns), r.server,
             f"{r.turns_per_s:,.0f}", f"{r.p50_ms:.1f}", f"{r.p99_ms:.1f}",
             f"{r.second_turn_p50_ms:.1f} / {r.last_turn_p50_ms:.1f}", f"{r.server_cpu_ms_per_turn:.2f}",
-            f"{r.bytes_per_turn:,.0f}", f"{r.memory_mb_per_session:.2f}", str(r.turns_lost),
+            f"{r.bytes_per_turn:,.0f}", f"{r.memory_mb_per_session:.2f}",
+            f"{r.turns_lost} ({r.turns_retried} retried)" if r.turns_retried else str(r.turns_lost),
         )  # fmt: skip
         ours = by_server.get((c, RL360))
         if r.server != RL360 and ours is not None:
