@@ -4,7 +4,8 @@ Owns the request shape (input_ids, sampling_params, the RL flags, the `X-SMG-Rou
 header) and typed results: finish reason, usage, weight versions (and spans when weights changed
 mid-request), output logprobs, and `routed_experts` decoded from base64 of little-endian int32.
 It talks to one base URL, which may be an engine or the SMG gateway in front of engines. It does
-not own retries, session state or what a caller does with the results.
+not own retries (beyond re-sending what a stale pooled connection dropped unanswered, below),
+session state or what a caller does with the results.
 
 The transport is one aiohttp session per event loop (its connection pool hands out an idle
 keep-alive connection in O(1); httpx's scans every pooled connection per request, which cost a
