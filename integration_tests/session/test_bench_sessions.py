@@ -1,21 +1,53 @@
-"""`rl360 bench sessions` end to end on the smallest load: real backend and session-server processes."""
+"""`rl360 bench sessions` end to end: real backend and session-server processes.
+
+The smallest load on every shape; 300 concurrent sessions without a lost turn (no connect or pool
+timeout between agent, session server and engine under load); and, with a Miles checkout whose
+session server imports somewhere (`find_miles`), Miles' server beside rl360's.
+"""
 
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
 import pytest
 
-from rl360_ext.local.bench.sessions import main
+from rl360_ext.local.bench.sessions import RL360, Case, MilesUnavailable, find_miles, main, run_case
+from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_every_turn_is_served_and_measured(capsys: pytest.CaptureFixture[str]) -> None:
     results = main(as_json=True, concurrency=(1, 3), turns=(4,), r3=(False, True), servers=(1, 2))
+    results = [r for r in results if r.server == RL360]  # Miles' rows too when MILES_SRC is set
     assert len(results) == 8
     for result in results:
         assert (result.turns_done, result.turns_lost) == (result.case.sessions * 4, 0), result
         for value in (result.turns_per_s, result.p50_ms, result.p99_ms, result.server_cpu_ms_per_turn):
             assert math.isfinite(value) and value > 0, result
     assert '"turns_done"' in capsys.readouterr().out
+
+
+@pytest.mark.timeout(600)
+def test_300_concurrent_sessions_lose_no_turn(tmp_path: Path) -> None:
+    case = Case(sessions=300, turns=3, r3=False, servers=1, backend="instant")
+    (result,) = run_case(case, str(default_tokenizer_dir()), tmp_path)
+    assert (result.turns_done, result.turns_lost) == (900, 0), result.lost_because
+
+
+@pytest.mark.timeout(900)  # Miles' server imports torch, transformers and sglang on each of its 4 starts
+def test_miles_server_runs_beside_rl360s_on_the_same_conversations(tmp_path: Path) -> None:
+    try:
+        miles = find_miles(os.environ.get("MILES_SRC"))
+    except MilesUnavailable as exc:
+        pytest.skip(str(exc))
+    if miles is None:
+        pytest.skip("MILES_SRC is not set")
+    case = Case(sessions=2, turns=3, r3=True, servers=1, backend="instant")
+    results = run_case(case, str(default_tokenizer_dir()), tmp_path, miles, rounds=2)
+    assert [r.server for r in results] == [RL360, "miles", "miles in_place"]
+    for result in results:
+        assert (result.turns_done, result.turns_lost) == (6, 0), (result.server, result.lost_because)
+        assert result.bytes_per_turn > 0 and result.server_cpu_ms_per_turn > 0, result

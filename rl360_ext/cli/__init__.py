@@ -256,10 +256,25 @@ def bench_sessions(
     r3: str = typer.Option("off,on", help="Routing replay (61 layers x top-8): off, on, or off,on."),
     servers: str = typer.Option("1", help="Session servers the sessions are spread over, comma-separated."),
     backend: str = typer.Option("instant", help="instant (the server's own cost) or tiny (real engine)."),
+    miles_src: str | None = typer.Option(
+        None,
+        envvar="MILES_SRC",
+        help="A radixark/miles checkout: run Miles' own session server beside rl360's.",
+    ),
+    miles_python: str | None = typer.Option(
+        None,
+        help="Interpreter Miles' server imports in (default: this one, $MILES_VENV's, /tmp/miles-venv's).",
+    ),
+    rounds: int = typer.Option(
+        1, min=1, help="Runs per server and case, alternating A/B then B/A (medians)."
+    ),
     json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
-    """Session server under load: turns/s, added latency, CPU per turn, bytes, memory per session."""
-    from rl360_ext.local.bench.sessions import main
+    """Session server under load: turns/s, added latency, CPU per turn, bytes, memory per session.
+
+    With a Miles checkout, Miles' own session server runs beside rl360's on every case.
+    """
+    from rl360_ext.local.bench.sessions import MilesUnavailable, main
 
     flags = {"off": False, "on": True}
     modes = [part.strip() for part in r3.split(",") if part.strip()]
@@ -268,11 +283,17 @@ def bench_sessions(
     if backend not in ("instant", "tiny"):
         raise typer.BadParameter(f"expects instant or tiny, got {backend!r}", param_hint="--backend")
     with signals_raise(), showing_progress("rl360 bench sessions"):
-        main(
-            as_json=json,
-            concurrency=_numbers(concurrency, "--concurrency"),
-            turns=_numbers(turns, "--turns"),
-            r3=[flags[mode] for mode in modes],
-            servers=_numbers(servers, "--servers"),
-            backend=backend,
-        )
+        try:
+            main(
+                as_json=json,
+                concurrency=_numbers(concurrency, "--concurrency"),
+                turns=_numbers(turns, "--turns"),
+                r3=[flags[mode] for mode in modes],
+                servers=_numbers(servers, "--servers"),
+                backend=backend,
+                miles_src=miles_src,
+                miles_python=miles_python,
+                rounds=rounds,
+            )
+        except MilesUnavailable as exc:
+            raise typer.BadParameter(str(exc), param_hint="--miles-src") from None

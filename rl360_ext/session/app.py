@@ -10,6 +10,11 @@ calls; an engine's HTTP error passes through with its status and body, as Miles 
 request-size limit (413 before parsing), the optional bearer token (constant-time comparison;
 /health and /metrics stay open), each body's schema in `/openapi.json` (`schemas.py`), the
 single-chunk SSE stream, and the idle-TTL sweeper task. Logic lives in `core.py`.
+
+The agent's hot route, `POST /sessions/{id}/v1/chat/completions`, is served by `ChatFastPath`, a
+plain ASGI layer in front of FastAPI's router: the same handler, body limit, bearer token and error
+mapping, without the router's scan, the dependency solver and the exception middleware on every
+turn. The route stays registered in FastAPI too (its schema, and every other method or path).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -48,6 +53,7 @@ from rl360_ext.session.schemas import (
 WIRE_MEDIA_TYPE = "application/vnd.rl360.merged-sample"
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # served without the bearer token (probes, Prometheus)
 OPENAI_ROUTE = "/v1/"  # routes under it answer OpenAI error objects; the others Miles' {"error": "<text>"}
+CHAT_TAIL = ["v1", "chat", "completions"]
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -57,6 +63,40 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
 
 def error_response(error: SessionServerError) -> Response:
     return json_response(error.to_json(), error.status, error.headers())
+
+
+def chat_session_id(path: str) -> str | None:
+    """The session id of a `/sessions/{id}/v1/chat/completions` path, else None (as the route matches)."""
+    parts = path.split("/")
+    if len(parts) == 6 and parts[:2] == ["", "sessions"] and parts[2] and parts[3:] == CHAT_TAIL:
+        return parts[2]
+    return None
+
+
+class ChatFastPath:
+    """ASGI layer: POSTs to the chat route go straight to `chat`; everything else to FastAPI."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        chat: Callable[[str, Request], Awaitable[Response]],
+        refused: Callable[[Request, SessionServerError], Awaitable[Response]],
+    ) -> None:
+        self.app = app
+        self.chat = chat
+        self.refused = refused
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        session_id = chat_session_id(scope["path"]) if scope["type"] == "http" else None
+        if session_id is None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        try:
+            response = await self.chat(session_id, request)
+        except SessionServerError as exc:
+            response = await self.refused(request, exc)
+        await response(scope, receive, send)
 
 
 class BearerAuth:
@@ -143,8 +183,6 @@ def create_app(
 
     app = FastAPI(title="rl360 session server", lifespan=lifespan)
     app.state.max_request_bytes = max_request_bytes
-    if api_key:
-        app.add_middleware(BearerAuth, token=api_key)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -154,14 +192,32 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
 
-    @app.exception_handler(SessionServerError)
-    async def _refused(request: Request, exc: SessionServerError) -> Response:
+    async def refused(request: Request, exc: SessionServerError) -> Response:
         if isinstance(exc, EngineHTTPError):
             return _passed_through(exc)
         if OPENAI_ROUTE in request.url.path:
             return error_response(exc)
         body = {"error": exc.message, "code": exc.code, "param": exc.param}
         return json_response(body, exc.status, exc.headers())
+
+    app.add_exception_handler(SessionServerError, refused)  # type: ignore[arg-type]
+
+    async def chat(session_id: str, request: Request) -> Response:
+        body = await _json_body(request, required=True)
+        reply = await core.chat(session_id, body)
+        if not (isinstance(body, dict) and body.get("stream")):
+            return json_response(reply.completion())
+        chunk = orjson.dumps(reply.chunk())
+
+        async def events() -> AsyncIterator[bytes]:
+            yield b"data: " + chunk + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    app.add_middleware(ChatFastPath, chat=chat, refused=refused)
+    if api_key:  # added last, so it wraps the fast path too
+        app.add_middleware(BearerAuth, token=api_key)
 
     @app.get("/health")
     async def health() -> Response:
@@ -197,17 +253,7 @@ def create_app(
 
     @app.post("/sessions/{session_id}/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(session_id: str, request: Request) -> Response:
-        body = await _json_body(request, required=True)
-        reply = await core.chat(session_id, body)
-        if not (isinstance(body, dict) and body.get("stream")):
-            return json_response(reply.completion())
-        chunk = orjson.dumps(reply.chunk())
-
-        async def events() -> AsyncIterator[bytes]:
-            yield b"data: " + chunk + b"\n\n"
-            yield b"data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return await chat(session_id, request)
 
     @app.get("/sessions/{session_id}/v1/models")
     async def models(session_id: str) -> Response:

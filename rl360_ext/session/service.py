@@ -26,6 +26,9 @@ from rl360_ext.session.routing import RoutingShape, shape_from_model_config
 
 log = logging.getLogger("rl360.session")
 TEMPLATE_CHECK_CASES = 200  # generated conversations the startup check replays (~0.5 s)
+# An agent's connection waits out its tool calls between turns: keep it open that long (uvicorn's
+# default of 5 s would close it, and a turn sent just as the server closes it fails to connect).
+KEEP_ALIVE_S = 75.0
 
 
 class ServiceStartupError(RuntimeError):
@@ -198,7 +201,10 @@ def app_for(core: SessionCore, options: ServiceOptions) -> Any:
 
 
 def serve(options: ServiceOptions, host: str, port: int) -> None:
-    """Build the core and serve it with uvicorn until interrupted."""
+    """Build the core and serve it with uvicorn until interrupted.
+
+    uvicorn picks httptools and uvloop (dependencies) over h11 and asyncio's loop by itself.
+    """
     import uvicorn
 
     app = app_for(build_core(options), options)
@@ -208,4 +214,5 @@ def serve(options: ServiceOptions, host: str, port: int) -> None:
         port=port,
         log_level="warning",
         access_log=False,
+        timeout_keep_alive=KEEP_ALIVE_S,
     )

@@ -4,15 +4,28 @@ Owns the request shape (input_ids, sampling_params, the RL flags, the `X-SMG-Rou
 header) and typed results: finish reason, usage, weight versions (and spans when weights changed
 mid-request), output logprobs, and `routed_experts` decoded from base64 of little-endian int32.
 It talks to one base URL, which may be an engine or the SMG gateway in front of engines. It does
-not own retries, session state or what a caller does with the results.
+not own retries (beyond re-sending what a stale pooled connection dropped unanswered, below),
+session state or what a caller does with the results.
+
+The transport is one aiohttp session per event loop (its connection pool hands out an idle
+keep-alive connection in O(1); httpx's scans every pooled connection per request, which cost a
+session server at 256 concurrent sessions more CPU than everything else it did). A request the
+server drops unanswered on a pooled connection (its keep-alive closed it) is sent again, at most
+STALE_RETRIES times: no answer means the engine did not run it to an answer. A caller may pass
+its own `httpx.AsyncClient` instead (tests with a mock transport). Either way the whole
+`timeout_s` covers connecting and waiting for a pooled connection: no shorter connect limit.
 """
 
 from __future__ import annotations
 
+import asyncio
 import binascii
+import errno
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import httpx
 import numpy as np
 import orjson
@@ -20,6 +33,10 @@ import pybase64
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"
+KEEPALIVE_S = 4.0  # idle pooled connections close before uvicorn's (SGLang's server) 5 s keep-alive does
+# A pooled connection the server closed (its keep-alive ran out while this side's loop lagged under
+# load) fails the request before any answer: send it again, on another connection, this often.
+STALE_RETRIES = 2
 
 
 class EngineError(RuntimeError):
@@ -207,6 +224,23 @@ def _output_logprobs(entries: Any, output_ids: list[int]) -> np.ndarray | None:
     return values
 
 
+@dataclass(frozen=True)
+class EngineReply:
+    """One HTTP answer from the engine: status, headers (case-insensitive lookup) and raw body."""
+
+    status_code: int
+    headers: Mapping[str, str]
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        """The body parsed as JSON; ValueError if it is not JSON."""
+        return orjson.loads(self.content)
+
+
 class EngineClient:
     """Async client for one SGLang-protocol base URL (an engine or the SMG gateway)."""
 
@@ -218,11 +252,12 @@ class EngineClient:
         client: httpx.AsyncClient | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._owns_client = client is None
-        self._client = client or httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s),  # connecting and waiting for a pooled connection included
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        )
+        self.max_connections = max_connections
+        # total covers connecting and waiting for a pooled connection: no shorter connect limit
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._httpx = client  # the caller's: used as given and never closed here
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def __aenter__(self) -> EngineClient:
         return self
@@ -231,32 +266,76 @@ class EngineClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        if self._owns_client:
-            await self._client.aclose()
+        session, self._session, self._loop = self._session, None, None
+        if session is not None and not session.closed:
+            await session.close()
 
-    async def _post(self, path: str, payload: Any, headers: dict[str, str] | None = None) -> httpx.Response:
+    def _http(self) -> aiohttp.ClientSession:
+        """This loop's session (created on first use; a session is bound to the loop it was made in)."""
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._loop is not loop:
+            connector = aiohttp.TCPConnector(
+                limit=self.max_connections, keepalive_timeout=KEEPALIVE_S, ttl_dns_cache=None
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=self.timeout, cookie_jar=aiohttp.DummyCookieJar()
+            )
+            self._loop = loop
+        return self._session
+
+    async def _post(self, path: str, payload: Any, headers: dict[str, str] | None = None) -> EngineReply:
         headers = {"Content-Type": "application/json", **(headers or {})}
         return await self._request("POST", path, content=orjson.dumps(payload), headers=headers)
 
-    async def _get(self, path: str) -> httpx.Response:
+    async def _get(self, path: str) -> EngineReply:
         return await self._request("GET", path)
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """The response, or an EngineError naming the request for a transport failure or HTTP >= 400."""
+    async def _request(
+        self, method: str, path: str, content: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> EngineReply:
+        """The answer, or an EngineError naming the request for a transport failure or HTTP >= 400."""
         url = self.base_url + path
+        if self._httpx is not None:
+            reply = await self._send_httpx(method, url, content, headers)
+        else:
+            reply = await self._send(method, url, content, headers)
+        if reply.status_code >= 400:
+            raise EngineError(
+                f"{method} {url} returned HTTP {reply.status_code}: {reply.text[:500]}",
+                status=reply.status_code,
+                body=reply.text,
+            )
+        return reply
+
+    async def _send(
+        self, method: str, url: str, content: bytes | None, headers: dict[str, str] | None
+    ) -> EngineReply:
         try:
-            response = await self._client.request(method, url, **kwargs)
+            for attempt in range(STALE_RETRIES + 1):
+                try:
+                    async with self._http().request(method, url, data=content, headers=headers) as response:
+                        body = await response.read()
+                        return EngineReply(response.status, response.headers, body)
+                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                    if attempt == STALE_RETRIES or not _closed_before_answering(exc):
+                        raise
+            raise AssertionError("unreachable: the last attempt returns or raises")
+        except TimeoutError as exc:
+            raise EngineTimeoutError(f"{method} {url} timed out: {type(exc).__name__}: {exc}") from exc
+        except aiohttp.ClientError as exc:
+            raise EngineError(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
+
+    async def _send_httpx(
+        self, method: str, url: str, content: bytes | None, headers: dict[str, str] | None
+    ) -> EngineReply:
+        assert self._httpx is not None
+        try:
+            response = await self._httpx.request(method, url, content=content, headers=headers)
         except httpx.TimeoutException as exc:
             raise EngineTimeoutError(f"{method} {url} timed out: {type(exc).__name__}: {exc}") from exc
         except httpx.HTTPError as exc:
             raise EngineError(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
-        if response.status_code >= 400:
-            raise EngineError(
-                f"{method} {url} returned HTTP {response.status_code}: {response.text[:500]}",
-                status=response.status_code,
-                body=response.text,
-            )
-        return response
+        return EngineReply(response.status_code, response.headers, response.content)
 
     async def generate(
         self,
@@ -342,7 +421,14 @@ class EngineClient:
         return True
 
 
-def _json_or_text(response: httpx.Response) -> dict[str, Any]:
+def _closed_before_answering(exc: aiohttp.ClientError) -> bool:
+    """The server closed or reset the connection before it sent any answer (a stale pooled one)."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return True
+    return isinstance(exc, aiohttp.ClientOSError) and exc.errno in (errno.ECONNRESET, errno.EPIPE)
+
+
+def _json_or_text(response: EngineReply) -> dict[str, Any]:
     try:
         body = response.json()
     except ValueError:

@@ -5,8 +5,11 @@ session server in front of it measures the session server: `/generate` returns t
 reply (its token ids, end-of-turn token last, as `finish_reason: stop`), output log-probs, and,
 when asked, `routed_experts` of exactly the shape SGLang sends (`[prompt + output - 1 -
 routed_experts_start_len, layers, top_k]` int32, base64) filled with a fixed pattern; plus the
-info routes the session server and SMG probe. It samples nothing and keeps no state per request.
-It is not a model (`rl360_ext.tiny_engine.engine` is) and validates only what it reads.
+info routes the session server and SMG probe. `/v1/chat/completions` with `input_ids` answers as
+SGLang does for Miles' session server (the same reply as `message.content`, `choices[0].meta_info`
+with `return_meta_info`, `usage`), so Miles' server can be benchmarked in front of the same
+backend. It samples nothing and keeps no state per request. It is not a model
+(`rl360_ext.tiny_engine.engine` is) and validates only what it reads.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -54,6 +58,7 @@ class InstantBackend:
         self.vocab_size = tokenizer.get_vocab_size()
         end = tokenizer.token_to_id(TURN_END)
         self.output_ids = [*tokenizer.encode(config.reply).ids, end]
+        self.token_texts = {token: tokenizer.id_to_token(token) for token in self.output_ids}
         self.end_token_id = end
         self._row = (np.arange(config.layers * config.top_k, dtype=np.int32) % config.experts).reshape(
             1, config.layers, config.top_k
@@ -92,6 +97,57 @@ class InstantBackend:
         meta["e2e_latency"] = time.monotonic() - started
         text = self.config.reply if finish["type"] == "stop" else ""
         return {"text": text, "output_ids": list(output), "meta_info": meta}
+
+    def chat_completion(self, body: dict[str, Any]) -> dict[str, Any]:
+        """SGLang's `chat.completion` for a pretokenized request (`input_ids`, as Miles sends it)."""
+        params = {"max_new_tokens": body["max_tokens"]} if isinstance(body.get("max_tokens"), int) else {}
+        generated = self.generate(
+            {
+                "input_ids": body.get("input_ids"),
+                "rid": body.get("rid"),
+                "sampling_params": params,
+                "return_logprob": bool(body.get("logprobs")),
+                "return_routed_experts": bool(body.get("return_routed_experts")),
+                "routed_experts_start_len": body.get("routed_experts_start_len"),
+            }
+        )
+        meta = generated["meta_info"]
+        output = generated["output_ids"]
+        finish = meta["finish_reason"]["type"]
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": generated["text"],
+                "reasoning_content": None,
+                "tool_calls": None,
+            },
+            "logprobs": (
+                {
+                    "content": [
+                        {"token": self.token_texts[t], "logprob": -0.5, "top_logprobs": []} for t in output
+                    ]
+                }
+                if body.get("logprobs")
+                else None
+            ),
+            "finish_reason": finish,
+            "matched_stop": meta["finish_reason"].get("matched"),
+        }
+        if body.get("return_meta_info"):
+            choice["meta_info"] = meta
+        return {
+            "id": meta["id"],
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": MODEL_NAME,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": meta["prompt_tokens"],
+                "completion_tokens": meta["completion_tokens"],
+                "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"],
+            },
+        }
 
 
 def create_app(config: InstantConfig | None = None) -> FastAPI:
@@ -134,7 +190,17 @@ def create_app(config: InstantConfig | None = None) -> FastAPI:
             body = await request.json()
             if not isinstance(body, dict):
                 raise ValueError("the body must be a JSON object")
-            return JSONResponse(backend.generate(body))
+            return Response(orjson.dumps(backend.generate(body)), media_type="application/json")
+        except ValueError as exc:
+            return JSONResponse({"error": {"message": str(exc), "type": "invalid_request"}}, status_code=400)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object")
+            return Response(orjson.dumps(backend.chat_completion(body)), media_type="application/json")
         except ValueError as exc:
             return JSONResponse({"error": {"message": str(exc), "type": "invalid_request"}}, status_code=400)
 

@@ -65,3 +65,30 @@ def test_bad_bodies_are_400(body: object) -> None:
 def test_an_impossible_shape_is_refused() -> None:
     with pytest.raises(ValueError, match="top_k"):
         InstantConfig(top_k=9, experts=8)
+
+
+def test_chat_completions_with_input_ids_answers_as_sglang_does_for_miles() -> None:
+    body = {
+        "input_ids": [1, 2, 3, 4],
+        "messages": [{"role": "user", "content": "hi"}],
+        "logprobs": True,
+        "return_meta_info": True,
+        "return_routed_experts": True,
+        "routed_experts_start_len": 2,
+    }
+    reply = CLIENT.post("/v1/chat/completions", json=body).json()
+    choice = reply["choices"][0]
+    generated = CLIENT.post("/generate", json={"input_ids": [1, 2, 3, 4]}).json()
+    assert choice["message"]["content"] == generated["text"] and choice["finish_reason"] == "stop"
+    meta = choice["meta_info"]
+    assert [entry[1] for entry in meta["output_token_logprobs"]] == generated["output_ids"]
+    assert meta["completion_tokens"] == len(choice["logprobs"]["content"]) == len(generated["output_ids"])
+    raw = np.frombuffer(base64.b64decode(meta["routed_experts"]), dtype="<i4")
+    assert raw.size == (4 + len(generated["output_ids"]) - 1 - 2) * CONFIG.layers * CONFIG.top_k
+    assert reply["usage"]["prompt_tokens"] == 4
+
+
+def test_chat_completions_without_meta_info_or_ids() -> None:
+    plain = CLIENT.post("/v1/chat/completions", json={"input_ids": [1], "max_tokens": 1}).json()
+    assert "meta_info" not in plain["choices"][0] and plain["choices"][0]["finish_reason"] == "length"
+    assert CLIENT.post("/v1/chat/completions", json={"messages": []}).status_code == 400

@@ -15,22 +15,35 @@ appends the reply it got and one new user message. Per case it reports:
   (RSS growth with every session open and all turns done, / N);
 - turns lost (any turn whose request failed) — the target is zero.
 The baseline in the same run is the smallest case: the second/last-turn ratio and CPU per turn at
-N = 1 are what the other cases are held against. It asserts nothing and owns none of the code
-it measures.
+N = 1 are what the other cases are held against.
+
+With a Miles checkout (`miles_src`), every case also runs Miles' own session server
+(`miles_server.py`, Miles' code unchanged) in front of the same backend with the same
+conversations, alternating with rl360's (A/B, then B/A in the next round; each run gets fresh
+server processes), without R3 once and with R3 in both of Miles' modes (`full`: its default, every
+turn records the whole routing; `in_place`: deltas); each Miles row is followed by the ratio
+rl360/Miles of every measure. Miles' server forwards `/v1/chat/completions` with `input_ids`,
+which the instant backend answers as SGLang does; the tiny engine serves only `/generate`, so
+there rl360 runs alone and the bench says so. Miles' server imports torch and sglang: it runs
+under `miles_python`, an interpreter where it imports (integration_tests/miles/setup_venv.sh).
+It asserts nothing and owns none of the code it measures.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 
 from rl360_ext.local.services import start_engine
@@ -40,6 +53,13 @@ from rl360_ext.util.progress import stage
 SYSTEM = {"role": "system", "content": "You are a coding agent. Run the tests and fix the bug."}
 R3_SHAPE = (61, 8, 256)  # K2-Horizon-375B: 61 layers x top-8 of 256 experts, as in the field
 CLIENT_TIMEOUT_S = 120.0
+RL360 = "rl360"
+JSON_HEADERS = {"content-type": "application/json"}
+AGENT_RETRIES = 2  # the OpenAI client's default max_retries for a connection the server dropped
+MILES_SCRIPT = Path(__file__).with_name("miles_server.py")
+MILES_READY_TIMEOUT_S = 300.0  # Miles imports torch, transformers and sglang before it serves
+MILES_VENV_ENV = "MILES_VENV"  # setup_venv.sh's variable: the venv Miles' modules import in
+DEFAULT_MILES_VENV = Path("/tmp/miles-venv")
 
 
 @dataclass(frozen=True)
@@ -53,9 +73,22 @@ class Case:
     backend: str  # "instant" | "tiny"
 
 
+@dataclass(frozen=True)
+class Miles:
+    """A Miles checkout and the interpreter its session server imports in."""
+
+    src: Path
+    python: str
+
+
+class MilesUnavailable(ValueError):
+    """--miles-src is not a Miles checkout, or Miles' session server imports under no interpreter."""
+
+
 @dataclass
 class CaseResult:
     case: Case
+    server: str  # "rl360", "miles" (Miles' default R3 mode: full routing) or "miles in_place"
     turns_done: int
     turns_lost: int
     seconds: float
@@ -67,6 +100,8 @@ class CaseResult:
     server_cpu_ms_per_turn: float
     bytes_per_turn: float
     memory_mb_per_session: float
+    lost_because: str = ""  # the first failed turn's cause, "" when none was lost
+    turns_retried: int = 0  # turns the agent sent again after the server dropped them unanswered
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -106,31 +141,68 @@ def _server(case: Case, backend: Service, tokenizer: str, logs: Path, number: in
     return start_service(f"session{number}", argv, port, logs)
 
 
+def _miles_server(
+    case: Case, mode: str, backend: Service, tokenizer: str, logs: Path, miles: Miles, number: int
+) -> Service:
+    port = free_port()
+    argv = [
+        miles.python, str(MILES_SCRIPT), "--miles-src", str(miles.src), "--backend", backend.url,
+        "--tokenizer", tokenizer, "--host", LOOPBACK, "--port", str(port), "--mode", mode,
+        "--timeout", str(CLIENT_TIMEOUT_S), *(["--r3"] if case.r3 else []),
+    ]  # fmt: skip
+    return start_service(f"miles{number}", argv, port, logs, ready_timeout_s=MILES_READY_TIMEOUT_S)
+
+
+def contenders(case: Case, miles: Miles | None) -> list[str]:
+    """The servers a case runs: rl360, and Miles in each of its modes that differ for this case."""
+    if miles is None or case.backend != "instant":
+        return [RL360]
+    return [RL360, "miles", "miles in_place"] if case.r3 else [RL360, "miles"]
+
+
+async def _turn(http: aiohttp.ClientSession, url: str, body: bytes, retried: list[int]) -> bytes:
+    """The reply's body; a turn the server dropped unanswered is sent again, as OpenAI clients do."""
+    for attempt in range(AGENT_RETRIES + 1):
+        try:
+            async with http.post(url, data=body, headers=JSON_HEADERS) as response:
+                content = await response.read()
+                if response.status >= 400:
+                    raise ValueError(f"HTTP {response.status}: {content[:200].decode(errors='replace')}")
+                return content
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            if attempt == AGENT_RETRIES:
+                raise
+            retried[0] += 1
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
 async def _conversation(
-    http: httpx.AsyncClient, url: str, turns: int, latencies: list[list[float]], sent: list[int]
+    http: aiohttp.ClientSession,
+    url: str,
+    turns: int,
+    latencies: list[list[float]],
+    sent: list[int],
+    errors: list[str],
+    retried: list[int],
 ) -> tuple[int, int, str | None]:
-    """(turns done, turns lost, session id) of one session."""
-    created = await http.post(f"{url}/sessions", json={})
-    created.raise_for_status()
-    session_id = created.json()["session_id"]
+    """(turns done, turns lost, session id) of one session; a failed turn's cause goes to `errors`."""
+    async with http.post(f"{url}/sessions", json={}) as created:
+        created.raise_for_status()
+        session_id = (await created.json())["session_id"]
     messages: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "The test suite fails; fix it."}]
     done = lost = 0
     for turn in range(turns):
         body = orjson.dumps({"model": "policy", "messages": messages, "max_tokens": 16, "temperature": 0.0})
         started = time.perf_counter()
         try:
-            response = await http.post(
-                f"{url}/sessions/{session_id}/v1/chat/completions",
-                content=body,
-                headers={"content-type": "application/json"},
-            )
-            response.raise_for_status()
-        except httpx.HTTPError:
+            content = await _turn(http, f"{url}/sessions/{session_id}/v1/chat/completions", body, retried)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            errors.append(f"turn {turn}: {type(exc).__name__}: {exc}")
             lost += turns - turn
             break
         latencies[turn].append(time.perf_counter() - started)
-        sent[0] += len(body) + len(response.content)
-        reply = response.json()["choices"][0]["message"]
+        sent[0] += len(body) + len(content)
+        reply = orjson.loads(content)["choices"][0]["message"]
         messages = [
             *messages,
             {"role": "assistant", "content": reply.get("content") or ""},
@@ -140,18 +212,20 @@ async def _conversation(
     return done, lost, session_id
 
 
-async def _load(case: Case, urls: Sequence[str], pids: Sequence[int]) -> CaseResult:
+async def _load(case: Case, server: str, urls: Sequence[str], pids: Sequence[int]) -> CaseResult:
     latencies: list[list[float]] = [[] for _ in range(case.turns)]
     sent = [0]
-    limits = httpx.Limits(max_connections=case.sessions + 8, max_keepalive_connections=case.sessions + 8)
-    timeout = httpx.Timeout(CLIENT_TIMEOUT_S)
+    errors: list[str] = []
+    retried = [0]
+    connector = aiohttp.TCPConnector(limit=case.sessions + 8)
+    timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
     rss_before = sum(_rss_mb(pid) for pid in pids)
     cpu_before = sum(_cpu_seconds(pid) for pid in pids)
     started = time.perf_counter()
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         outcomes = await asyncio.gather(
             *(
-                _conversation(http, urls[k % len(urls)], case.turns, latencies, sent)
+                _conversation(http, urls[k % len(urls)], case.turns, latencies, sent, errors, retried)
                 for k in range(case.sessions)
             ),
             return_exceptions=True,
@@ -161,8 +235,9 @@ async def _load(case: Case, urls: Sequence[str], pids: Sequence[int]) -> CaseRes
         rss = sum(_rss_mb(pid) for pid in pids) - rss_before
         ids = [(urls[k % len(urls)], o[2]) for k, o in enumerate(outcomes) if isinstance(o, tuple) and o[2]]
         await asyncio.gather(
-            *(http.delete(f"{url}/sessions/{sid}") for url, sid in ids), return_exceptions=True
+            *(_delete(http, f"{url}/sessions/{sid}") for url, sid in ids), return_exceptions=True
         )
+    errors += [f"session: {type(o).__name__}: {o}" for o in outcomes if isinstance(o, BaseException)]
     done = sum(o[0] for o in outcomes if isinstance(o, tuple))
     lost = case.sessions * case.turns - done
     flat = sorted(x for per_turn in latencies for x in per_turn)
@@ -175,6 +250,7 @@ async def _load(case: Case, urls: Sequence[str], pids: Sequence[int]) -> CaseRes
 
     return CaseResult(
         case=case,
+        server=server,
         turns_done=done,
         turns_lost=lost,
         seconds=seconds,
@@ -186,15 +262,106 @@ async def _load(case: Case, urls: Sequence[str], pids: Sequence[int]) -> CaseRes
         server_cpu_ms_per_turn=1000 * cpu / done if done else float("nan"),
         bytes_per_turn=sent[0] / done if done else float("nan"),
         memory_mb_per_session=rss / case.sessions,
+        lost_because=errors[0] if errors else "",
+        turns_retried=retried[0],
     )
 
 
-def run_case(case: Case, tokenizer: str, logs: Path) -> CaseResult:
+async def _delete(http: aiohttp.ClientSession, url: str) -> None:
+    async with http.delete(url) as response:
+        await response.read()
+
+
+def _run_one(
+    case: Case, server: str, backend: Service, tokenizer: str, logs: Path, miles: Miles | None
+) -> CaseResult:
+    if server == RL360:
+        started = [_server(case, backend, tokenizer, logs, n) for n in range(case.servers)]
+    else:
+        assert miles is not None
+        mode = "in_place" if server.endswith("in_place") else "full"
+        started = [_miles_server(case, mode, backend, tokenizer, logs, miles, n) for n in range(case.servers)]
+    with running(*started):
+        return asyncio.run(_load(case, server, [s.url for s in started], [s.pid for s in started]))
+
+
+def _median(runs: Sequence[CaseResult]) -> CaseResult:
+    """Each measure's median over the rounds of one server on one case."""
+    if len(runs) == 1:
+        return runs[0]
+    numbers = {
+        f.name: statistics.median(getattr(r, f.name) for r in runs)
+        for f in fields(CaseResult)
+        if f.name not in ("case", "server", "lost_because")
+    }
+    numbers["turns_done"] = int(numbers["turns_done"])
+    numbers["turns_lost"] = max(r.turns_lost for r in runs)
+    numbers["turns_retried"] = max(r.turns_retried for r in runs)
+    return replace(runs[0], **numbers)
+
+
+def run_case(
+    case: Case, tokenizer: str, logs: Path, miles: Miles | None = None, rounds: int = 1
+) -> list[CaseResult]:
+    """One result per contender; with several rounds the order alternates (A/B, B/A, ...)."""
+    names = contenders(case, miles)
+    runs: dict[str, list[CaseResult]] = {name: [] for name in names}
     backend = _backend(case, logs)
     with running(backend):
-        servers = [_server(case, backend, tokenizer, logs, n) for n in range(case.servers)]
-        with running(*servers):
-            return asyncio.run(_load(case, [s.url for s in servers], [s.pid for s in servers]))
+        for number in range(rounds):
+            for name in names if number % 2 == 0 else reversed(names):
+                runs[name].append(_run_one(case, name, backend, tokenizer, logs, miles))
+    return [_median(runs[name]) for name in names]
+
+
+def find_miles(src: str | None, python: str | None = None) -> Miles | None:
+    """The Miles checkout (`src`, else $MILES_SRC) and an interpreter its session server imports in.
+
+    None without a checkout. The interpreter is `python`, else this one if Miles imports here, else
+    $MILES_VENV/bin/python, else /tmp/miles-venv/bin/python; MilesUnavailable if it imports in none.
+    """
+    src = src or os.environ.get("MILES_SRC")
+    if not src:
+        return None
+    root = Path(src).expanduser().resolve()
+    if not (root / "miles" / "rollout" / "session" / "server.py").is_file():
+        raise MilesUnavailable(
+            f"--miles-src: {root} is not a radixark/miles checkout (no miles/rollout/session/server.py)"
+        )
+    venv = os.environ.get(MILES_VENV_ENV)
+    candidates = (
+        [python]
+        if python
+        else [
+            sys.executable,
+            *([str(Path(venv) / "bin" / "python")] if venv else []),
+            str(DEFAULT_MILES_VENV / "bin" / "python"),
+        ]
+    )
+    errors = []
+    for candidate in candidates:
+        error = _miles_import_error(root, candidate)
+        if error is None:
+            return Miles(root, candidate)
+        errors.append(f"{candidate}: {error}")
+    raise MilesUnavailable(
+        "Miles' session server does not import under " + "; ".join(errors) + " (it needs torch and sglang: "
+        "build a venv with integration_tests/miles/setup_venv.sh and pass --miles-python or set MILES_VENV)"
+    )
+
+
+def _miles_import_error(root: Path, python: str) -> str | None:
+    if not Path(python).is_file():
+        return "no such interpreter"
+    probe = f"import sys; sys.path.insert(0, {str(root)!r}); import miles.rollout.session.server"
+    try:
+        done = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit status {done.returncode}"
 
 
 def cases(
@@ -203,28 +370,76 @@ def cases(
     return [Case(n, t, flag, s, backend) for flag in r3 for s in servers for t in turns for n in concurrency]
 
 
-def _table(results: Sequence[CaseResult]) -> None:
+RATIO_MEASURES = (
+    "turns_per_s", "p50_ms", "p99_ms", "server_cpu_ms_per_turn", "bytes_per_turn", "memory_mb_per_session",
+)  # fmt: skip
+
+
+def ratios(results: Sequence[CaseResult]) -> list[dict[str, Any]]:
+    """rl360/Miles for every measure of RATIO_MEASURES, per case and Miles mode."""
+    out = []
+    for miles in results:
+        if miles.server == RL360:
+            continue
+        ours = next((r for r in results if r.server == RL360 and r.case == miles.case), None)
+        if ours is None:
+            continue
+        out.append(
+            {
+                "case": asdict(miles.case),
+                "miles": miles.server,
+                **{m: _ratio(getattr(ours, m), getattr(miles, m)) for m in RATIO_MEASURES},
+            }
+        )
+    return out
+
+
+def _ratio(ours: float, theirs: float) -> float:
+    return ours / theirs if theirs and theirs == theirs else float("nan")
+
+
+def _table(results: Sequence[CaseResult], note: str | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title="rl360 bench sessions: the session server under load")
     for column in (
-        "backend", "R3", "servers", "sessions", "turns", "turns/s", "p50 ms", "p99 ms",
+        "backend", "R3", "servers", "sessions", "turns", "server", "turns/s", "p50 ms", "p99 ms",
         "turn 2 / last p50 ms", "CPU ms/turn", "client bytes/turn", "MB/session", "lost",
     ):  # fmt: skip
         table.add_column(column, justify="right")
+    by_server = {(r.case, r.server): r for r in results}
     for r in results:
         c = r.case
         table.add_row(
-            c.backend, "61x8" if c.r3 else "off", str(c.servers), f"{c.sessions:,}", str(c.turns),
+            c.backend, "61x8" if c.r3 else "off", str(c.servers), f"{c.sessions:,}", str(c.turns), r.server,
             f"{r.turns_per_s:,.0f}", f"{r.p50_ms:.1f}", f"{r.p99_ms:.1f}",
             f"{r.second_turn_p50_ms:.1f} / {r.last_turn_p50_ms:.1f}", f"{r.server_cpu_ms_per_turn:.2f}",
-            f"{r.bytes_per_turn:,.0f}", f"{r.memory_mb_per_session:.2f}", str(r.turns_lost),
+            f"{r.bytes_per_turn:,.0f}", f"{r.memory_mb_per_session:.2f}",
+            f"{r.turns_lost} ({r.turns_retried} retried)" if r.turns_retried else str(r.turns_lost),
         )  # fmt: skip
-    console = Console(width=max(Console().width, 170))
+        ours = by_server.get((c, RL360))
+        if r.server != RL360 and ours is not None:
+            x = {m: _ratio(getattr(ours, m), getattr(r, m)) for m in RATIO_MEASURES}
+            table.add_row(
+                "", "", "", "", "", f"rl360/{r.server}", f"{x['turns_per_s']:.2f}x",
+                f"{x['p50_ms']:.2f}x", f"{x['p99_ms']:.2f}x", "", f"{x['server_cpu_ms_per_turn']:.2f}x",
+                f"{x['bytes_per_turn']:.2f}x", f"{x['memory_mb_per_session']:.2f}x", "", style="bold",
+            )  # fmt: skip
+    console = Console(width=max(Console().width, 190))
     console.print(table)
-    if results:
-        base = results[0]
+    if any(r.server != RL360 for r in results):
+        console.print("rl360/Miles rows: above 1 is better for turns/s, below 1 for the others.")
+    if note:
+        console.print(note)
+    for r in results:
+        if r.turns_lost:
+            console.print(
+                f"{r.server}, {r.case.sessions} sessions x {r.case.turns} turns: "
+                f"lost {r.turns_lost}, first: {r.lost_because}"
+            )
+    base = next((r for r in results if r.server == RL360), None)
+    if base is not None:
         console.print(
             f"baseline (first case): {base.server_cpu_ms_per_turn:.2f} ms CPU per turn; p50 latency of "
             f"turn {base.case.turns} is {base.last_turn_p50_ms / base.second_turn_p50_ms:.2f}x turn 2's."
@@ -238,20 +453,39 @@ def main(
     r3: Sequence[bool] = (False, True),
     servers: Sequence[int] = (1,),
     backend: str = "instant",
+    miles_src: str | None = None,
+    miles_python: str | None = None,
+    rounds: int = 1,
 ) -> list[CaseResult]:
+    """Run every case; with a Miles checkout (`miles_src` or $MILES_SRC) Miles' server beside rl360's."""
     from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
 
     if backend not in ("instant", "tiny"):
         raise ValueError(f"backend must be instant or tiny, got {backend!r}")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    miles = find_miles(miles_src, miles_python)
+    if miles is None:
+        note = "no Miles checkout (--miles-src or MILES_SRC): rl360's server only."
+    elif backend != "instant":
+        note = (
+            f"Miles' server forwards /v1/chat/completions, which the {backend} backend does not serve: "
+            "rl360's server only."
+        )
+    else:
+        note = f"Miles: {miles.src} under {miles.python}."
+    stage(note)
     tokenizer = str(default_tokenizer_dir())
-    results = []
+    results: list[CaseResult] = []
     with tempfile.TemporaryDirectory(prefix="rl360-bench-sessions-") as scratch:
         for case in cases(concurrency, turns, r3, servers, backend):
+            who = ", ".join(contenders(case, miles))
             stage(f"{case.sessions} sessions x {case.turns} turns, R3 {'on' if case.r3 else 'off'}, "
-                  f"{case.servers} server(s), {case.backend} backend")  # fmt: skip
-            results.append(run_case(case, tokenizer, Path(scratch)))
+                  f"{case.servers} server(s), {case.backend} backend: {who}")  # fmt: skip
+            results.extend(run_case(case, tokenizer, Path(scratch), miles, rounds))
     if as_json:
-        print(orjson.dumps([asdict(r) for r in results], option=orjson.OPT_INDENT_2).decode())
+        report = {"note": note, "results": [asdict(r) for r in results], "ratios": ratios(results)}
+        print(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode())
     else:
-        _table(results)
+        _table(results, note)
     return results
