@@ -1,10 +1,10 @@
 """`rl360 demo --schedule in-flight`, small: the push after step 0 lands while step 1 generates.
 
 One in-flight push (two steps, in_place: the demo's default; retract is measured in
-docs/demo.md). Checks that every push completes, that the push after step 0 went out while the
-engines were generating rollout 1 (the old schedule pushed before rollout 1's first model call),
-that each step's turns carry only the versions the in-flight schedule allows, that the per-step
-version figures are the trainer's staleness metrics, and that nothing the demo started is left.
+docs/demo.md). Checks that every push completes, that the push after step 0 waited for the
+engines to generate rollout 1 (requests running, or the rollout already done), that each step's
+turns carry only the versions the in-flight schedule allows, that the per-step version figures
+are the trainer's staleness metrics, and that nothing the demo started is left.
 """
 
 from __future__ import annotations
