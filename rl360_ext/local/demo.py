@@ -21,7 +21,8 @@ Order (read off radixark/miles 31f1ca96):
   refuses that flush; retract: KV recomputed on the new weights), update and continue. A step's
   turns may then carry the two versions `demo_plan.allowed_weight_versions` names; the trainer's
   TIS corrects for the hybrid behaviour policy through the per-token rollout logprobs. Each train
-  step prints and records the per-token version figures (`demo_plan.version_figures`).
+  step prints and records the per-token version figures the trainer logged
+  (`rl360_ext.train.staleness`: staleness/*, kv/*, r3/* in its `train` record).
 - one rollout (`RolloutManager.generate` -> `inference_rollout_train.generate_rollout_async`):
   submit every group's attempts at once through the generate hook (a fresh routing key per sample,
   as `generate_and_rm_group` does under policy manual), run the dynamic filter on each group as it
@@ -54,7 +55,7 @@ import signal
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,6 @@ from rl360_ext.local.demo_plan import (
     pushed_version,
     schedule_events,
     summarize_step,
-    version_figures,
 )
 from rl360_ext.local.demo_trainer import CHANCE_LEVEL, DemoTrainer
 from rl360_ext.local.fixtures import quiz_task_names
@@ -94,6 +94,7 @@ from rl360_ext.local.stack import (
     demo_stack,
     engine_busy_seconds,
     engine_fault_counts,
+    engine_running_requests,
 )
 from rl360_ext.outcomes.provenance import DOMAIN, is_valid
 from rl360_ext.rollout.metrics import append_records
@@ -109,6 +110,9 @@ REPORT_FILE = "report.html"
 SUMMARY_FILE = "summary.json"
 COMPARE_FILE = "compare.json"
 TRUST_METRICS = ("train/logprob_abs_diff_mean", "train/tis_clipfrac")
+VERSION_METRIC_PREFIXES = ("staleness/", "kv/", "r3/")  # the trainer's version metrics
+IN_FLIGHT_WAIT_S = 60.0  # an in-flight push waits at most this long for the engines to generate
+IN_FLIGHT_POLL_S = 0.05  # how often it reads their running-request counts meanwhile
 # A client-deadline fault starts the attempt with its deadline already spent (as when an attempt
 # waited in the rollout queue past its budget): the client gives up before Harbor can answer.
 SPENT_DEADLINE_S = 0.001
@@ -245,7 +249,8 @@ class DemoDriver:
                 elif event.step is None:
                     await self.push(None, await asyncio.to_thread(self.weights.save, INITIAL_WEIGHT_VERSION))
                 else:
-                    await self.push(event.step, trained.pop(event.step))
+                    generating = rollouts.get(event.step + 1) if self.config.schedule == IN_FLIGHT else None
+                    await self.push(event.step, trained.pop(event.step), generating)
         finally:
             for task in rollouts.values():
                 task.cancel()
@@ -264,8 +269,6 @@ class DemoDriver:
 
     async def train(self, data: StepData) -> Path:
         """`actor_model.train` on the reference trainer: new weights on disk for the next push."""
-        trainer_version = int(pushed_version(data.step - 1 if data.step else None))
-        data.summary.versions = version_figures(data.samples, trainer_version)
         path, metrics = await asyncio.to_thread(
             self.weights.update,
             data.step,
@@ -278,16 +281,40 @@ class DemoDriver:
         self.train_metrics[data.step] = metrics
         data.summary.train_time_s = metrics.get("train/time_s")
         data.summary.trust = {k: metrics[k] for k in TRUST_METRICS if k in metrics}
+        data.summary.versions = version_metrics(metrics)
         self.console.print(train_line(data.step, metrics, pushed_version(data.step)))
         self.console.print(versions_line(data.step, data.summary.versions))
         return path
 
-    async def push(self, step: int | None, weights_path: Path) -> dict[str, Any]:
-        """Push `weights_path` to every engine through SMG's RL fan-out and record it in the JSONL."""
+    async def await_generation(self, rollout: asyncio.Task[StepData]) -> dict[str, Any]:
+        """Wait (at most IN_FLIGHT_WAIT_S) until the engines are generating for `rollout`, so an
+        in-flight push lands mid-trajectory: a rollout first sets up its sandboxes, and a push
+        sent then would land before its first model call. Returns what the wait saw."""
+        started = time.monotonic()
+        running = 0
+        while not rollout.done() and time.monotonic() - started < IN_FLIGHT_WAIT_S:
+            running = await asyncio.to_thread(engine_running_requests, self.stack.engines)
+            if running:
+                break
+            await asyncio.sleep(IN_FLIGHT_POLL_S)
+        return {
+            "waited_s": time.monotonic() - started,
+            "running_requests": running,
+            "rollout_done": rollout.done(),
+        }
+
+    async def push(
+        self, step: int | None, weights_path: Path, generating: asyncio.Task[StepData] | None = None
+    ) -> dict[str, Any]:
+        """Push `weights_path` to every engine through SMG's RL fan-out and record it in the JSONL.
+
+        With `generating` (the in-flight schedule's next rollout) the push waits for the engines to
+        be generating it first (`await_generation`, recorded under "in_flight")."""
         from rl360_ext.rollout.metrics import append_records
         from rl360_ext.weights.push import push_weights_from_disk
 
         version = pushed_version(step)
+        in_flight = None if generating is None else await self.await_generation(generating)
         # In flight, an in_place pause leaves requests holding KV, so SGLang would refuse the flush.
         flush = not (self.config.schedule == IN_FLIGHT and self.config.pause_mode == "in_place")
         push = await asyncio.to_thread(
@@ -299,12 +326,19 @@ class DemoDriver:
             flush_cache=flush,
         )
         record = {"kind": "weight_push", "rollout_id": step, **push.to_dict()}
+        if in_flight is not None:
+            record["in_flight"] = in_flight
         append_records(self.metrics_path, [record])
         self.pushes.append(record)
         if step is not None:
             attach_push(self.summaries[step], record)
         calls = ", ".join(f"{n}" for n in push.update_calls_per_engine.values())
         after = "" if step is None else f" (after step {step})"
+        if in_flight is not None:
+            after += (
+                f", sent after {in_flight['waited_s']:.1f} s with {in_flight['running_requests']} "
+                f"requests generating"
+            )
         self.console.print(
             f"weight push v{version}{after}: {push.duration_s:.2f} s, "
             f"{push.engines_reached}/{push.engines_targeted} engines, update calls per engine [{calls}], "
@@ -416,20 +450,29 @@ class DemoDriver:
         self.console.print(f"[bold red]MISMATCH[/] {message}")
 
 
-def versions_line(step: int, figures: dict[str, Any] | None) -> str:
-    """One console line per train step: token ages, mixed versions and stale KV of its samples."""
-    if not figures or not figures["samples"]:
-        return f"versions step {step}: no sample carries version arrays"
+def version_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The per-token version metrics of a train step, as the trainer logged them
+    (`rl360_ext.train.staleness`: staleness/*, kv/*, r3/*)."""
+    return {k: float(v) for k, v in metrics.items() if k.startswith(VERSION_METRIC_PREFIXES)}
 
-    def share(value: float | None) -> str:
+
+def versions_line(step: int, figures: Mapping[str, float] | None) -> str:
+    """One console line per train step: token ages, mixed versions, stale KV and R3 provenance of
+    its trained samples (the trainer's metrics, `version_metrics`)."""
+    if not figures or not figures.get("staleness/aged_tokens"):
+        return f"versions step {step}: no trained token carries a version"
+
+    def share(name: str) -> str:
+        value = figures.get(name)
         return "-" if value is None else f"{value:.0%}"
 
-    hist = " ".join(f"{age}:{n}" for age, n in figures["token_age_hist"].items())
-    mean = figures["token_age_mean"]
+    hist = " ".join(f"{b}:{share(f'staleness/token_age_hist/{b}')}" for b in AGE_BUCKETS)
+    mean = figures.get("staleness/token_age_mean")
     return (
         f"versions step {step}: token age [{hist}] mean {'-' if mean is None else f'{mean:.2f}'}, "
-        f"mixed-version samples {share(figures['mixed_version_frac'])}, "
-        f"stale KV {share(figures['stale_kv_frac'])}"
+        f"mixed-version samples {share('staleness/mixed_version_frac')}, "
+        f"stale KV {share('kv/stale_prefix_tokens_frac')}, "
+        f"R3 rows from a later prefill {share('r3/rows_from_later_prefill_frac')}"
     )
 
 
@@ -747,28 +790,51 @@ def engine_idle_share(before: dict[str, float], after: dict[str, float], seconds
     return max(0.0, 1.0 - busy / (seconds * len(before)))
 
 
+def _weighted(steps: Sequence[StepSummary], name: str, weight: str | None) -> float | None:
+    """`name` over the steps that report it, weighted by the step's `weight` metric (its
+    population: tokens, rows) or, with None, each step alike."""
+    total = weights = 0.0
+    for s in steps:
+        figures = s.versions or {}
+        if (value := figures.get(name)) is None:
+            continue
+        w = 1.0 if weight is None else figures.get(weight, 0.0)
+        total, weights = total + value * w, weights + w
+    return total / weights if weights else None
+
+
 def schedule_figures(result: DemoResult) -> dict[str, Any]:
-    """One schedule's side of `--compare schedules`, from its step summaries."""
+    """One schedule's side of `--compare schedules`, from its step summaries (the trainer's
+    version metrics per step, pooled over steps by their populations)."""
     steps = result.summaries
     hist: Counter[str] = Counter()
-    stale = [f for s in steps if s.versions and (f := s.versions["stale_kv_frac"]) is not None]
-    mixed = [f for s in steps if s.versions and (f := s.versions["mixed_version_frac"]) is not None]
     for s in steps:
-        hist.update((s.versions or {}).get("token_age_hist") or {})
+        figures = s.versions or {}
+        aged = figures.get("staleness/aged_tokens", 0.0)
+        for bucket in AGE_BUCKETS:
+            hist[bucket] += round(figures.get(f"staleness/token_age_hist/{bucket}", 0.0) * aged)
 
     def trust(name: str) -> float | None:
         values = [v for s in steps if s.trust and (v := s.trust.get(name)) is not None and not math.isnan(v)]
         return sum(values) / len(values) if values else None
 
     rollout = [s.rollout_time_s for s in steps if s.rollout_time_s is not None]
+    later = "r3/rows_from_later_prefill_frac"
     return {
         "wall_s": result.wall_s,
         "loop_s_per_step": result.loop_s / len(steps) if steps and result.loop_s else None,
         "engine_idle_share": result.engine_idle_share,
         "rollout_s_mean": sum(rollout) / len(rollout) if rollout else None,
+        "pushes_mid_generation": sum(
+            1 for p in result.pushes if (p.get("in_flight") or {}).get("running_requests", 0) > 0
+        ),
         "token_age_hist": {bucket: hist.get(bucket, 0) for bucket in AGE_BUCKETS},
-        "mixed_version_frac": sum(mixed) / len(mixed) if mixed else None,
-        "stale_kv_frac": sum(stale) / len(stale) if stale else None,
+        "token_age_mean": _weighted(steps, "staleness/token_age_mean", "staleness/aged_tokens"),
+        "mixed_version_frac": _weighted(steps, "staleness/mixed_version_frac", None),
+        "stale_kv_frac": _weighted(steps, "kv/stale_prefix_tokens_frac", "kv/context_tokens"),
+        "r3_later_prefill_frac": _weighted(steps, later, "r3/rows"),
+        "r3_later_prefill_frac_cache_hit": _weighted(steps, f"{later}/cache_hit", None),
+        "r3_later_prefill_frac_cache_miss": _weighted(steps, f"{later}/cache_miss", None),
         "logprob_abs_diff_mean": trust("train/logprob_abs_diff_mean"),
         "tis_clipfrac": trust("train/tis_clipfrac"),
         "learning_curve": [s.unfiltered_mean for s in steps],

@@ -20,10 +20,9 @@ rollout generates). `in-flight` pushes the weights step k's training produced as
 written, while rollout k+1 keeps generating: the engines pause (`--pause-mode in_place` keeps the
 KV; `retract` recomputes it on the new weights), update and continue, so a trajectory's tokens
 come from up to two policy versions and the trainer's TIS corrects for the hybrid behaviour
-policy through the per-token `rollout_log_probs`. `version_figures` reads the per-token arrays
-(`metadata[VERSIONS_KEY]`, the rl360_ext.sglang.versions contract) into the figures the
-comparison reports: token age at train time over loss-masked-in tokens, mixed-version share and
-stale-KV share (context KV older than its turn's first version).
+policy through the per-token `rollout_log_probs`. The version figures the comparison reports
+(token age, mixed-version share, stale-KV share, R3 provenance) are the trainer's own metrics
+(`rl360_ext.train.staleness`); this module only names the age buckets they use.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ from rl360_ext.local.arms import RL360_RULES, arm_rules
 from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.provenance import VALID, attempt_class, infra_cause
 from rl360_ext.rollout.rewards import reward_value
-from rl360_ext.sglang.versions import UNVERSIONED, VERSIONS_KEY
+from rl360_ext.train.staleness import AGE_BUCKETS as STALENESS_AGE_BUCKETS
 
 # Fault kinds; the two that are causes are named by the cause they produce.
 SANDBOX_START = "sandbox_start"
@@ -57,7 +56,7 @@ INITIAL_WEIGHT_VERSION = "0"  # pushed before step 0, as Miles' train_async upda
 ONE_STEP_OFF, IN_FLIGHT = "one-step-off", "in-flight"
 SCHEDULES = (ONE_STEP_OFF, IN_FLIGHT)
 PAUSE_MODES = ("in_place", "retract")
-AGE_BUCKETS = ("0", "1", "2", "3", "4+")
+AGE_BUCKETS = STALENESS_AGE_BUCKETS  # staleness/token_age_hist/<bucket>
 
 
 @dataclass(frozen=True)
@@ -322,58 +321,6 @@ def version_mismatches(samples: Sequence[Any], expected: str | Sequence[str]) ->
     return problems
 
 
-# ---- per-token version figures ------------------------------------------------------------------
-
-
-def _age_bucket(age: int) -> str:
-    return AGE_BUCKETS[min(max(age, 0), len(AGE_BUCKETS) - 1)]
-
-
-def version_figures(samples: Sequence[Any], trainer_version: int) -> dict[str, Any]:
-    """What the schedule comparison reports for one step's training samples, from the contract
-    arrays in `sample.metadata[VERSIONS_KEY]` (samples without them are skipped):
-
-    - `token_age_hist` {0,1,2,3,4+} and `token_age_mean`/`_max` over loss-masked-in tokens, age =
-      `trainer_version` - token version (the version the trainer holds when it trains on them);
-    - `mixed_version_frac`: samples whose sampled tokens carry more than one version;
-    - `stale_kv_frac`: of the context positions each turn read (its whole prompt), the share whose
-      KV version is known and older than the turn's first version (`kv_version` is the final
-      context's KV, so earlier turns are approximate; computed here from the contract arrays).
-    """
-    hist = dict.fromkeys(AGE_BUCKETS, 0)
-    ages: list[int] = []
-    mixed = counted = stale = context = 0
-    for sample in samples:
-        arrays = (getattr(sample, "metadata", None) or {}).get(VERSIONS_KEY)
-        if not arrays:
-            continue
-        counted += 1
-        tokens = arrays["token_version"]
-        prompt = len(tokens) - len(sample.loss_mask)
-        sampled = {v for v in tokens if v != UNVERSIONED}
-        mixed += len(sampled) > 1
-        for mask, version in zip(sample.loss_mask, tokens[prompt:], strict=True):
-            if mask and version != UNVERSIONED:
-                ages.append(trainer_version - version)
-                hist[_age_bucket(trainer_version - version)] += 1
-        kv, firsts = arrays["kv_version"], arrays["turn_first_version"]
-        turns = (sample.metadata.get("merge") or {}).get("turns") or []
-        for turn, first in zip(turns, firsts, strict=False):
-            if first == UNVERSIONED:
-                continue
-            known = [v for v in kv[: turn["input_start"] + turn["input_tokens"]] if v != UNVERSIONED]
-            context += len(known)
-            stale += sum(1 for v in known if v < first)
-    return {
-        "samples": counted,
-        "token_age_hist": hist,
-        "token_age_mean": sum(ages) / len(ages) if ages else None,
-        "token_age_max": max(ages) if ages else None,
-        "mixed_version_frac": mixed / counted if counted else None,
-        "stale_kv_frac": stale / context if context else None,
-    }
-
-
 # ---- the summary table ---------------------------------------------------------------------------
 
 
@@ -392,7 +339,7 @@ class StepSummary:
     expected_version: str
     versions_seen: list[str]
     version_problems: list[str] = field(default_factory=list)
-    versions: dict[str, Any] | None = None  # version_figures of the samples trained on
+    versions: dict[str, float] | None = None  # the train step's staleness/kv/r3 metrics
     trust: dict[str, float] | None = None  # the train step's |delta log p| and TIS clip fraction
     rollout_time_s: float | None = None
     train_time_s: float | None = None

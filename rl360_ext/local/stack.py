@@ -229,6 +229,19 @@ def engine_busy_seconds(engines: list[Service]) -> dict[str, float]:
     return busy
 
 
+def engine_running_requests(engines: list[Service]) -> int:
+    """Requests the tiny engines are generating now (`server_info` internal_states[0]
+    num_running_reqs, summed; an unreadable engine counts 0)."""
+    running = 0
+    for engine in engines:
+        try:
+            body = httpx.get(f"{engine.url}/server_info", timeout=10.0).json()
+            running += int(body["internal_states"][0]["num_running_reqs"])
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+            continue
+    return running
+
+
 def _start_all(starters: dict[str, Callable[[], Service]], started: list[Service]) -> dict[str, Service]:
     """Start services in parallel; every one that came up lands in `started` (even on Ctrl-C), then
     the first failure is raised."""

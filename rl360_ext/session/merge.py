@@ -10,13 +10,13 @@ the status says TRUNCATED (or ABORTED). When the history forked, the sample is t
 every segment's trainable turns instead (one sample per branch, Miles' v2 wire): an earlier
 segment loses only a last turn that the fork retried (Miles' drop_retries rule). The per-token
 policy versions (`token_version`, `kv_version`, `routing_source`, `routing_version`,
-`turn_first_version`) come from `policy_versions.py`. It does not own producing turns
-(`core.py`) or their bytes on the wire (`wire.py`).
+`turn_first_version`, `turn_output_start`, `turn_cached_tokens`) come from `policy_versions.py`.
+It does not own producing turns (`core.py`) or their bytes on the wire (`wire.py`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,6 +128,8 @@ class MergedSample:
     routing_source: np.ndarray | None = None  # uint8 [n - 1] RoutingSource, None without R3
     routing_version: np.ndarray | None = None  # int32 [n - 1], None without R3
     turn_first_version: np.ndarray | None = None  # int32 [kept turns]
+    turn_output_start: np.ndarray | None = None  # int32 [kept turns]: first output token's index
+    turn_cached_tokens: np.ndarray | None = None  # int32 [kept turns]: first forward's cache hit
 
     @property
     def response_length(self) -> int:
@@ -158,6 +160,8 @@ class MergedSample:
             "routing_source": self.routing_source,
             "routing_version": self.routing_version,
             "turn_first_version": self.turn_first_version,
+            "turn_output_start": self.turn_output_start,
+            "turn_cached_tokens": self.turn_cached_tokens,
         }
 
     def _routing_source_or_derived(self, rows: int) -> np.ndarray:
@@ -181,7 +185,23 @@ class MergedSample:
             routing_source=None if not r3 else self._routing_source_or_derived(rows),
             routing_version=filled(self.routing_version, rows) if r3 else None,
             turn_first_version=filled(self.turn_first_version, len(self.turns)),
+            turn_output_start=self._per_turn(
+                self.turn_output_start, lambda t: t["input_start"] + t["input_tokens"]
+            ),
+            turn_cached_tokens=self._per_turn(self.turn_cached_tokens, lambda t: t["cached_tokens"]),
         )
+
+    def _per_turn(
+        self, array: np.ndarray | None, of_summary: Callable[[dict[str, Any]], int]
+    ) -> np.ndarray | None:
+        """`array`, else (a hand-built or v1 sample) the per-turn fact read from the turn summaries
+        when they hold it, else None (not recorded)."""
+        if array is not None:
+            return np.asarray(array, np.int32)
+        try:
+            return np.asarray([of_summary(turn) for turn in self.turns], np.int32)
+        except KeyError:
+            return None
 
 
 def prefill_fraction(sources: np.ndarray | None) -> float | None:
@@ -266,6 +286,8 @@ def merge(
         routing_source=versions.routing_source,
         routing_version=versions.routing_version,
         turn_first_version=versions.turn_first_version,
+        turn_output_start=versions.turn_output_start,
+        turn_cached_tokens=versions.turn_cached_tokens,
     )
 
 
@@ -342,6 +364,8 @@ def _empty(
         routing_source=None if routed is None else np.zeros(0, np.uint8),
         routing_version=None if routed is None else np.zeros(0, np.int32),
         turn_first_version=np.zeros(0, np.int32),
+        turn_output_start=np.zeros(0, np.int32),
+        turn_cached_tokens=np.zeros(0, np.int32),
     )
 
 

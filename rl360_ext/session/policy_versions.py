@@ -1,15 +1,19 @@
 """Per-token policy versions of a merged sample, from its turns' engine reports (pure functions).
 
 Owns the bookkeeping behind `MergedSample.token_version`, `kv_version`, `routing_source`,
-`routing_version` and `turn_first_version` (the contract in `rl360_ext.sglang.versions`). Inputs
-are what each turn's `/generate` reported: `weight_versions` spans over its output tokens,
-`cached_tokens`, `num_retractions` and the delta-R3 row sources (`routing.row_sources`). The
-rules follow SGLang's scheduler (docs/engine.md, "In-flight updates"):
+`routing_version`, `turn_first_version`, `turn_output_start` and `turn_cached_tokens` (the
+contract in `rl360_ext.sglang.versions`). Inputs are what each turn's `/generate` reported:
+`weight_versions` spans over its output tokens, `cached_tokens`, `num_retractions` and the
+delta-R3 row sources (`routing.row_sources`). The rules follow SGLang's scheduler (docs/engine.md,
+"In-flight updates"):
 
 - `token_version`: an output token gets its span's version number; input tokens UNVERSIONED. A
   turn without usable spans (an engine that reports none) uses its `weight_version` for all.
 - `turn_first_version`: the version of the turn's first forward, the prefill that sampled its
   first output token (the first span's; with no output, the version at the end).
+- `turn_output_start`: the turn's prompt end (input_start + input_tokens), the index of its first
+  output token; `turn_cached_tokens`: the prefix-cache hit of the turn's first forward (the
+  engine's `cached_tokens`, less what retract re-prefills found of the request's own KV).
 - `kv_version` (best effort) is the KV the final context held, latest writer wins over the kept
   turns: a turn's prefill writes positions [cached_tokens, prompt) at its first version (a cached
   prefix keeps what wrote it; cached positions outside this session's own earlier writes are
@@ -40,7 +44,13 @@ from typing import Any
 import numpy as np
 
 from rl360_ext.session.routing import SOURCE_DECODE, SOURCE_LATER_PREFILL, SOURCE_PROMPT
-from rl360_ext.sglang.versions import UNVERSIONED, RoutingSource, version_number
+from rl360_ext.sglang.versions import (
+    TURN_CACHED_TOKENS,
+    TURN_OUTPUT_START,
+    UNVERSIONED,
+    RoutingSource,
+    version_number,
+)
 
 _SOURCE_OF_ROW = {
     SOURCE_PROMPT: int(RoutingSource.PREFILL),
@@ -76,6 +86,8 @@ class VersionArrays:
     routing_source: np.ndarray | None  # uint8 [n - 1] RoutingSource, None without R3
     routing_version: np.ndarray | None  # int32 [n - 1], None without R3
     turn_first_version: np.ndarray  # int32 [turns]
+    turn_output_start: np.ndarray | None  # int32 [turns]: index of each turn's first output token
+    turn_cached_tokens: np.ndarray | None  # int32 [turns]: cached_tokens of its first forward
 
 
 def routing_source_of(sources: np.ndarray) -> np.ndarray:
@@ -122,6 +134,7 @@ def version_arrays(turns: Sequence[TurnVersions], n_tokens: int, r3: bool) -> Ve
     source = np.full(rows, int(RoutingSource.PREFILL), np.uint8) if r3 else None
     routing_version = np.full(rows, UNVERSIONED, np.int32) if r3 else None
     firsts: list[int] = []
+    first_cached_tokens: list[int] = []
     for turn in turns:
         prompt_end = turn.prompt_end
         versions = output_versions(turn)
@@ -134,6 +147,7 @@ def version_arrays(turns: Sequence[TurnVersions], n_tokens: int, r3: bool) -> Ve
         first_cached = turn.cached_tokens
         if retracted and not recomputed:  # each re-prefill found the request's own KV
             first_cached -= sum(prompt_end + start - 1 for start, _ in retracted)
+        first_cached_tokens.append(min(max(first_cached, 0), prompt_end))
         kv[min(max(first_cached, 0), prompt_end) : prompt_end] = first
         if len(versions) > 1:
             kv[prompt_end : prompt_end + len(versions) - 1] = versions[1:]
@@ -162,12 +176,19 @@ def version_arrays(turns: Sequence[TurnVersions], n_tokens: int, r3: bool) -> Ve
         routing_source=source,
         routing_version=routing_version,
         turn_first_version=np.asarray(firsts, np.int32),
+        turn_output_start=np.asarray([turn.prompt_end for turn in turns], np.int32),
+        turn_cached_tokens=np.asarray(first_cached_tokens, np.int32),
     )
+
+
+def _cut(array: np.ndarray | None, length: int) -> list[int] | None:
+    return None if array is None else array[:length].tolist()
 
 
 def to_lists(arrays: VersionArrays, n: int, turns: int) -> dict[str, Any]:
     """The contract's plain-list dict cut to the first `n` tokens and `turns` turns
-    (`VERSIONS_KEY` metadata: routing arrays None without R3)."""
+    (`VERSIONS_KEY` metadata: routing arrays None without R3, per-turn positions None when not
+    recorded)."""
     rows = max(n - 1, 0)
     return {
         "token_version": arrays.token_version[:n].tolist(),
@@ -175,4 +196,6 @@ def to_lists(arrays: VersionArrays, n: int, turns: int) -> dict[str, Any]:
         "routing_source": None if arrays.routing_source is None else arrays.routing_source[:rows].tolist(),
         "routing_version": None if arrays.routing_version is None else arrays.routing_version[:rows].tolist(),
         "turn_first_version": arrays.turn_first_version[:turns].tolist(),
+        TURN_OUTPUT_START: _cut(arrays.turn_output_start, turns),
+        TURN_CACHED_TOKENS: _cut(arrays.turn_cached_tokens, turns),
     }

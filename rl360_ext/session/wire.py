@@ -22,7 +22,8 @@ docs/session.md; every integer little-endian):
                   routing_sources uint8[n_rows], then (version 2)
                   token_version int32[n_tokens], kv_version int32[n_tokens],
                   routing_version int32[n_rows], routing_source uint8[n_rows] (these two
-                  with routing only), metadata JSON (version 2 adds "turn_first_version")
+                  with routing only), metadata JSON (version 2 adds "turn_first_version",
+                  "turn_output_start", "turn_cached_tokens": int lists, one per kept turn)
 
 Version 1 is version 2 without the version sections (the layout up to the metadata is the same).
 This codec reads both: a version-1 sample decodes with the version arrays None (its
@@ -42,6 +43,7 @@ import numpy as np
 import orjson
 
 from rl360_ext.session.merge import MergedSample
+from rl360_ext.sglang.versions import TURN_CACHED_TOKENS, TURN_OUTPUT_START
 
 MAGIC = b"RL3S"
 VERSION = 2
@@ -59,11 +61,14 @@ class WireFormatError(ValueError):
     """The buffer is not a merged sample this version of the codec can read."""
 
 
+_PER_TURN = ("turn_first_version", TURN_OUTPUT_START, TURN_CACHED_TOKENS)  # version-2 metadata lists
+
+
 def _aligned(offset: int) -> int:
     return -(-offset // ALIGN) * ALIGN
 
 
-def _meta_json(sample: MergedSample, turn_first_version: list[int] | None) -> bytes:
+def _meta_json(sample: MergedSample, per_turn: dict[str, list[int]] | None) -> bytes:
     meta: dict[str, Any] = {
         "session_id": sample.session_id,
         "status": sample.status,
@@ -72,8 +77,7 @@ def _meta_json(sample: MergedSample, turn_first_version: list[int] | None) -> by
         "turns": sample.turns,
         "metadata": sample.metadata,
     }
-    if turn_first_version is not None:
-        meta["turn_first_version"] = turn_first_version
+    meta.update(per_turn or {})
     return orjson.dumps(meta, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
 
 
@@ -108,7 +112,7 @@ def encode(sample: MergedSample, version: int = VERSION) -> bytes:
     if routed is not None and sources is not None:
         arrays.append(np.ascontiguousarray(routed, dtype=_ROUTING_DTYPES[code]))
         arrays.append(np.ascontiguousarray(sources, dtype=np.uint8))
-    firsts: list[int] | None = None
+    per_turn: dict[str, list[int]] | None = None
     flags = FLAG_ROUTING if code else 0
     if version >= 2:
         versions = sample.version_arrays()
@@ -126,9 +130,11 @@ def encode(sample: MergedSample, version: int = VERSION) -> bytes:
                 )
             arrays.append(np.ascontiguousarray(versions.routing_version, dtype="<i4"))
             arrays.append(np.ascontiguousarray(versions.routing_source, dtype=np.uint8))
-        firsts = versions.turn_first_version.tolist()
+        per_turn = {
+            name: array.tolist() for name in _PER_TURN if (array := getattr(versions, name)) is not None
+        }
         flags |= FLAG_VERSIONS
-    meta = _meta_json(sample, firsts)
+    meta = _meta_json(sample, per_turn)
     header = _HEADER.pack(MAGIC, version, flags, n, rows, layers, top_k, code, len(meta))
     parts: list[Any] = [header]
     offset = HEADER_SIZE
@@ -184,7 +190,10 @@ def decode(buffer: bytes | bytearray | memoryview) -> MergedSample:
         raise WireFormatError(f"buffer has {len(view)} bytes; header promises {offset + meta_len}")
     meta = orjson.loads(view[offset : offset + meta_len])
     at = 5 if code else 3  # the first version section
-    firsts = meta.get("turn_first_version")
+    per_turn = {
+        name: np.asarray(meta[name], np.int32) if versioned and meta.get(name) is not None else None
+        for name in _PER_TURN
+    }
     return MergedSample(
         session_id=meta["session_id"],
         status=meta["status"],
@@ -201,5 +210,7 @@ def decode(buffer: bytes | bytearray | memoryview) -> MergedSample:
         kv_version=sections[at + 1] if versioned else None,
         routing_version=sections[at + 2] if versioned and code else None,
         routing_source=sections[at + 3] if versioned and code else None,
-        turn_first_version=np.asarray(firsts, np.int32) if versioned and firsts is not None else None,
+        turn_first_version=per_turn["turn_first_version"],
+        turn_output_start=per_turn[TURN_OUTPUT_START],
+        turn_cached_tokens=per_turn[TURN_CACHED_TOKENS],
     )

@@ -5,7 +5,8 @@ string label; rl360 numbers versions as integers (the demo pushes "0", "1", ...)
 is a decimal integer is its number and anything else is unnumbered. Per-token arrays use
 `UNVERSIONED` (-1) for tokens no forward of a known version produced (prompt and tool tokens in
 `token_version`). The merged sample's version arrays travel in a Miles `Sample`'s metadata under
-`VERSIONS_KEY`. `RoutingSource` names which forward recorded an R3 row.
+`VERSIONS_KEY`; `TURN_OUTPUT_START` and `TURN_CACHED_TOKENS` name its per-turn position facts.
+`RoutingSource` names which forward recorded an R3 row.
 """
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ from enum import IntEnum
 
 VERSIONS_KEY = "rl360_versions"  # Sample.metadata key of the per-token version arrays
 UNVERSIONED = -1  # a token no numbered forward produced (prompt / tool tokens, unnumbered labels)
+# Per kept turn (like `turn_first_version`): the full-sequence index of the turn's first output
+# token (input_start + input_tokens, non-decreasing), and SGLang's `cached_tokens` of the turn's
+# first forward (the prompt tokens it read from the prefix cache).
+TURN_OUTPUT_START = "turn_output_start"
+TURN_CACHED_TOKENS = "turn_cached_tokens"
 
 
 class RoutingSource(IntEnum):

@@ -35,10 +35,11 @@ samples; a position's version comes from the arrays over the full token sequence
   are split by that next turn's prefix cache: `.../cache_hit` when the next turn's cached prefix
   covered the token (`turn_cached_tokens[t + 1] > p`), `.../cache_miss` otherwise.
 
-`turn_output_start` and `turn_cached_tokens` are keys this module adds to the contract: one entry
-per kept turn like `turn_first_version`, the full-sequence index of the turn's first output token
-and the number of the turn's prompt tokens its first forward read from the prefix cache (SGLang's
-`cached_tokens`). Without them the kv metric and the cache split are not reported.
+`turn_output_start` and `turn_cached_tokens` (`sglang.versions` contract, emitted by the session
+merge): one entry per kept turn like `turn_first_version`, the full-sequence index of the turn's
+first output token and the number of the turn's prompt tokens its first forward read from the
+prefix cache (SGLang's `cached_tokens`). Without them the kv metric and the cache split are not
+reported.
 """
 
 from __future__ import annotations
@@ -49,10 +50,14 @@ from typing import Any
 
 import numpy as np
 
-from rl360_ext.sglang.versions import UNVERSIONED, VERSIONS_KEY, RoutingSource
+from rl360_ext.sglang.versions import (
+    TURN_CACHED_TOKENS,
+    TURN_OUTPUT_START,
+    UNVERSIONED,
+    VERSIONS_KEY,
+    RoutingSource,
+)
 
-TURN_OUTPUT_START = "turn_output_start"  # contract addition: index of each kept turn's first output token
-TURN_CACHED_TOKENS = "turn_cached_tokens"  # contract addition: each kept turn's prefix-cache hit length
 AGE_BUCKETS = ("0", "1", "2", "3", "4+")
 
 

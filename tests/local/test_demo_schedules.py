@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -15,17 +16,18 @@ from rl360_ext.local.demo_plan import (
     START,
     WAIT,
     DemoConfig,
+    StepSummary,
     allowed_weight_versions,
     expected_weight_version,
     in_flight_schedule,
     pushed_version,
     schedule_events,
-    version_figures,
     version_mismatches,
     versions_per_rollout,
     weights_per_rollout,
 )
-from rl360_ext.sglang.versions import UNVERSIONED, VERSIONS_KEY
+from rl360_ext.sglang.versions import TURN_CACHED_TOKENS, TURN_OUTPUT_START, UNVERSIONED, VERSIONS_KEY
+from rl360_ext.train.staleness import sample_staleness_metrics
 
 
 @given(st.integers(1, 30))
@@ -73,7 +75,7 @@ def test_version_mismatches_accepts_several_versions() -> None:
 
 
 def _sample(
-    token_version: list[int], kv: list[int], loss_mask: list[int], turns: list[dict], firsts: list[int]
+    token_version: list[int], kv: list[int], loss_mask: list[int], starts: list[int], firsts: list[int]
 ):
     arrays = {
         "token_version": token_version,
@@ -81,30 +83,41 @@ def _sample(
         "routing_source": None,
         "routing_version": None,
         "turn_first_version": firsts,
+        TURN_OUTPUT_START: starts,
+        TURN_CACHED_TOKENS: [0] * len(starts),
     }
-    return SimpleNamespace(loss_mask=loss_mask, metadata={VERSIONS_KEY: arrays, "merge": {"turns": turns}})
+    n = len(token_version)
+    return SimpleNamespace(
+        tokens=[0] * n, response_length=len(loss_mask), loss_mask=loss_mask, metadata={VERSIONS_KEY: arrays}
+    )
 
 
-def test_version_figures_from_the_contract_arrays() -> None:
+def _summary(step: int, versions: dict[str, float] | None) -> StepSummary:
+    return StepSummary(step, 4, 4, {}, 1, 1, 0.5, 0.5, "1", ["1"], versions=versions)
+
+
+def test_step_figures_are_the_trainers_staleness_metrics_pooled_over_steps() -> None:
+    from rl360_ext.local.demo import DemoResult, schedule_figures, version_metrics, versions_line
+
     u = UNVERSIONED
     # prompt of 2, turn 0 outputs on versions 1,2 ; tool token; turn 1 outputs on 2
-    one = _sample(
-        [u, u, 1, 2, u, 2],
-        [1, 1, 2, u, 1, u],  # turn 1's prompt read position 3 (unknown) and 4 (written at 1 < 2)
-        [1, 1, 0, 1],
-        [{"input_start": 0, "input_tokens": 2}, {"input_start": 4, "input_tokens": 1}],
-        [1, 2],
+    one = _sample([u, u, 1, 2, u, 2], [1, 1, 2, u, 1, u], [1, 1, 0, 1], [2, 5], [1, 2])
+    plain = _sample([u, 3, 3], [3, 3, u], [1, 1], [1], [3])
+    step0 = version_metrics({"train/loss": 1.0, **sample_staleness_metrics([one], 3)})
+    step1 = version_metrics(sample_staleness_metrics([plain], 3))
+    assert "train/loss" not in step0 and step0["staleness/mixed_version_frac"] == 1.0
+    assert "token age [0:0% 1:67% 2:33% 3:0% 4+:0%]" in versions_line(0, step0)
+    assert "no trained token carries a version" in versions_line(2, {})
+    result = DemoResult(
+        Path("out"), [_summary(0, step0), _summary(1, step1), _summary(2, {})], [], 1.0, Path("m"), Path("r")
     )
-    plain = _sample([u, 3, 3], [3, 3, u], [1, 1], [{"input_start": 0, "input_tokens": 1}], [3])
-    figures = version_figures([one, plain, SimpleNamespace(loss_mask=[1], metadata={})], trainer_version=3)
-    assert figures["samples"] == 2
-    assert figures["token_age_hist"] == {"0": 2, "1": 2, "2": 1, "3": 0, "4+": 0}
+    figures = schedule_figures(result)
+    assert figures["token_age_hist"] == {"0": 2, "1": 2, "2": 1, "3": 0, "4+": 0}  # tokens, not shares
     assert figures["token_age_mean"] == pytest.approx((2 + 1 + 1 + 0 + 0) / 5)
-    assert figures["token_age_max"] == 2
-    assert figures["mixed_version_frac"] == 0.5
-    # known context positions: turn 0 of one: [1, 1] vs 1 -> 0 stale; turn 1: [1,1,2,1] vs 2 -> 3
-    # stale; plain: [3] vs 3 -> 0
-    assert figures["stale_kv_frac"] == pytest.approx(3 / 7)
+    assert figures["mixed_version_frac"] == pytest.approx(0.5)  # per step: 1.0, 0.0
+    pooled = sample_staleness_metrics([one, plain], 3)["kv/stale_prefix_tokens_frac"]
+    assert figures["stale_kv_frac"] == pytest.approx(pooled)  # weighted by each step's context tokens
+    assert figures["pushes_mid_generation"] == 0
 
 
 def test_engine_idle_share() -> None:

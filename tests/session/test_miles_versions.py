@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from rl360_ext.session.merge import TurnRecord, merge
 from rl360_ext.session.miles_sample import to_miles_sample
-from rl360_ext.sglang.versions import UNVERSIONED, VERSIONS_KEY
+from rl360_ext.sglang.versions import TURN_CACHED_TOKENS, TURN_OUTPUT_START, UNVERSIONED, VERSIONS_KEY
+from rl360_ext.train.staleness import parse_versions
 
 
 @st.composite
@@ -38,6 +39,7 @@ def turn_lists(draw: st.DrawFn) -> tuple[list[TurnRecord], bool]:
                 weight_version=spans[-1]["version"],
                 weight_versions=spans,
                 prompt_tokens=position + appended,
+                cached_tokens=draw(st.integers(0, position)),
                 routing=np.zeros((rows, 1, 1), np.uint8) if r3 else None,
                 routing_start=max(position - 1, 0),
                 routing_sources=np.zeros(rows, np.uint8) if r3 else None,
@@ -67,6 +69,9 @@ def test_all_spans_and_arrays_cut_like_tokens(
         assert arrays["routing_source"] is None and arrays["routing_version"] is None
     kept = miles.metadata["merge"]["turns"]
     assert len(arrays["turn_first_version"]) == len(kept)
+    assert arrays[TURN_OUTPUT_START] == [t["input_start"] + t["input_tokens"] for t in kept]
+    assert arrays[TURN_CACHED_TOKENS] == [t["cached_tokens"] for t in kept]  # no retracts here
+    parse_versions(arrays, n)  # the training-side reader accepts what the producer emits
     # Miles' figures become token-true: oldest version and "mixed" from weight_versions alone
     sampled = [v for v in arrays["token_version"] if v != UNVERSIONED]
     assert min(int(v) for v in miles.weight_versions) == min(sampled)

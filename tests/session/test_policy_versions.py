@@ -74,6 +74,8 @@ def _simulate(s: Scenario) -> tuple[list[TurnVersions], dict[str, np.ndarray]]:
     version, cache_len, end, rows = 0, 0, 0, 0
     reports: list[TurnVersions] = []
     firsts: list[int] = []
+    output_starts: list[int] = []
+    first_cached: list[int] = []
     last_output = range(0)
 
     def prefill(lo: int, hi: int) -> None:
@@ -89,6 +91,8 @@ def _simulate(s: Scenario) -> tuple[list[TurnVersions], dict[str, np.ndarray]]:
         prefill(cached, prompt)
         versions = [version]  # the prefill samples the first output token
         firsts.append(version)
+        output_starts.append(prompt)
+        first_cached.append(cached)
         kv_len, cached_total, retractions = prompt, cached, 0
         sampled[prompt : prompt + o] = True
         for i in range(1, o):
@@ -136,6 +140,8 @@ def _simulate(s: Scenario) -> tuple[list[TurnVersions], dict[str, np.ndarray]]:
         "routing_version": routing_version,
         "routing_source": routing_source,
         "turn_first_version": np.asarray(firsts, np.int32),
+        "turn_output_start": np.asarray(output_starts, np.int32),
+        "turn_cached_tokens": np.asarray(first_cached, np.int32),
     }
     return reports, truth
 
@@ -151,6 +157,8 @@ def test_bookkeeping_recovers_what_wrote_each_position(s: Scenario) -> None:
     np.testing.assert_array_equal(arrays.kv_version, truth["kv_version"])
     np.testing.assert_array_equal(arrays.routing_version, truth["routing_version"])
     np.testing.assert_array_equal(arrays.routing_source, truth["routing_source"])
+    np.testing.assert_array_equal(arrays.turn_output_start, truth["turn_output_start"])
+    np.testing.assert_array_equal(arrays.turn_cached_tokens, truth["turn_cached_tokens"])
     assert arrays.kv_version[-1] == UNVERSIONED  # the last token was never forwarded
 
 

@@ -15,7 +15,15 @@ from rl360_ext.session.merge import MergedSample
 from rl360_ext.session.wire import VERSION, WireFormatError, decode, encode
 from rl360_ext.sglang.versions import UNVERSIONED
 
-VERSION_FIELDS = ("token_version", "kv_version", "routing_source", "routing_version", "turn_first_version")
+VERSION_FIELDS = (
+    "token_version",
+    "kv_version",
+    "routing_source",
+    "routing_version",
+    "turn_first_version",
+    "turn_output_start",
+    "turn_cached_tokens",
+)
 
 
 @st.composite
@@ -48,6 +56,8 @@ def versioned_samples(draw: st.DrawFn) -> MergedSample:
         routing_source=arr(np.uint8, rows, st.integers(0, 2)) if r3 else None,
         routing_version=arr(np.int32, rows, version) if r3 else None,
         turn_first_version=arr(np.int32, turns, version),
+        turn_output_start=arr(np.int32, turns, st.integers(0, n)),
+        turn_cached_tokens=arr(np.int32, turns, st.integers(0, n)),
     )
 
 
