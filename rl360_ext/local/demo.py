@@ -94,7 +94,7 @@ from rl360_ext.local.stack import (
     demo_stack,
     engine_busy_seconds,
     engine_fault_counts,
-    engine_running_requests,
+    engine_requests,
 )
 from rl360_ext.outcomes.provenance import DOMAIN, is_valid
 from rl360_ext.rollout.metrics import append_records
@@ -287,19 +287,24 @@ class DemoDriver:
         return path
 
     async def await_generation(self, rollout: asyncio.Task[StepData]) -> dict[str, Any]:
-        """Wait (at most IN_FLIGHT_WAIT_S) until the engines are generating for `rollout`, so an
-        in-flight push lands mid-trajectory: a rollout first sets up its sandboxes, and a push
-        sent then would land before its first model call. Returns what the wait saw."""
+        """Wait (at most IN_FLIGHT_WAIT_S) until the engines are generating for `rollout` or have
+        answered one of its requests since the wait began, so an in-flight push lands
+        mid-trajectory: a rollout first sets up its sandboxes (a push sent then would land before
+        its first model call), and the tiny model answers a turn in milliseconds, so the push
+        most often lands while trajectories run their tools between two turns. Returns what the
+        wait saw."""
         started = time.monotonic()
-        running = 0
-        while not rollout.done() and time.monotonic() - started < IN_FLIGHT_WAIT_S:
-            running = await asyncio.to_thread(engine_running_requests, self.stack.engines)
-            if running:
+        running, first = await asyncio.to_thread(engine_requests, self.stack.engines)
+        answered = first
+        while not rollout.done() and not running and answered == first:
+            if time.monotonic() - started >= IN_FLIGHT_WAIT_S:
                 break
             await asyncio.sleep(IN_FLIGHT_POLL_S)
+            running, answered = await asyncio.to_thread(engine_requests, self.stack.engines)
         return {
             "waited_s": time.monotonic() - started,
             "running_requests": running,
+            "requests_answered": answered - first,
             "rollout_done": rollout.done(),
         }
 
@@ -337,7 +342,7 @@ class DemoDriver:
         if in_flight is not None:
             after += (
                 f", sent after {in_flight['waited_s']:.1f} s with {in_flight['running_requests']} "
-                f"requests generating"
+                f"requests generating and {in_flight['requests_answered']} answered while it waited"
             )
         self.console.print(
             f"weight push v{version}{after}: {push.duration_s:.2f} s, "
@@ -803,6 +808,14 @@ def _weighted(steps: Sequence[StepSummary], name: str, weight: str | None) -> fl
     return total / weights if weights else None
 
 
+def _mid_rollout(in_flight: dict[str, Any] | None) -> bool:
+    """Whether an in-flight push went out while its rollout's trajectories were under way: the
+    engines were generating, or had answered a request of it, and the rollout was not done."""
+    if not in_flight or in_flight.get("rollout_done"):
+        return False
+    return in_flight.get("running_requests", 0) > 0 or in_flight.get("requests_answered", 0) > 0
+
+
 def schedule_figures(result: DemoResult) -> dict[str, Any]:
     """One schedule's side of `--compare schedules`, from its step summaries (the trainer's
     version metrics per step, pooled over steps by their populations)."""
@@ -825,9 +838,7 @@ def schedule_figures(result: DemoResult) -> dict[str, Any]:
         "loop_s_per_step": result.loop_s / len(steps) if steps and result.loop_s else None,
         "engine_idle_share": result.engine_idle_share,
         "rollout_s_mean": sum(rollout) / len(rollout) if rollout else None,
-        "pushes_mid_generation": sum(
-            1 for p in result.pushes if (p.get("in_flight") or {}).get("running_requests", 0) > 0
-        ),
+        "pushes_mid_rollout": sum(1 for p in result.pushes if _mid_rollout(p.get("in_flight"))),
         "token_age_hist": {bucket: hist.get(bucket, 0) for bucket in AGE_BUCKETS},
         "token_age_mean": _weighted(steps, "staleness/token_age_mean", "staleness/aged_tokens"),
         "mixed_version_frac": _weighted(steps, "staleness/mixed_version_frac", None),

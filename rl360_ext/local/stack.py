@@ -229,17 +229,19 @@ def engine_busy_seconds(engines: list[Service]) -> dict[str, float]:
     return busy
 
 
-def engine_running_requests(engines: list[Service]) -> int:
-    """Requests the tiny engines are generating now (`server_info` internal_states[0]
-    num_running_reqs, summed; an unreadable engine counts 0)."""
-    running = 0
+def engine_requests(engines: list[Service]) -> tuple[int, int]:
+    """(requests the tiny engines are generating now, requests they have answered since start):
+    `server_info` internal_states[0] `num_running_reqs` and `requests`, summed over the engines
+    (an unreadable engine counts 0)."""
+    running = answered = 0
     for engine in engines:
         try:
-            body = httpx.get(f"{engine.url}/server_info", timeout=10.0).json()
-            running += int(body["internal_states"][0]["num_running_reqs"])
+            state = httpx.get(f"{engine.url}/server_info", timeout=10.0).json()["internal_states"][0]
+            running += int(state["num_running_reqs"])
+            answered += int(state["requests"])
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
             continue
-    return running
+    return running, answered
 
 
 def _start_all(starters: dict[str, Callable[[], Service]], started: list[Service]) -> dict[str, Service]:

@@ -117,7 +117,7 @@ def test_step_figures_are_the_trainers_staleness_metrics_pooled_over_steps() -> 
     assert figures["mixed_version_frac"] == pytest.approx(0.5)  # per step: 1.0, 0.0
     pooled = sample_staleness_metrics([one, plain], 3)["kv/stale_prefix_tokens_frac"]
     assert figures["stale_kv_frac"] == pytest.approx(pooled)  # weighted by each step's context tokens
-    assert figures["pushes_mid_generation"] == 0
+    assert figures["pushes_mid_rollout"] == 0
 
 
 def test_engine_idle_share() -> None:
