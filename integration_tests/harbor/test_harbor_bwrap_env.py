@@ -175,6 +175,8 @@ async def test_end_phase_kills_what_the_phase_left_and_keeps_its_files(env: Bwra
     before = env._pidns
     await env.end_phase()
     assert before is not None and pids_in_namespace(before) == []
+    # the old namespace stayed pinned until the new one existed, so its number is not reused
+    assert env._pidns is not None and env._pidns != before
     after = await env.exec("cat /app/kept; ps -eo args | grep -c -e '[w]hile :' -e '[t]mux'")
     assert after.stdout.split() == ["kept", "0"], after.stderr
     beat = await env.exec("stat -c %Y /tmp/beat; sleep 0.3; stat -c %Y.%s /tmp/beat")

@@ -116,7 +116,7 @@ def demo(
     pause_mode: str = typer.Option("in_place", help="How engines pause for a push: in_place or retract."),
     compare: str | None = typer.Option(
         None,
-        help="'schedules': run one-step-off and in-flight and report them side by side. "
+        help="'schedules': run one-step-off, in-flight in_place and in-flight retract, side by side. "
         "The fault A/B, 'upstream' or 'upstream,clean': runs rl360's arm, then upstream Miles' defaults "
         "(failures scored 0, Miles' baseline, masked samples in the loss denominator) on the same seed, "
         "tasks and faults, then (clean) rl360's rules without faults; one after the other, each a full "

@@ -71,7 +71,8 @@ from rl360_ext.local.demo_plan import (
     CLIENT_DEADLINE,
     IN_FLIGHT,
     INITIAL_WEIGHT_VERSION,
-    SCHEDULES,
+    ONE_STEP_OFF,
+    PAUSE_MODES,
     START,
     TRAIN,
     WAIT,
@@ -877,17 +878,28 @@ def compare_table(figures: dict[str, dict[str, Any]]) -> Table:
     return table
 
 
+def schedule_sides() -> list[tuple[str, str, str]]:
+    """(side name, schedule, pause mode) of `--compare schedules`: one-step-off, then in-flight
+    under each pause mode (the pause mode only matters when a push lands mid-rollout)."""
+    sides = [(ONE_STEP_OFF, ONE_STEP_OFF, PAUSE_MODES[0])]
+    sides += [(f"{IN_FLIGHT} {mode}", IN_FLIGHT, mode) for mode in PAUSE_MODES]
+    return sides
+
+
 def compare_schedules(
     out: Path = Path("runs/demo"), console: Console | None = None, **options: Any
 ) -> dict[str, dict[str, Any]]:
-    """`rl360 demo --compare schedules`: the demo once per schedule (OUT/<schedule>), same seed and
-    settings, then the figures side by side (printed, and written to OUT/compare.json)."""
+    """`rl360 demo --compare schedules`: the demo once per side of `schedule_sides`
+    (OUT/<schedule>[-<pause mode>]), same seed and settings, then the figures side by side
+    (printed, and written to OUT/compare.json)."""
     console = console or Console()
     options.pop("schedule", None)
+    options.pop("pause_mode", None)
     figures: dict[str, dict[str, Any]] = {}
-    for schedule in SCHEDULES:
-        result = run_demo(out=Path(out) / schedule, console=console, schedule=schedule, **options)
-        figures[schedule] = schedule_figures(result)
+    for side, schedule, mode in schedule_sides():
+        folder = Path(out) / side.replace(" ", "-")
+        result = run_demo(out=folder, console=console, schedule=schedule, pause_mode=mode, **options)
+        figures[side] = schedule_figures(result)
     console.print(compare_table(figures))
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / COMPARE_FILE).write_text(json.dumps(figures, indent=2) + "\n")

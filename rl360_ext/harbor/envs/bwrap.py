@@ -185,6 +185,7 @@ class BwrapEnvironment(BaseEnvironment):
         self._holder: asyncio.subprocess.Process | None = None
         self._init_pid: int | None = None
         self._pidns: int | None = None
+        self._pidns_fd: int | None = None  # keeps the namespace (and so its inode number) alive
         self._limits: SandboxLimits = SandboxLimits()
         self._stopped = False
         super().__init__(*args, **kwargs)
@@ -399,6 +400,7 @@ class BwrapEnvironment(BaseEnvironment):
         started = json.loads(info_raw)
         self._init_pid = int(started["child-pid"])
         self._pidns = int(started["pid-namespace"])
+        self._pin_pidns()
         self._limits.attach(self._pidns)
         self.logger.debug(
             "sandbox %s up: pid %s, limits %s, node %s",
@@ -407,6 +409,30 @@ class BwrapEnvironment(BaseEnvironment):
             self._limits.mode,
             self.options.node_label,
         )
+
+    def _pin_pidns(self) -> None:
+        """Hold the new sandbox's PID namespace open, then let go of the previous one's.
+
+        Everything that finds a sandbox's processes (`pids_in_namespace`, the limits watchdog)
+        knows its namespace by inode number, and the kernel reuses the number of a namespace
+        that is gone: without the pin, a later sandbox (this one after `end_phase`, or another
+        trial's) could get the number and be taken for this one."""
+        previous = self._pidns_fd
+        try:
+            fd = os.open(f"/proc/{self._init_pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise SandboxBuildFailedError(f"the sandbox's init exited as it started: {exc}") from exc
+        if os.fstat(fd).st_ino != self._pidns:
+            os.close(fd)
+            raise SandboxBuildFailedError("the sandbox's init is not in the PID namespace bubblewrap named")
+        self._pidns_fd = fd
+        if previous is not None:
+            os.close(previous)
+
+    def _unpin_pidns(self) -> None:
+        if self._pidns_fd is not None:
+            os.close(self._pidns_fd)
+            self._pidns_fd = None
 
     async def _kill_sandbox(self) -> None:
         """SIGKILL the sandbox's PID 1 (the kernel then kills its whole PID namespace, and no
@@ -449,6 +475,7 @@ class BwrapEnvironment(BaseEnvironment):
         self._stopped = True
         await self._kill_sandbox()
         self._limits.close()
+        self._unpin_pidns()
         if delete:
             await asyncio.to_thread(shutil.rmtree, self.sandbox_dir, True)
 
