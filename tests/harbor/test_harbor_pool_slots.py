@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -32,7 +34,8 @@ def test_any_window_holds_at_most_size_starts(size: int, interval: float, gaps: 
         delay = slots.take()
         assert delay >= 0.0
         starts.append(clock.now + delay)
-    assert starts == sorted(starts)
+    # in call order (up to the rounding of now + (slot - now), which need not give slot back exactly)
+    assert all(later >= earlier - 1e-9 for earlier, later in itertools.pairwise(starts))
     for i in range(len(starts) - size):
         assert starts[i + size] - starts[i] >= interval - 1e-9
     assert slots.taken == len(gaps)
