@@ -35,8 +35,9 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from rl360_ext.diagnostics import page
 from rl360_ext.diagnostics.charts import FULL_WIDTH, HALF_WIDTH, Series, legend, line_chart
-from rl360_ext.diagnostics.report import CSS, STEP_AXIS, _no_data, _section, _table
+from rl360_ext.diagnostics.report import CSS, STEP_AXIS
 from rl360_ext.diagnostics.report_data import chance_level, load_run
 from rl360_ext.outcomes.provenance import VALID
 from rl360_ext.rollout.metrics import records_by_kind
@@ -268,10 +269,10 @@ def _learning(arms: Sequence[ArmCurves]) -> str:
     chance = [Series("chance", "#757575", [levels.pop()] * steps, True)] if len(levels) == 1 else []
     chart, series = _chart(arms, "unfiltered_mean", "mean reward", chance, y_range=(0.0, 1.0))
     if not chart:
-        return _section(
-            "chart-compare-learning", title, caption, _no_data("no arm has reward/unfiltered_mean.")
+        return page.section(
+            "chart-compare-learning", title, caption, page.no_data("no arm has reward/unfiltered_mean.")
         )
-    return _section("chart-compare-learning", title, caption, chart + legend(series))
+    return page.section("chart-compare-learning", title, caption, chart + legend(series))
 
 
 def _scale(arms: Sequence[ArmCurves]) -> str:
@@ -282,8 +283,8 @@ def _scale(arms: Sequence[ArmCurves]) -> str:
         "valid share under Miles' default reducer, which counts masked samples in the denominator."
     )
     chart, series = _chart(arms, "loss_scale", "gradient scale", width=HALF_WIDTH)
-    body = chart + legend(series) if chart else _no_data("no arm has train/loss_scale.")
-    return _section("chart-compare-scale", title, caption, body)
+    body = chart + legend(series) if chart else page.no_data("no arm has train/loss_scale.")
+    return page.section("chart-compare-scale", title, caption, body)
 
 
 def _shift(arms: Sequence[ArmCurves]) -> str:
@@ -295,8 +296,8 @@ def _shift(arms: Sequence[ArmCurves]) -> str:
         "sibling of a failure is pushed up, right or wrong."
     )
     chart, series = _chart(arms, "advantage_shift", "advantage shift", width=HALF_WIDTH)
-    body = chart + legend(series) if chart else _no_data("no arm has advantage lines.")
-    return _section("chart-compare-shift", title, caption, body)
+    body = chart + legend(series) if chart else page.no_data("no arm has advantage lines.")
+    return page.section("chart-compare-shift", title, caption, body)
 
 
 def _arm_table(arms: Sequence[ArmCurves]) -> str:
@@ -317,7 +318,7 @@ def _arm_table(arms: Sequence[ArmCurves]) -> str:
             )
         )
     header = ("arm", "run", "steps", "first mean", "last mean", "late mean", "late s.e.", "scale", "shift")
-    return _table(header, rows, (False, False, True, True, True, True, True, True, True))
+    return page.table(header, rows, (False, False, True, True, True, True, True, True, True))
 
 
 def render_compare(arms: Sequence[ArmCurves]) -> str:

@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from html import escape
 from pathlib import Path
 
+from rl360_ext.diagnostics import page
 from rl360_ext.diagnostics.charts import (
     FULL_WIDTH,
     HALF_WIDTH,
@@ -147,17 +148,6 @@ svg line.grid { stroke: #eeeeee; } svg line.axis { stroke: #9e9e9e; }
 """
 
 
-def _section(chart_id: str, title: str, caption: str, body: str) -> str:
-    return (
-        f'<section class="chart" id="{chart_id}"><h2>{escape(title)}</h2>'
-        f'<p class="caption">{caption}</p>{body}</section>'
-    )
-
-
-def _no_data(why: str) -> str:
-    return f'<p class="no-data">No data in this run: {escape(why)}</p>'
-
-
 def _empty_note(series: Sequence[Series], what: str) -> str | None:
     """None when some bar has a positive value; otherwise the note that replaces an empty axis."""
     values = [v for s in series for v in s.values if v is not None]
@@ -165,21 +155,7 @@ def _empty_note(series: Sequence[Series], what: str) -> str | None:
         return None
     if values:
         return f'<p class="empty-ok">Every {escape(what)} in this run is 0.</p>'
-    return _no_data(f"no record carries a {what}.")
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequence[bool]) -> str:
-    head = "".join(f"<th>{escape(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>"
-        + "".join(
-            f"<td{' class=num' if num else ''}>{escape(cell)}</td>"
-            for cell, num in zip(row, numeric, strict=True)
-        )
-        + "</tr>"
-        for row in rows
-    )
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return page.no_data(f"no record carries a {what}.")
 
 
 def _optional(value: float | None) -> str:
@@ -233,14 +209,16 @@ def _outcomes_section(run: Run) -> str:
         ]
         totals = [f"({sum(counts[o]):,})" for o in OUTCOMES if any(counts[o])]
         chart = bar_chart(ids, series, x_label=STEP_AXIS, y_label="attempts")
-        return _section("chart-outcomes", title, caption, chart + legend(series, totals))
+        return page.section("chart-outcomes", title, caption, chart + legend(series, totals))
     counted = step_counts(run)
     if not counted:
-        return _section(
+        return page.section(
             "chart-outcomes",
             title,
             caption,
-            _no_data("the file has no attempt lines and no step carries attempt counts (count/attempts)."),
+            page.no_data(
+                "the file has no attempt lines and no step carries attempt counts (count/attempts)."
+            ),
         )
     valid = [counted[rid].valid if rid in counted else None for rid in run.step_ids]
     infra = [counted[rid].attempts - counted[rid].valid if rid in counted else None for rid in run.step_ids]
@@ -254,9 +232,9 @@ def _outcomes_section(run: Run) -> str:
         "valid and infrastructure counts come from the step metrics.</p>"
     )
     if empty := _empty_note(series, "attempt count"):
-        return _section("chart-outcomes", title, caption, note + empty)
+        return page.section("chart-outcomes", title, caption, note + empty)
     chart = bar_chart(ids, series, x_label=STEP_AXIS, y_label="attempts")
-    return _section("chart-outcomes", title, caption, note + chart + legend(series))
+    return page.section("chart-outcomes", title, caption, note + chart + legend(series))
 
 
 def _rewards_section(run: Run) -> str:
@@ -281,7 +259,7 @@ def _rewards_section(run: Run) -> str:
             if run.steps
             else ("the file has no step records.")
         )
-        return _section("chart-rewards", title, caption, _no_data(why))
+        return page.section("chart-rewards", title, caption, page.no_data(why))
     notes = ""
     if all(v is None for v in series[0].values):
         prefilters = sorted({s.prefilter or "missing" for s in run.steps.values()})
@@ -297,7 +275,7 @@ def _rewards_section(run: Run) -> str:
         y_label="mean reward",
         y_range=(0.0, 1.0),
     )
-    return _section(
+    return page.section(
         "chart-rewards", title, caption, notes + chart + legend(drawn) + _reward_table(run, series)
     )
 
@@ -312,7 +290,7 @@ def _reward_table(run: Run, series: Sequence[Series]) -> str:
         rows.append((str(run.step_ids[position]), _optional(u), _optional(k), signed, _optional(up)))
     shown = "" if len(rows) == len(run.step_ids) else f" (last {len(rows)} steps)"
     header = (f"rollout step{shown}", "unfiltered mean", "kept mean", "kept − unfiltered", "upstream logged")
-    return _table(header, rows, (False, True, True, True, True))
+    return page.table(header, rows, (False, True, True, True, True))
 
 
 TRUST_FRACTIONS = (
@@ -350,8 +328,8 @@ def _learning_section(run: Run) -> str:
     )
     values = step_metric_series(run, "reward/unfiltered_mean")
     if not any(v is not None for v in values):
-        return _section(
-            "chart-learning", title, caption, _no_data("no step record carries reward/unfiltered_mean.")
+        return page.section(
+            "chart-learning", title, caption, page.no_data("no step record carries reward/unfiltered_mean.")
         )
     series = [Series("unfiltered mean", "#1565c0", values)]
     if level is not None:
@@ -364,7 +342,7 @@ def _learning_section(run: Run) -> str:
         y_label="mean reward",
         y_range=(0.0, 1.0),
     )
-    return _section("chart-learning", title, caption, note + chart + legend(series))
+    return page.section("chart-learning", title, caption, note + chart + legend(series))
 
 
 def _trust_section(run: Run) -> str:
@@ -378,7 +356,7 @@ def _trust_section(run: Run) -> str:
         "nothing is masked, or when the reducer ignores masked samples)."
     )
     if not run.train:
-        return _section("chart-trust", title, caption, _no_data(NO_TRAIN))
+        return page.section("chart-trust", title, caption, page.no_data(NO_TRAIN))
     categories = [str(rid) for rid in run.step_ids]
     fractions = [Series(n, c, train_metric_series(run, m)) for n, c, m in TRUST_FRACTIONS]
     fractions = [s for s in fractions if any(v is not None for v in s.values)]
@@ -399,10 +377,10 @@ def _trust_section(run: Run) -> str:
         for position, rid in enumerate(run.step_ids)
         if rid in run.train
     ]
-    table = _table(
+    table = page.table(
         ("rollout step", *(name for name, _ in TRUST_TABLE)), rows, (False, *[True] * len(TRUST_TABLE))
     )
-    return _section("chart-trust", title, caption, charts + table)
+    return page.section("chart-trust", title, caption, charts + table)
 
 
 AGE_STYLE = (
@@ -453,13 +431,13 @@ def _staleness_sections(run: Run) -> str:
             for position, rid in enumerate(categories)
             if any(column[position] is not None for column in columns)
         ]
-        table = _table(
+        table = page.table(
             ("rollout step", *(name for name, _ in STALENESS_TABLE)),
             rows,
             (False, *[True] * len(STALENESS_TABLE)),
         )
         chart = bar_chart(categories, ages, x_label=STEP_AXIS, y_label="share of tokens", fmt=format_percent)
-        html += _section(
+        html += page.section(
             "chart-staleness-age",
             "Staleness: token age per train step",
             caption,
@@ -475,7 +453,7 @@ def _staleness_sections(run: Run) -> str:
             "prefill recorded, split by whether the next turn read the token from the prefix cache."
         )
         chart = line_chart(categories, shares, x_label=STEP_AXIS, y_label="share", y_range=(0.0, 1.0))
-        html += _section(
+        html += page.section(
             "chart-staleness-shares",
             "Staleness: version mix, stale KV, R3 provenance",
             caption,
@@ -515,13 +493,15 @@ def _phases_section(run: Run) -> str:
             "every attempt."
         )
     if not run.attempts:
-        return _section("chart-phases", title, caption, _no_data("the file has no attempt lines."))
+        return page.section("chart-phases", title, caption, page.no_data("the file has no attempt lines."))
     if not slowest:
-        return _section(
+        return page.section(
             "chart-phases",
             title,
             caption,
-            _no_data("no attempt carries phase_timings (the generate hook copies Harbor's phase timings)."),
+            page.no_data(
+                "no attempt carries phase_timings (the generate hook copies Harbor's phase timings)."
+            ),
         )
     series = [
         Series(PHASE_STYLE[p][0], PHASE_STYLE[p][1], [a.phases.get(p) for a in slowest])
@@ -529,7 +509,7 @@ def _phases_section(run: Run) -> str:
         if any(p in a.phases for a in slowest)
     ]
     if empty := _empty_note(series, "phase duration"):
-        return _section("chart-phases", title, caption, empty)
+        return page.section("chart-phases", title, caption, empty)
     chart = hbar_chart([_attempt_label(a) for a in slowest], series, x_label="seconds", fmt=format_seconds)
     rows = [
         (
@@ -542,8 +522,10 @@ def _phases_section(run: Run) -> str:
         )
         for s in phase_stats(run)
     ]
-    table = _table(("phase", "attempts", "median", "p90", "max", "share of time"), rows, (False, *[True] * 5))
-    return _section("chart-phases", title, caption, chart + legend(series) + table)
+    table = page.table(
+        ("phase", "attempts", "median", "p90", "max", "share of time"), rows, (False, *[True] * 5)
+    )
+    return page.section("chart-phases", title, caption, chart + legend(series) + table)
 
 
 def _occupancy_section(run: Run) -> str:
@@ -556,11 +538,11 @@ def _occupancy_section(run: Run) -> str:
     )
     shares = {p: step_metric_series(run, f"occupancy/{p}") for p in OCCUPANCY_PHASES}
     if not any(v is not None for values in shares.values() for v in values):
-        return _section(
+        return page.section(
             "chart-occupancy",
             title,
             caption,
-            _no_data("no step carries occupancy/* metrics (the generate hook records phase timings)."),
+            page.no_data("no step carries occupancy/* metrics (the generate hook records phase timings)."),
         )
     series = [Series(OCCUPANCY_STYLE[p][0], OCCUPANCY_STYLE[p][1], shares[p]) for p in OCCUPANCY_PHASES]
     chart = bar_chart(
@@ -584,7 +566,7 @@ def _occupancy_section(run: Run) -> str:
                 x_label="time since the step's first attempt arrived",
                 y_label="trajectories",
             )
-    return _section("chart-occupancy", title, caption, body)
+    return page.section("chart-occupancy", title, caption, body)
 
 
 def _infra_section(run: Run) -> str:
@@ -594,20 +576,22 @@ def _infra_section(run: Run) -> str:
         "docs/hooks.md). They are masked out of the loss and out of every baseline, never scored 0."
     )
     if not run.step_ids:
-        return _section("chart-infra", title, caption, _no_data("the file has no step or attempt records."))
+        return page.section(
+            "chart-infra", title, caption, page.no_data("the file has no step or attempt records.")
+        )
     causes, from_lines = infra_causes(run)
     counted = step_counts(run)
     if not causes:
         if not counted:
-            return _section(
+            return page.section(
                 "chart-infra",
                 title,
                 caption,
-                _no_data("no step carries infra counts (count/infra) and there are no attempt lines."),
+                page.no_data("no step carries infra counts (count/infra) and there are no attempt lines."),
             )
         attempts = sum(c.attempts for c in counted.values())
         message = f"No infrastructure failures in {attempts:,} attempts over {len(counted)} steps."
-        return _section("chart-infra", title, caption, f'<p class="empty-ok">{escape(message)}</p>')
+        return page.section("chart-infra", title, caption, f'<p class="empty-ok">{escape(message)}</p>')
     series = [
         Series(cause, PALETTE[i % len(PALETTE)], counts) for i, (cause, counts) in enumerate(causes.items())
     ]
@@ -621,7 +605,7 @@ def _infra_section(run: Run) -> str:
             "which cover the trained batch only.</p>"
         )
     chart = bar_chart([str(r) for r in run.step_ids], series, x_label=STEP_AXIS, y_label="attempts")
-    return _section("chart-infra", title, caption, note + chart + legend(series, totals))
+    return page.section("chart-infra", title, caption, note + chart + legend(series, totals))
 
 
 def _cache_sections(run: Run) -> str:
@@ -638,11 +622,11 @@ def _cache_sections(run: Run) -> str:
         "over the step's attempts."
     )
     if not run.attempts:
-        cache = _section(
-            "chart-cache", cache_title, cache_caption, _no_data("the file has no attempt lines.")
+        cache = page.section(
+            "chart-cache", cache_title, cache_caption, page.no_data("the file has no attempt lines.")
         )
-        routing = _section(
-            "chart-routing", routing_title, routing_caption, _no_data("the file has no attempt lines.")
+        routing = page.section(
+            "chart-routing", routing_title, routing_caption, page.no_data("the file has no attempt lines.")
         )
         return f'<div class="pair">{cache}{routing}</div>'
     if any(r.hit_rate is not None for r in rows):
@@ -657,28 +641,28 @@ def _cache_sections(run: Run) -> str:
             width=HALF_WIDTH,
         )
         counted = sum(r.attempts for r in rows)
-        cache = _section(
+        cache = page.section(
             "chart-cache", cache_title, cache_caption + f" {counted:,} attempts report token counts.", chart
         )
     else:
-        cache = _section(
+        cache = page.section(
             "chart-cache",
             cache_title,
             cache_caption,
-            _no_data("no attempt carries both cached_tokens and prompt_tokens."),
+            page.no_data("no attempt carries both cached_tokens and prompt_tokens."),
         )
     if any(r.routing_bytes is not None for r in rows):
         series = [Series("routing bytes", "#5e35b1", [r.routing_bytes for r in rows])]
         chart = _empty_note(series, "routing_bytes value") or bar_chart(
             ids, series, x_label=STEP_AXIS, y_label="bytes", fmt=format_bytes, width=HALF_WIDTH
         )
-        routing = _section("chart-routing", routing_title, routing_caption, chart)
+        routing = page.section("chart-routing", routing_title, routing_caption, chart)
     else:
-        routing = _section(
+        routing = page.section(
             "chart-routing",
             routing_title,
             routing_caption,
-            _no_data(
+            page.no_data(
                 "no attempt carries routing_bytes (written when the generate hook collects routing replay, "
                 "i.e. --use-rollout-routing-replay)."
             ),
@@ -720,7 +704,7 @@ def _push_duration(run: Run) -> str:
         bar_chart(labels, series, x_label="push", y_label="seconds", fmt=format_seconds, width=HALF_WIDTH)
         + legend(series)
     )
-    return _section(*PUSH_DURATION, body)
+    return page.section(*PUSH_DURATION, body)
 
 
 def _push_calls(run: Run) -> str:
@@ -744,7 +728,7 @@ def _push_calls(run: Run) -> str:
         bar_chart(labels, series, x_label="push", y_label="update calls", stacked=False, width=HALF_WIDTH)
         + legend(series)
     )
-    return _section(*PUSH_CALLS, body)
+    return page.section(*PUSH_CALLS, body)
 
 
 def _push_table(run: Run) -> str:
@@ -776,16 +760,16 @@ def _push_table(run: Run) -> str:
         "failures",
     )
     numeric = (False, False, True, True, True, True, False, True)
-    return f'<section class="table" id="push-table">{_table(header, rows, numeric)}</section>'
+    return f'<section class="table" id="push-table">{page.table(header, rows, numeric)}</section>'
 
 
 def _push_sections(run: Run) -> str:
     if not run.pushes:
-        why = _no_data(
+        why = page.no_data(
             "no weight_push records. Miles' own weight sync does not write them (the metrics hook writes "
             "step and attempt lines only); rl360 demo appends one per push."
         )
-        return f'<div class="pair">{_section(*PUSH_DURATION, why)}{_section(*PUSH_CALLS, why)}</div>'
+        return f'<div class="pair">{page.section(*PUSH_DURATION, why)}{page.section(*PUSH_CALLS, why)}</div>'
     return f'<div class="pair">{_push_duration(run)}{_push_calls(run)}</div>{_push_table(run)}'
 
 
