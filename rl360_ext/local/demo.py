@@ -94,6 +94,7 @@ from rl360_ext.local.stack import (
     LocalStack,
     demo_stack,
     engine_busy_seconds,
+    engine_client,
     engine_fault_counts,
     engine_requests,
 )
@@ -292,16 +293,21 @@ class DemoDriver:
         answered one of its requests since the wait began, so an in-flight push lands
         mid-trajectory: a rollout first sets up its sandboxes (a push sent then would land before
         its first model call), and the tiny model answers a turn in milliseconds, so the push
-        most often lands while trajectories run their tools between two turns. Returns what the
-        wait saw."""
+        most often lands while trajectories run their tools between two turns. It reads the
+        engines every IN_FLIGHT_POLL_S through one keep-alive client (one connection per engine),
+        each read bounded by the time the wait has left. Returns what the wait saw."""
         started = time.monotonic()
-        running, first = await asyncio.to_thread(engine_requests, self.stack.engines)
-        answered = first
-        while not rollout.done() and not running and answered == first:
-            if time.monotonic() - started >= IN_FLIGHT_WAIT_S:
-                break
-            await asyncio.sleep(IN_FLIGHT_POLL_S)
-            running, answered = await asyncio.to_thread(engine_requests, self.stack.engines)
+        engines = self.stack.engines
+
+        def left() -> float:
+            return IN_FLIGHT_WAIT_S - (time.monotonic() - started)
+
+        async with engine_client(engines) as client:  # one keep-alive connection per engine
+            running, first = await engine_requests(client, engines, left())
+            answered = first
+            while not rollout.done() and not running and answered == first and left() > IN_FLIGHT_POLL_S:
+                await asyncio.sleep(IN_FLIGHT_POLL_S)
+                running, answered = await engine_requests(client, engines, left())
         return {
             "waited_s": time.monotonic() - started,
             "running_requests": running,

@@ -22,6 +22,7 @@ engine out for a minute) instead of letting them reach the agent, where the demo
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import json
@@ -229,19 +230,31 @@ def engine_busy_seconds(engines: list[Service]) -> dict[str, float]:
     return busy
 
 
-def engine_requests(engines: list[Service]) -> tuple[int, int]:
+def engine_client(engines: list[Service]) -> httpx.AsyncClient:
+    """One keep-alive client for a wait's polls of the engines (`engine_requests`): the pool holds
+    at most one connection per engine, reused from poll to poll."""
+    width = max(len(engines), 1)
+    return httpx.AsyncClient(limits=httpx.Limits(max_connections=width, max_keepalive_connections=width))
+
+
+async def engine_requests(
+    client: httpx.AsyncClient, engines: list[Service], timeout_s: float = 10.0
+) -> tuple[int, int]:
     """(requests the tiny engines are generating now, requests they have answered since start):
-    `server_info` internal_states[0] `num_running_reqs` and `requests`, summed over the engines
-    (an unreadable engine counts 0)."""
-    running = answered = 0
-    for engine in engines:
+    `server_info` internal_states[0] `num_running_reqs` and `requests`, summed over the engines,
+    read at once through `client` (`engine_client`), each read bounded by `timeout_s` (an engine
+    unreadable in that time counts 0)."""
+
+    async def counts(engine: Service) -> tuple[int, int]:
         try:
-            state = httpx.get(f"{engine.url}/server_info", timeout=10.0).json()["internal_states"][0]
-            running += int(state["num_running_reqs"])
-            answered += int(state["requests"])
+            reply = await client.get(f"{engine.url}/server_info", timeout=timeout_s)
+            state = reply.json()["internal_states"][0]
+            return int(state["num_running_reqs"]), int(state["requests"])
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
-            continue
-    return running, answered
+            return 0, 0
+
+    replies = await asyncio.gather(*(counts(engine) for engine in engines))
+    return sum(running for running, _ in replies), sum(answered for _, answered in replies)
 
 
 def _start_all(starters: dict[str, Callable[[], Service]], started: list[Service]) -> dict[str, Service]:
