@@ -56,7 +56,7 @@ def _merged(r3: bool) -> MergedSample:
                 cached_tokens=start,
                 routing=np.full((rows, LAYERS, TOP_K), index + 1, np.uint8) if r3 else None,
                 routing_start=max(start - 1, 0),
-                routing_sources=np.zeros(rows, np.uint8) if r3 else None,
+                routing_source=np.zeros(rows, np.uint8) if r3 else None,
             )
         )
         start = end

@@ -28,6 +28,7 @@ from integration_tests.session.conftest import (
 from rl360_ext.local.services import start_engine
 from rl360_ext.rollout.generate import fill_from_merged
 from rl360_ext.rollout.sample import Sample
+from rl360_ext.sglang.versions import RoutingSource
 from rl360_ext.tiny_engine.model import ModelConfig, init_weights
 from rl360_ext.tiny_engine.tokenizer import build_tokenizer
 from rl360_ext.trainer.trainer import Trainer, TrainerConfig
@@ -85,7 +86,8 @@ def test_trainer_recomputes_a_real_merged_sample(log_dir) -> None:
     assert sample_wire.metadata["session"]["forks"] == [] and len(sample_wire.turns) >= 2
     assert mask[0] == 1 and len(edges) >= 2, "sampled spans around a masked tool-output span"
     assert sample_wire.turns[-1]["cached_tokens"] > 0
-    assert sample_wire.routing_sources is not None and (sample_wire.routing_sources > 0).any()
+    sources = sample_wire.routing_source
+    assert sources is not None and (sources != RoutingSource.PREFILL).any(), "rows of sampled tokens"
 
     config = ModelConfig(vocab_size=tokenizer.get_vocab_size())
     trainer = Trainer(config, init_weights(config, SEED), TrainerConfig())

@@ -447,7 +447,7 @@ class SessionCore:
             cached_tokens=result.cached_tokens,
             routing=routing,
             routing_start=segment.rows,
-            routing_sources=sources,
+            routing_source=sources,
             routing_wire_bytes=result.routed_experts_wire_bytes,
             latency_s=latency_s,
             routed_worker=result.routed_worker,

@@ -22,8 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from rl360_ext.session.policy_versions import TurnVersions, VersionArrays, routing_source_of, version_arrays
-from rl360_ext.session.routing import SOURCE_DECODE, SOURCE_LATER_PREFILL
+from rl360_ext.session.policy_versions import TurnVersions, VersionArrays, version_arrays
 from rl360_ext.sglang.versions import UNVERSIONED, RoutingSource
 
 COMPLETED = "COMPLETED"
@@ -57,7 +56,7 @@ class TurnRecord:
     cached_tokens: int = 0
     routing: np.ndarray | None = None  # compact [rows, layers, top_k] for positions from routing_start
     routing_start: int = 0
-    routing_sources: np.ndarray | None = None  # uint8 [rows], see rl360_ext.session.routing
+    routing_source: np.ndarray | None = None  # uint8 [rows] RoutingSource as recorded (routing.row_sources)
     routing_wire_bytes: int = 0  # base64 characters the engine sent for this turn's routing
     finish_detail: dict[str, Any] = field(default_factory=dict)
     latency_s: float = 0.0
@@ -80,7 +79,7 @@ class TurnRecord:
             num_retractions=self.num_retractions,
             routing_start=self.routing_start,
             routing_rows=None if self.routing is None else len(self.routing),
-            routing_sources=self.routing_sources,
+            routing_source=self.routing_source,
         )
 
     def summary(self) -> dict[str, Any]:
@@ -117,7 +116,7 @@ class MergedSample:
     rollout_log_probs: np.ndarray  # float32 [n], 0 where loss_mask is 0
     prompt_length: int  # tokens of the first prompt; the response is tokens[prompt_length:]
     routed_experts: np.ndarray | None  # uint8/uint16 [n - 1, layers, top_k], None without R3
-    routing_sources: np.ndarray | None  # uint8 [n - 1], None without R3
+    routing_source: np.ndarray | None  # uint8 [n - 1] RoutingSource of each row, None without R3
     weight_versions: list[str | None]  # one per kept turn
     turns: list[dict[str, Any]]  # TurnRecord.summary() of each kept turn
     metadata: dict[str, Any]
@@ -125,7 +124,6 @@ class MergedSample:
     # `merge` always sets them; None on a hand-built sample means "not recorded" (UNVERSIONED).
     token_version: np.ndarray | None = None  # int32 [n]
     kv_version: np.ndarray | None = None  # int32 [n]
-    routing_source: np.ndarray | None = None  # uint8 [n - 1] RoutingSource, None without R3
     routing_version: np.ndarray | None = None  # int32 [n - 1], None without R3
     turn_first_version: np.ndarray | None = None  # int32 [kept turns]
     turn_output_start: np.ndarray | None = None  # int32 [kept turns]: first output token's index
@@ -138,7 +136,7 @@ class MergedSample:
     @property
     def r3_rows_from_prefill_fraction(self) -> float | None:
         """Of the rows of sampled tokens, the fraction that came from a later prefill (None without R3)."""
-        return prefill_fraction(self.routing_sources)
+        return prefill_fraction(self.routing_source)
 
     def to_json(self) -> dict[str, Any]:
         """A dict orjson serializes (numpy arrays stay arrays; use OPT_SERIALIZE_NUMPY)."""
@@ -151,24 +149,22 @@ class MergedSample:
             "prompt_length": self.prompt_length,
             "response_length": self.response_length,
             "routed_experts": self.routed_experts,
-            "routing_sources": self.routing_sources,
+            "routing_source": self.routing_source,
             "weight_versions": self.weight_versions,
             "turns": self.turns,
             "metadata": self.metadata,
             "token_version": self.token_version,
             "kv_version": self.kv_version,
-            "routing_source": self.routing_source,
             "routing_version": self.routing_version,
             "turn_first_version": self.turn_first_version,
             "turn_output_start": self.turn_output_start,
             "turn_cached_tokens": self.turn_cached_tokens,
         }
 
-    def _routing_source_or_derived(self, rows: int) -> np.ndarray:
+    def _routing_source_or_prefill(self, rows: int) -> np.ndarray:
+        """`routing_source`, else (a hand-built sample with routing but no sources) PREFILL rows."""
         if self.routing_source is not None:
             return np.asarray(self.routing_source, np.uint8)
-        if self.routing_sources is not None and len(self.routing_sources) == rows:
-            return routing_source_of(self.routing_sources)
         return np.full(rows, int(RoutingSource.PREFILL), np.uint8)
 
     def version_arrays(self) -> VersionArrays:
@@ -182,7 +178,7 @@ class MergedSample:
         return VersionArrays(
             token_version=filled(self.token_version, n),
             kv_version=filled(self.kv_version, n),
-            routing_source=None if not r3 else self._routing_source_or_derived(rows),
+            routing_source=None if not r3 else self._routing_source_or_prefill(rows),
             routing_version=filled(self.routing_version, rows) if r3 else None,
             turn_first_version=filled(self.turn_first_version, len(self.turns)),
             turn_output_start=self._per_turn(
@@ -205,10 +201,12 @@ class MergedSample:
 
 
 def prefill_fraction(sources: np.ndarray | None) -> float | None:
+    """Of the `RoutingSource` rows of sampled tokens (DECODE or REPREFILL), the REPREFILL share."""
     if sources is None:
         return None
-    sampled = int(np.count_nonzero((sources == SOURCE_DECODE) | (sources == SOURCE_LATER_PREFILL)))
-    return int(np.count_nonzero(sources == SOURCE_LATER_PREFILL)) / sampled if sampled else 0.0
+    later = int(np.count_nonzero(sources == RoutingSource.REPREFILL))
+    sampled = later + int(np.count_nonzero(sources == RoutingSource.DECODE))
+    return later / sampled if sampled else 0.0
 
 
 def kept_turns(turns: Sequence[TurnRecord]) -> list[TurnRecord]:
@@ -264,9 +262,9 @@ def merge(
             for a in (np.zeros(len(t.input_ids), np.float32), t.output_logprobs.astype(np.float32))
         ]
     )
-    routed, sources = _merge_routing(kept, len(tokens), routing_tail_shape, routing_dtype)
+    routed = _merge_routing(kept, len(tokens), routing_tail_shape, routing_dtype)
     versions = version_arrays([t.versions() for t in kept], len(tokens), routed is not None)
-    facts["r3_rows_from_prefill_fraction"] = prefill_fraction(sources)
+    facts["r3_rows_from_prefill_fraction"] = prefill_fraction(versions.routing_source)
     facts["routing_bytes_in_sample"] = 0 if routed is None else int(routed.nbytes)
     status = _STATUS_OF_FINISH.get(kept[-1].finish_reason, FAILED)
     return MergedSample(
@@ -277,13 +275,12 @@ def merge(
         rollout_log_probs=logprobs,
         prompt_length=len(kept[0].input_ids),
         routed_experts=routed,
-        routing_sources=sources,
+        routing_source=versions.routing_source,
         weight_versions=[t.weight_version for t in kept],
         turns=[t.summary() for t in kept],
         metadata=meta,
         token_version=versions.token_version,
         kv_version=versions.kv_version,
-        routing_source=versions.routing_source,
         routing_version=versions.routing_version,
         turn_first_version=versions.turn_first_version,
         turn_output_start=versions.turn_output_start,
@@ -296,10 +293,10 @@ def _merge_routing(
     n_tokens: int,
     tail_shape: tuple[int, int] | None,
     dtype: np.dtype | None,
-) -> tuple[np.ndarray | None, np.ndarray | None]:
+) -> np.ndarray | None:
     with_rows = [t.routing is not None for t in kept]
     if not any(with_rows):
-        return None, None
+        return None
     if not all(with_rows):
         missing = [t.index for t in kept if t.routing is None]
         raise MergeError(f"turns {missing} have no routing rows while other turns do")
@@ -309,17 +306,20 @@ def _merge_routing(
             raise MergeError(
                 f"turn {turn.index} routing starts at row {turn.routing_start}, expected {rows_so_far}"
             )
-        rows_so_far += len(turn.routing)  # type: ignore[arg-type]
+        rows = len(turn.routing)  # type: ignore[arg-type]
+        sources = None if turn.routing_source is None else len(turn.routing_source)
+        if sources != rows:
+            raise MergeError(f"turn {turn.index} has {sources} routing sources for {rows} routing rows")
+        rows_so_far += rows
     if rows_so_far != n_tokens - 1:
         raise MergeError(f"merged routing has {rows_so_far} rows for {n_tokens} tokens (expected tokens - 1)")
     widest = np.result_type(*[t.routing.dtype for t in kept])  # type: ignore[union-attr]
     if dtype is not None:
         widest = np.result_type(widest, dtype)
     routed = np.concatenate([t.routing.astype(widest, copy=False) for t in kept])  # type: ignore[union-attr]
-    sources = np.concatenate([t.routing_sources for t in kept]).astype(np.uint8, copy=False)  # type: ignore[misc]
     if tail_shape is not None and routed.shape[1:] != tail_shape:
         raise MergeError(f"routing rows have shape {routed.shape[1:]}, expected {tail_shape}")
-    return routed, sources
+    return routed
 
 
 def _merge_facts(turns: Sequence[TurnRecord], kept: list[TurnRecord]) -> dict[str, Any]:
@@ -355,13 +355,12 @@ def _empty(
         rollout_log_probs=np.zeros(0, np.float32),
         prompt_length=0,
         routed_experts=routed,
-        routing_sources=None if routed is None else np.zeros(0, np.uint8),
+        routing_source=None if routed is None else np.zeros(0, np.uint8),
         weight_versions=[],
         turns=[],
         metadata=meta,
         token_version=np.zeros(0, np.int32),
         kv_version=np.zeros(0, np.int32),
-        routing_source=None if routed is None else np.zeros(0, np.uint8),
         routing_version=None if routed is None else np.zeros(0, np.int32),
         turn_first_version=np.zeros(0, np.int32),
         turn_output_start=np.zeros(0, np.int32),

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from rl360_ext.session.merge import TurnRecord
-from rl360_ext.session.routing import SOURCE_DECODE, SOURCE_LATER_PREFILL
+from rl360_ext.session.policy_versions import turn_routing_source
+from rl360_ext.sglang.versions import RoutingSource
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -92,12 +94,13 @@ class SessionMetrics:
         self._cached += turn.cached_tokens
         if self._prompt:
             self.cache_hit_fraction.set(self._cached / self._prompt)
-        if turn.routing_sources is not None:
+        sources = turn_routing_source(turn.versions())  # a retract's re-prefilled rows relabelled
+        if sources is not None:
             self.routing_wire_bytes.inc(turn.routing_wire_bytes)
-            self.routing_rows.inc(len(turn.routing_sources))
-            sources = turn.routing_sources
-            self._sampled_rows += int(((sources == SOURCE_DECODE) | (sources == SOURCE_LATER_PREFILL)).sum())
-            self._prefill_rows += int((sources == SOURCE_LATER_PREFILL).sum())
+            self.routing_rows.inc(len(sources))
+            later = int(np.count_nonzero(sources == RoutingSource.REPREFILL))
+            self._sampled_rows += later + int(np.count_nonzero(sources == RoutingSource.DECODE))
+            self._prefill_rows += later
             if self._sampled_rows:
                 self.prefill_fraction.set(self._prefill_rows / self._sampled_rows)
 

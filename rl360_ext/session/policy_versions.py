@@ -4,7 +4,7 @@ Owns the bookkeeping behind `MergedSample.token_version`, `kv_version`, `routing
 `routing_version`, `turn_first_version`, `turn_output_start` and `turn_cached_tokens` (the
 contract in `rl360_ext.sglang.versions`). Inputs are what each turn's `/generate` reported:
 `weight_versions` spans over its output tokens, `cached_tokens`, `num_retractions` and the
-delta-R3 row sources (`routing.row_sources`). The rules follow SGLang's scheduler (docs/engine.md,
+delta-R3 row sources as recorded (`routing.row_sources`). The rules follow SGLang's scheduler (docs/engine.md,
 "In-flight updates"):
 
 - `token_version`: an output token gets its span's version number; input tokens UNVERSIONED. A
@@ -28,9 +28,12 @@ delta-R3 row sources (`routing.row_sources`). The rules follow SGLang's schedule
   was kept, as under in_place.
 - `routing_source` (`RoutingSource`): rows of prompt positions PREFILL, of sampled tokens fed by
   the decode DECODE, of sampled tokens whose row came from a later prefill (the next turn's, or
-  the re-prefill after a retract) REPREFILL. `routing_version`: the KV version of the position
-  when the turn whose response carried the row had finished (a row is recorded by the forward
-  that writes the position's KV; the session keeps earlier turns' rows).
+  the re-prefill after a retract) REPREFILL. The session records each turn's rows by position
+  (`routing.row_sources`); `turn_routing_source` then relabels REPREFILL the DECODE rows a
+  retract's re-prefill recomputed (the session's metrics count the same relabelled rows).
+  `routing_version`: the KV version of the position when the turn whose response carried the
+  row had finished (a row is recorded by the forward that writes the position's KV; the session
+  keeps earlier turns' rows).
 
 It does not own the merge (`merge.py`) or the wire (`wire.py`).
 """
@@ -43,7 +46,6 @@ from typing import Any
 
 import numpy as np
 
-from rl360_ext.session.routing import SOURCE_DECODE, SOURCE_LATER_PREFILL, SOURCE_PROMPT
 from rl360_ext.sglang.versions import (
     TURN_CACHED_TOKENS,
     TURN_OUTPUT_START,
@@ -51,12 +53,6 @@ from rl360_ext.sglang.versions import (
     RoutingSource,
     version_number,
 )
-
-_SOURCE_OF_ROW = {
-    SOURCE_PROMPT: int(RoutingSource.PREFILL),
-    SOURCE_DECODE: int(RoutingSource.DECODE),
-    SOURCE_LATER_PREFILL: int(RoutingSource.REPREFILL),
-}
 
 
 @dataclass(frozen=True)
@@ -72,7 +68,7 @@ class TurnVersions:
     num_retractions: int = 0
     routing_start: int = 0
     routing_rows: int | None = None  # rows this turn's response carried; None without R3
-    routing_sources: np.ndarray | None = None  # routing.SOURCE_* per row, None without R3
+    routing_source: np.ndarray | None = None  # uint8 RoutingSource per row as recorded, None without R3
 
     @property
     def prompt_end(self) -> int:
@@ -88,12 +84,6 @@ class VersionArrays:
     turn_first_version: np.ndarray  # int32 [turns]
     turn_output_start: np.ndarray | None  # int32 [turns]: index of each turn's first output token
     turn_cached_tokens: np.ndarray | None  # int32 [turns]: cached_tokens of its first forward
-
-
-def routing_source_of(sources: np.ndarray) -> np.ndarray:
-    """`RoutingSource` codes of delta-R3 row sources (`routing.SOURCE_*`), before any retract."""
-    prefill = int(RoutingSource.PREFILL)
-    return np.asarray([_SOURCE_OF_ROW.get(int(code), prefill) for code in sources], np.uint8)
 
 
 def output_versions(turn: TurnVersions) -> np.ndarray:
@@ -126,6 +116,53 @@ def _boundaries(turn: TurnVersions, versions: np.ndarray) -> list[tuple[int, int
     return [(int(i), int(versions[i])) for i in changes]
 
 
+@dataclass(frozen=True)
+class _Retracts:
+    """A turn's retracts: (output index where the new version starts, that version) of each, and
+    whether their re-prefills recomputed the whole context (the update flushed the request's KV)."""
+
+    changes: list[tuple[int, int]]
+    recomputed: bool
+
+    def reprefilled(self, prompt_end: int) -> list[tuple[int, int]]:
+        """(first, end) of the positions each re-prefill forwarded: all of them after a flush, else
+        only the token sampled last before the pause (its KV was never written)."""
+        return [
+            (0 if self.recomputed else prompt_end + start - 1, prompt_end + start)
+            for start, _ in self.changes
+        ]
+
+
+def _retracts(turn: TurnVersions, versions: np.ndarray) -> _Retracts:
+    changes = _boundaries(turn, versions)[: turn.num_retractions]
+    recomputed = bool(changes) and turn.cached_tokens < turn.prompt_end + changes[0][0] - 1
+    return _Retracts(changes, recomputed)
+
+
+def _relabelled(turn: TurnVersions, retracts: _Retracts) -> np.ndarray | None:
+    if turn.routing_rows is None:
+        return None
+    lo, hi = turn.routing_start, turn.routing_start + turn.routing_rows
+    recorded = turn.routing_source
+    if recorded is not None and len(recorded) == hi - lo:
+        source = np.array(recorded, np.uint8)
+    else:  # a turn recorded without row sources: a prefill recorded them, as far as anyone knows
+        source = np.full(hi - lo, int(RoutingSource.PREFILL), np.uint8)
+    for first, end in retracts.reprefilled(turn.prompt_end):
+        start, stop = max(first, lo) - lo, min(end, hi) - lo
+        if stop > start:
+            span = source[start:stop]
+            span[span == int(RoutingSource.DECODE)] = int(RoutingSource.REPREFILL)
+    return source
+
+
+def turn_routing_source(turn: TurnVersions) -> np.ndarray | None:
+    """uint8 `RoutingSource` of each routing row the turn's response carried (positions from
+    `routing_start`): the rows as recorded, with the DECODE rows a retract's re-prefill recomputed
+    relabelled REPREFILL; None for a turn without R3 rows."""
+    return _relabelled(turn, _retracts(turn, output_versions(turn)))
+
+
 def version_arrays(turns: Sequence[TurnVersions], n_tokens: int, r3: bool) -> VersionArrays:
     """The per-token version arrays of a merged sample whose kept turns are `turns` (in order)."""
     token_version = np.full(n_tokens, UNVERSIONED, np.int32)
@@ -141,35 +178,23 @@ def version_arrays(turns: Sequence[TurnVersions], n_tokens: int, r3: bool) -> Ve
         first = first_version(turn)
         firsts.append(first)
         token_version[prompt_end : prompt_end + len(versions)] = versions
-        boundaries = _boundaries(turn, versions)
-        retracted = boundaries[: turn.num_retractions]
-        recomputed = bool(retracted) and turn.cached_tokens < prompt_end + retracted[0][0] - 1
+        retracts = _retracts(turn, versions)
         first_cached = turn.cached_tokens
-        if retracted and not recomputed:  # each re-prefill found the request's own KV
-            first_cached -= sum(prompt_end + start - 1 for start, _ in retracted)
+        if retracts.changes and not retracts.recomputed:  # each re-prefill found the request's own KV
+            first_cached -= sum(prompt_end + start - 1 for start, _ in retracts.changes)
         first_cached_tokens.append(min(max(first_cached, 0), prompt_end))
         kv[min(max(first_cached, 0), prompt_end) : prompt_end] = first
         if len(versions) > 1:
             kv[prompt_end : prompt_end + len(versions) - 1] = versions[1:]
-        # (first, end) of the positions each retract's re-prefill forwarded: all of them after a
-        # flush, else only the token sampled last before the pause (its KV was never written).
-        reprefilled: list[tuple[int, int]] = []
-        for start, version in retracted:
-            end = prompt_end + start
-            if recomputed:
-                kv[:end] = version
-            reprefilled.append((0 if recomputed else end - 1, end))
-        if source is None or routing_version is None or turn.routing_rows is None:
+        if retracts.recomputed:
+            for start, version in retracts.changes:
+                kv[: prompt_end + start] = version
+        turn_source = _relabelled(turn, retracts)
+        if source is None or routing_version is None or turn_source is None:
             continue
-        lo, hi = turn.routing_start, turn.routing_start + turn.routing_rows
-        if turn.routing_sources is not None and len(turn.routing_sources) == hi - lo:
-            source[lo:hi] = routing_source_of(turn.routing_sources)
+        lo, hi = turn.routing_start, turn.routing_start + len(turn_source)
+        source[lo:hi] = turn_source
         routing_version[lo:hi] = kv[lo:hi]
-        for first, end in reprefilled:
-            start, stop = max(first, lo), min(end, hi)
-            if stop > start:
-                span = source[start:stop]
-                span[span == int(RoutingSource.DECODE)] = int(RoutingSource.REPREFILL)
     return VersionArrays(
         token_version=token_version,
         kv_version=kv,

@@ -2,8 +2,10 @@
 
 Owns the routing shape (layers, top_k, expert count), the compact dtype (uint8 when expert ids
 fit in a byte, i.e. <= 256 experts, else uint16), the conversion of the engine's int32 rows into
-it (refusing ids that do not fit), and the row-source codes of delta R3. It does not own when
-rows are requested (`core.py`) or how rows are merged into a sample (`merge.py`).
+it (refusing ids that do not fit), and which forward recorded each row a delta-R3 response
+carries (`row_sources`, in `RoutingSource` codes). It does not own when rows are requested
+(`core.py`), how rows are merged into a sample (`merge.py`) or a retract's relabelling
+(`policy_versions.py`).
 """
 
 from __future__ import annotations
@@ -14,10 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-# Where the routing row of one position came from (one uint8 per row, see docs/session.md).
-SOURCE_PROMPT = 0  # the prefill of a prompt token (tool output, template tokens, first prompt)
-SOURCE_DECODE = 1  # the decode step that fed the sampled token (the routing the sampler used)
-SOURCE_LATER_PREFILL = 2  # a sampled token whose row came from a later turn's prefill
+from rl360_ext.sglang.versions import RoutingSource
 
 
 @dataclass(frozen=True)
@@ -65,18 +64,18 @@ def compact_rows(rows: np.ndarray, shape: RoutingShape) -> np.ndarray:
 
 
 def row_sources(start: int, count: int, prompt_len: int, earlier_output: range) -> np.ndarray:
-    """Sources of the rows for positions [start, start + count) returned by one /generate call.
+    """`RoutingSource` (uint8) of the rows for positions [start, start + count) one /generate returned.
 
-    Positions >= `prompt_len` were fed by this call's decode (SOURCE_DECODE). Positions below it
-    came from this call's prefill: SOURCE_LATER_PREFILL where an earlier turn sampled the token
-    (`earlier_output`: the previous turn's output positions), else SOURCE_PROMPT.
+    Positions >= `prompt_len` were fed by this call's decode (DECODE). Positions below it came
+    from this call's prefill: REPREFILL where an earlier turn sampled the token
+    (`earlier_output`: the previous turn's output positions), else PREFILL.
     """
     positions = np.arange(start, start + count)
-    sources = np.full(count, SOURCE_PROMPT, dtype=np.uint8)
-    sources[positions >= prompt_len] = SOURCE_DECODE
+    sources = np.full(count, RoutingSource.PREFILL, dtype=np.uint8)
+    sources[positions >= prompt_len] = RoutingSource.DECODE
     if len(earlier_output):
         earlier = (positions >= earlier_output.start) & (positions < earlier_output.stop)
-        sources[earlier & (positions < prompt_len)] = SOURCE_LATER_PREFILL
+        sources[earlier & (positions < prompt_len)] = RoutingSource.REPREFILL
     return sources
 
 

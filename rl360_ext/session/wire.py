@@ -1,12 +1,12 @@
 """The binary wire format of a merged sample: a fixed header, then contiguous little-endian arrays.
 
 Owns `encode(sample) -> bytes` and `decode(buffer) -> MergedSample`; decoding is zero-copy (the
-arrays are read-only numpy views on the buffer). Layout, version 2 (version 1 documented in
-docs/session.md; every integer little-endian):
+arrays are read-only numpy views on the buffer; the one exception below). Layout, version 3
+(every integer little-endian; docs/session.md has the same table and versions 1 and 2):
 
     offset  size  field
     0       4     magic b"RL3S"
-    4       2     u16 format version (2; `encode(..., version=1)` writes version 1)
+    4       2     u16 format version (3; `encode(..., version=1 or 2)` writes those)
     6       2     u16 flags (bit 0: routing present, bit 1: version arrays present)
     8       8     u64 n_tokens
     16      8     u64 n_rows (routing rows; n_tokens - 1, or 0 without routing)
@@ -18,20 +18,23 @@ docs/session.md; every integer little-endian):
     40      24    reserved (zero)
     64      ...   sections, each starting at a multiple of 64:
                   tokens int32[n_tokens], rollout_log_probs float32[n_tokens],
-                  loss_mask uint8[n_tokens], routed_experts [n_rows, layers, top_k],
-                  routing_sources uint8[n_rows], then (version 2)
-                  token_version int32[n_tokens], kv_version int32[n_tokens],
-                  routing_version int32[n_rows], routing_source uint8[n_rows] (these two
-                  with routing only), metadata JSON (version 2 adds "turn_first_version",
-                  "turn_output_start", "turn_cached_tokens": int lists, one per kept turn)
+                  loss_mask uint8[n_tokens], then with routing routed_experts
+                  [n_rows, layers, top_k] and routing_source uint8[n_rows] (`RoutingSource`),
+                  then token_version int32[n_tokens], kv_version int32[n_tokens],
+                  routing_version int32[n_rows] (with routing only), metadata JSON (with
+                  "turn_first_version", "turn_output_start", "turn_cached_tokens": int lists,
+                  one per kept turn)
 
-Version 1 is version 2 without the version sections (the layout up to the metadata is the same).
-This codec reads both: a version-1 sample decodes with the version arrays None (its
-`MergedSample.version_arrays()` is UNVERSIONED-filled). A version-1 codec refuses a version-2
-buffer ("merged-sample format version 2 is not supported (this codec reads 1)"); this one
-refuses any other version naming it and the versions it reads. A sample's missing version
-arrays are written UNVERSIONED-filled. It does not own the merge (`merge.py`) or transport (the
-FastAPI adapter, the Ray pool).
+Version 2 has, where version 3 has routing_source, the row sources in the session's former codes
+(0 prompt prefill, 1 decode, 2 later prefill; `_LEGACY_CODE`), and routing_source after
+routing_version. Version 1 is version 2 without the version sections and per-turn lists. This
+codec reads all three: a version-2 sample's routing_source is its own section (the legacy one is
+skipped), a version-1 sample's is converted from the legacy codes (a copy, not a view) and its
+version arrays are None (its `MergedSample.version_arrays()` is UNVERSIONED-filled). It refuses
+any other version naming it and the versions it reads (a version-2 codec refuses this one's
+buffers: "merged-sample format version 3 is not supported (this codec reads 1 and 2)"). A
+sample's missing version arrays are written UNVERSIONED-filled, missing row sources PREFILL. It
+does not own the merge (`merge.py`) or transport (the FastAPI adapter, the Ray pool).
 """
 
 from __future__ import annotations
@@ -43,11 +46,11 @@ import numpy as np
 import orjson
 
 from rl360_ext.session.merge import MergedSample
-from rl360_ext.sglang.versions import TURN_CACHED_TOKENS, TURN_OUTPUT_START
+from rl360_ext.sglang.versions import TURN_CACHED_TOKENS, TURN_OUTPUT_START, RoutingSource
 
 MAGIC = b"RL3S"
-VERSION = 2
-READS = (1, 2)
+VERSION = 3
+READS = (1, 2, 3)
 FLAG_ROUTING, FLAG_VERSIONS = 1, 2
 ALIGN = 64
 _HEADER = struct.Struct("<4sHHQQHHB3xQ24x")
@@ -61,7 +64,11 @@ class WireFormatError(ValueError):
     """The buffer is not a merged sample this version of the codec can read."""
 
 
-_PER_TURN = ("turn_first_version", TURN_OUTPUT_START, TURN_CACHED_TOKENS)  # version-2 metadata lists
+_PER_TURN = ("turn_first_version", TURN_OUTPUT_START, TURN_CACHED_TOKENS)  # version-2+ metadata lists
+# The row-source code versions 1 and 2 wrote for each RoutingSource, and the tables between them.
+_LEGACY_CODE = {RoutingSource.PREFILL: 0, RoutingSource.DECODE: 1, RoutingSource.REPREFILL: 2}
+_TO_LEGACY = np.asarray([_LEGACY_CODE[source] for source in sorted(RoutingSource)], np.uint8)
+_FROM_LEGACY = np.asarray(sorted(_LEGACY_CODE, key=_LEGACY_CODE.__getitem__), np.uint8)
 
 
 def _aligned(offset: int) -> int:
@@ -81,14 +88,22 @@ def _meta_json(sample: MergedSample, per_turn: dict[str, list[int]] | None) -> b
     return orjson.dumps(meta, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
 
 
-def encode(sample: MergedSample, version: int = VERSION) -> bytes:
-    """The sample as one bytes object (one copy of each array, no per-element work).
+def _checked_codes(codes: np.ndarray, limit: int, what: str) -> np.ndarray:
+    if len(codes) and int(codes.max()) >= limit:
+        raise WireFormatError(f"{what} holds code {int(codes.max())}, outside [0, {limit})")
+    return codes
 
-    `version=1` writes the previous format (no version arrays) for a reader that only knows it."""
+
+def encode(sample: MergedSample, version: int = VERSION) -> bytes:
+    """The sample as one bytes object (one copy of each array, no per-element work but the check
+    of the row-source codes, and their legacy codes for version 1 or 2).
+
+    `version=1` or `2` writes that format for a reader that only knows it."""
     if version not in READS:
         raise WireFormatError(f"cannot write merged-sample format version {version} (writes {READS})")
     n = len(sample.tokens)
     routed = sample.routed_experts
+    versions = sample.version_arrays()
     if routed is not None:
         code = _ROUTING_CODES.get(routed.dtype.newbyteorder("<"))
         if code is None:
@@ -98,9 +113,13 @@ def encode(sample: MergedSample, version: int = VERSION) -> bytes:
                 f"routed_experts has shape {routed.shape}; expected [{max(n - 1, 0)}, layers, top_k]"
             )
         rows, layers, top_k = routed.shape
-        sources = sample.routing_sources if sample.routing_sources is not None else np.zeros(rows, np.uint8)
+        assert versions.routing_source is not None
+        source = np.ascontiguousarray(versions.routing_source, dtype=np.uint8)
+        if len(source) != rows:
+            raise WireFormatError(f"routing_source has {len(source)} entries for {rows} rows")
+        _checked_codes(source, len(RoutingSource), "routing_source")
     else:
-        code, rows, layers, top_k, sources = 0, 0, 0, 0, None
+        code, rows, layers, top_k, source = 0, 0, 0, 0, None
     for name in ("loss_mask", "rollout_log_probs"):
         if len(getattr(sample, name)) != n:
             raise WireFormatError(f"{name} has {len(getattr(sample, name))} entries for {n} tokens")
@@ -109,13 +128,12 @@ def encode(sample: MergedSample, version: int = VERSION) -> bytes:
         np.ascontiguousarray(sample.rollout_log_probs, dtype="<f4"),
         np.ascontiguousarray(sample.loss_mask, dtype=np.uint8),
     ]
-    if routed is not None and sources is not None:
+    if routed is not None and source is not None:
         arrays.append(np.ascontiguousarray(routed, dtype=_ROUTING_DTYPES[code]))
-        arrays.append(np.ascontiguousarray(sources, dtype=np.uint8))
+        arrays.append(source if version >= 3 else _TO_LEGACY[source])
     per_turn: dict[str, list[int]] | None = None
     flags = FLAG_ROUTING if code else 0
     if version >= 2:
-        versions = sample.version_arrays()
         for name, length in (("token_version", n), ("kv_version", n), ("routing_version", rows)):
             array = getattr(versions, name)
             if array is not None and len(array) != length:
@@ -123,13 +141,10 @@ def encode(sample: MergedSample, version: int = VERSION) -> bytes:
         arrays.append(np.ascontiguousarray(versions.token_version, dtype="<i4"))
         arrays.append(np.ascontiguousarray(versions.kv_version, dtype="<i4"))
         if code:
-            assert versions.routing_version is not None and versions.routing_source is not None
-            if len(versions.routing_source) != rows:
-                raise WireFormatError(
-                    f"routing_source has {len(versions.routing_source)} entries for {rows} rows"
-                )
+            assert versions.routing_version is not None and source is not None
             arrays.append(np.ascontiguousarray(versions.routing_version, dtype="<i4"))
-            arrays.append(np.ascontiguousarray(versions.routing_source, dtype=np.uint8))
+            if version == 2:
+                arrays.append(source)
         per_turn = {
             name: array.tolist() for name in _PER_TURN if (array := getattr(versions, name)) is not None
         }
@@ -148,6 +163,24 @@ def encode(sample: MergedSample, version: int = VERSION) -> bytes:
     return b"".join(parts)
 
 
+def _layout(
+    version: int, n: int, rows: int, layers: int, top_k: int, code: int
+) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+    """(name, dtype, shape) of each array section of a buffer, in order."""
+    i4, u1 = np.dtype("<i4"), np.dtype(np.uint8)
+    layout = [("tokens", i4, (n,)), ("rollout_log_probs", np.dtype("<f4"), (n,)), ("loss_mask", u1, (n,))]
+    if code:
+        sources = "routing_source" if version >= 3 else "legacy_routing_source"
+        layout += [("routed_experts", _ROUTING_DTYPES[code], (rows, layers, top_k)), (sources, u1, (rows,))]
+    if version >= 2:
+        layout += [("token_version", i4, (n,)), ("kv_version", i4, (n,))]
+        if code:
+            layout.append(("routing_version", i4, (rows,)))
+            if version == 2:
+                layout.append(("routing_source", u1, (rows,)))
+    return layout
+
+
 def decode(buffer: bytes | bytearray | memoryview) -> MergedSample:
     """Read a buffer written by `encode`; arrays are zero-copy views (read-only for bytes)."""
     view = memoryview(buffer).cast("B")
@@ -159,37 +192,30 @@ def decode(buffer: bytes | bytearray | memoryview) -> MergedSample:
     if version not in READS:
         raise WireFormatError(
             f"merged-sample format version {version} is not supported (this codec reads "
-            f"{' and '.join(map(str, READS))})"
+            f"{', '.join(map(str, READS[:-1]))} and {READS[-1]})"
         )
     if code and code not in _ROUTING_DTYPES:
         raise WireFormatError(f"unknown routing dtype code {code}")
     offset = HEADER_SIZE
-    sections: list[np.ndarray] = []
-    layout: list[tuple[np.dtype, tuple[int, ...]]] = [
-        (np.dtype("<i4"), (n,)),
-        (np.dtype("<f4"), (n,)),
-        (np.dtype(np.uint8), (n,)),
-    ]
-    if code:
-        layout += [(_ROUTING_DTYPES[code], (rows, layers, top_k)), (np.dtype(np.uint8), (rows,))]
-    versioned = version >= 2
-    if versioned:
-        layout += [(np.dtype("<i4"), (n,)), (np.dtype("<i4"), (n,))]
-        if code:
-            layout += [(np.dtype("<i4"), (rows,)), (np.dtype(np.uint8), (rows,))]
-    for dtype, shape in layout:
+    sections: dict[str, np.ndarray] = {}
+    for name, dtype, shape in _layout(version, n, rows, layers, top_k, code):
         offset = _aligned(offset)
         count = int(np.prod(shape))
         end = offset + count * dtype.itemsize
         if end > len(view):
             raise WireFormatError(f"buffer of {len(view)} bytes ends inside an array section (needs {end})")
-        sections.append(np.frombuffer(view, dtype=dtype, count=count, offset=offset).reshape(shape))
+        sections[name] = np.frombuffer(view, dtype=dtype, count=count, offset=offset).reshape(shape)
         offset = end
     offset = _aligned(offset)
     if offset + meta_len != len(view):
         raise WireFormatError(f"buffer has {len(view)} bytes; header promises {offset + meta_len}")
     meta = orjson.loads(view[offset : offset + meta_len])
-    at = 5 if code else 3  # the first version section
+    source = sections.get("routing_source")
+    if source is not None:
+        _checked_codes(source, len(RoutingSource), "routing_source")
+    elif (legacy := sections.get("legacy_routing_source")) is not None:
+        source = _FROM_LEGACY[_checked_codes(legacy, len(_FROM_LEGACY), f"version-{version} routing_sources")]
+    versioned = version >= 2
     per_turn = {
         name: np.asarray(meta[name], np.int32) if versioned and meta.get(name) is not None else None
         for name in _PER_TURN
@@ -197,19 +223,18 @@ def decode(buffer: bytes | bytearray | memoryview) -> MergedSample:
     return MergedSample(
         session_id=meta["session_id"],
         status=meta["status"],
-        tokens=sections[0],
-        rollout_log_probs=sections[1],
-        loss_mask=sections[2],
-        routed_experts=sections[3] if code else None,
-        routing_sources=sections[4] if code else None,
+        tokens=sections["tokens"],
+        rollout_log_probs=sections["rollout_log_probs"],
+        loss_mask=sections["loss_mask"],
+        routed_experts=sections.get("routed_experts"),
+        routing_source=source,
         prompt_length=meta["prompt_length"],
         weight_versions=meta["weight_versions"],
         turns=meta["turns"],
         metadata=meta["metadata"],
-        token_version=sections[at] if versioned else None,
-        kv_version=sections[at + 1] if versioned else None,
-        routing_version=sections[at + 2] if versioned and code else None,
-        routing_source=sections[at + 3] if versioned and code else None,
+        token_version=sections.get("token_version"),
+        kv_version=sections.get("kv_version"),
+        routing_version=sections.get("routing_version"),
         turn_first_version=per_turn["turn_first_version"],
         turn_output_start=per_turn[TURN_OUTPUT_START],
         turn_cached_tokens=per_turn[TURN_CACHED_TOKENS],

@@ -6,7 +6,9 @@ is a decimal integer is its number and anything else is unnumbered. Per-token ar
 `UNVERSIONED` (-1) for tokens no forward of a known version produced (prompt and tool tokens in
 `token_version`). The merged sample's version arrays travel in a Miles `Sample`'s metadata under
 `VERSIONS_KEY`; `TURN_OUTPUT_START` and `TURN_CACHED_TOKENS` name its per-turn position facts.
-`RoutingSource` names which forward recorded an R3 row.
+`RoutingSource` names which forward recorded an R3 row: the one vocabulary of row provenance, from
+the session's per-turn rows (`rl360_ext.session.routing.row_sources`) through the merged sample
+and its wire to the trainer's metrics.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ TURN_CACHED_TOKENS = "turn_cached_tokens"
 class RoutingSource(IntEnum):
     """The forward that recorded an R3 routing row."""
 
-    DECODE = 0  # the row of a token the engine sampled, recorded while decoding it
-    PREFILL = 1  # the row recorded by the prefill of a turn's new input tokens
-    REPREFILL = 2  # the row of an earlier token recomputed by a later prefill (cache miss / retract)
+    DECODE = 0  # the decode step that fed a sampled token: the routing the sampler used
+    PREFILL = 1  # the prefill of an input token (first prompt, tool output, template tokens)
+    REPREFILL = 2  # a sampled token whose row a later prefill recorded (next turn / retract re-prefill)
 
 
 def version_number(label: str | None) -> int:

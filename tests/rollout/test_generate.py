@@ -54,7 +54,7 @@ def turn(
         cached_tokens=start,
         routing=routing,
         routing_start=rows_from,
-        routing_sources=np.zeros(len(routing), np.uint8),
+        routing_source=np.zeros(len(routing), np.uint8),
         routing_wire_bytes=len(routing) * 16,
         latency_s=0.25,
     )

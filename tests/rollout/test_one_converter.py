@@ -76,7 +76,7 @@ def trajectories(draw: st.DrawFn) -> tuple[MergedSample, int | None]:
                 if r3
                 else None,
                 routing_start=rows_from,
-                routing_sources=np.zeros(end - 1 - rows_from, np.uint8) if r3 else None,
+                routing_source=np.zeros(end - 1 - rows_from, np.uint8) if r3 else None,
             )
         )
         position = end

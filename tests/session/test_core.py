@@ -10,9 +10,9 @@ import pytest
 
 from rl360_ext.session.core import ServerConfig, SessionCore
 from rl360_ext.session.errors import EngineHTTPError, RequestError, SessionServerError
-from rl360_ext.session.routing import SOURCE_DECODE, SOURCE_LATER_PREFILL, SOURCE_PROMPT
 from rl360_ext.session.tito import TitoRenderer
 from rl360_ext.sglang.client import EngineError
+from rl360_ext.sglang.versions import RoutingSource
 from rl360_ext.templates.render import ChatRenderer
 
 from .conftest import SHAPE, ScriptedBackend, Step, expert_ids
@@ -103,14 +103,14 @@ async def test_row_sources_mark_the_last_sampled_token_of_a_turn_as_later_prefil
     _, history = await _turn(core, sid, [USER])
     await _turn(core, sid, [*history, {"role": "user", "content": "more"}])
     sample = await core.merged(sid)
-    sources = sample.routing_sources  # row p is the routing of token p; rows cover tokens[:-1]
+    sources = sample.routing_source  # row p is the routing of token p; rows cover tokens[:-1]
     first_out_end = len(backend.calls[0]["input_ids"]) + len(renderer.encode("abc<|im_end|>"))
-    assert sources[first_out_end - 1] == SOURCE_LATER_PREFILL
-    assert int(np.count_nonzero(sources == SOURCE_LATER_PREFILL)) == 1
+    assert sources[first_out_end - 1] == RoutingSource.REPREFILL
+    assert int(np.count_nonzero(sources == RoutingSource.REPREFILL)) == 1
     sampled_rows = np.nonzero(sample.loss_mask[:-1])[0]
-    assert set(sources[sampled_rows].tolist()) <= {SOURCE_DECODE, SOURCE_LATER_PREFILL}
+    assert set(sources[sampled_rows].tolist()) <= {RoutingSource.DECODE, RoutingSource.REPREFILL}
     prompt_rows = np.nonzero(sample.loss_mask[:-1] == 0)[0]
-    assert set(sources[prompt_rows].tolist()) == {SOURCE_PROMPT}
+    assert set(sources[prompt_rows].tolist()) == {RoutingSource.PREFILL}
     sampled = len(sampled_rows)
     assert sample.r3_rows_from_prefill_fraction == pytest.approx(1 / sampled)
     assert "rl360_session_r3_rows_from_prefill_fraction" in core.metrics.render().decode()

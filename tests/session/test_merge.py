@@ -49,7 +49,7 @@ def sessions(draw: st.DrawFn) -> tuple[list[TurnRecord], bool]:
                 weight_version=f"v{index}",
                 routing=routing,
                 routing_start=rows,
-                routing_sources=sources,
+                routing_source=sources,
             )
         )
         position, rows, last_output = end, end - 1, range(position + n_in, end)
@@ -86,10 +86,12 @@ def test_merge_properties(case: tuple[list[TurnRecord], bool]) -> None:
     assert sample.weight_versions == [f"v{t.index}" for t in kept]
     if with_routing:
         assert sample.routed_experts.shape == (n - 1, LAYERS, TOP_K)
-        assert len(sample.routing_sources) == n - 1
+        assert len(sample.routing_source) == n - 1
+        # No retracts here: the merged sources are the turns' recorded ones, row for row.
+        assert np.array_equal(sample.routing_source, np.concatenate([t.routing_source for t in kept]))
         assert np.array_equal(sample.routed_experts, _rows(np.arange(n - 1)))
     else:
-        assert sample.routed_experts is None and sample.routing_sources is None
+        assert sample.routed_experts is None and sample.routing_source is None
 
 
 def _turn(
@@ -107,7 +109,7 @@ def _turn(
         finish_reason="stop",
         routing=np.zeros((rows, LAYERS, TOP_K), np.uint8),
         routing_start=routing_start,
-        routing_sources=np.zeros(rows, np.uint8),
+        routing_source=np.zeros(rows, np.uint8),
     )
 
 
@@ -121,3 +123,13 @@ def test_routing_that_does_not_cover_tokens_minus_one_is_an_error() -> None:
         merge([_turn(0, 0, 4, 3), _turn(1, 7, 2, 2, routing_start=5)])
     with pytest.raises(MergeError, match="rows for 7 tokens"):
         merge([_turn(0, 0, 4, 3, rows=7)])
+
+
+@pytest.mark.parametrize("sources", [None, np.zeros(2, np.uint8)])
+def test_a_turn_whose_row_sources_do_not_match_its_rows_is_an_error(sources: np.ndarray | None) -> None:
+    turn = _turn(0, 0, 2, 2)
+    turn.routing_source = sources
+    with pytest.raises(
+        MergeError, match=f"turn 0 has {None if sources is None else 2} routing sources for 3"
+    ):
+        merge([turn])

@@ -42,7 +42,7 @@ def turn_lists(draw: st.DrawFn) -> tuple[list[TurnRecord], bool]:
                 cached_tokens=draw(st.integers(0, position)),
                 routing=np.zeros((rows, 1, 1), np.uint8) if r3 else None,
                 routing_start=max(position - 1, 0),
-                routing_sources=np.zeros(rows, np.uint8) if r3 else None,
+                routing_source=np.zeros(rows, np.uint8) if r3 else None,
             )
         )
         position += appended + out

@@ -51,7 +51,7 @@ def _turn(
         if r3
         else None,
         routing_start=max(start - 1, 0),
-        routing_sources=np.zeros(rows, np.uint8) if r3 else None,
+        routing_source=np.zeros(rows, np.uint8) if r3 else None,
     )
 
 

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rl360_ext.session.merge import TurnRecord, merge
-from rl360_ext.session.policy_versions import TurnVersions, version_arrays
+from rl360_ext.session.policy_versions import TurnVersions, turn_routing_source, version_arrays
 from rl360_ext.session.routing import row_sources
 from rl360_ext.sglang.versions import UNVERSIONED, RoutingSource
 
@@ -128,7 +128,7 @@ def _simulate(s: Scenario) -> tuple[list[TurnVersions], dict[str, np.ndarray]]:
                 num_retractions=retractions,
                 routing_start=rows,
                 routing_rows=turn_rows,
-                routing_sources=sources,
+                routing_source=sources,
             )
         )
         rows += turn_rows
@@ -157,6 +157,9 @@ def test_bookkeeping_recovers_what_wrote_each_position(s: Scenario) -> None:
     np.testing.assert_array_equal(arrays.kv_version, truth["kv_version"])
     np.testing.assert_array_equal(arrays.routing_version, truth["routing_version"])
     np.testing.assert_array_equal(arrays.routing_source, truth["routing_source"])
+    # Each turn's own rows, relabelled (what the session's metrics count), tile the merged ones.
+    per_turn = [turn_routing_source(r) for r in reports]
+    np.testing.assert_array_equal(np.concatenate([np.zeros(0, np.uint8), *per_turn]), truth["routing_source"])
     np.testing.assert_array_equal(arrays.turn_output_start, truth["turn_output_start"])
     np.testing.assert_array_equal(arrays.turn_cached_tokens, truth["turn_cached_tokens"])
     assert arrays.kv_version[-1] == UNVERSIONED  # the last token was never forwarded
@@ -182,7 +185,7 @@ def test_merge_carries_the_arrays(s: Scenario) -> None:
             cached_tokens=r.cached_tokens,
             routing=np.zeros((r.routing_rows or 0, 1, 1), np.uint8),
             routing_start=r.routing_start,
-            routing_sources=r.routing_sources,
+            routing_source=r.routing_source,
         )
         for i, r in enumerate(reports)
     ]

@@ -8,14 +8,12 @@ import numpy as np
 import pytest
 
 from rl360_ext.session.routing import (
-    SOURCE_DECODE,
-    SOURCE_LATER_PREFILL,
-    SOURCE_PROMPT,
     RoutingShape,
     compact_rows,
     row_sources,
     shape_from_model_config,
 )
+from rl360_ext.sglang.versions import RoutingSource
 
 
 def test_expert_ids_are_stored_in_a_byte_up_to_256_experts() -> None:
@@ -38,13 +36,14 @@ def test_ids_outside_the_expert_range_are_refused() -> None:
 def test_row_sources() -> None:
     # Rows 9..14 of a call whose prompt is 12 tokens; the previous turn sampled positions 6..10.
     sources = row_sources(9, 6, 12, range(6, 10))
+    assert sources.dtype == np.uint8
     assert sources.tolist() == [
-        SOURCE_LATER_PREFILL,
-        SOURCE_PROMPT,
-        SOURCE_PROMPT,
-        SOURCE_DECODE,
-        SOURCE_DECODE,
-        SOURCE_DECODE,
+        RoutingSource.REPREFILL,
+        RoutingSource.PREFILL,
+        RoutingSource.PREFILL,
+        RoutingSource.DECODE,
+        RoutingSource.DECODE,
+        RoutingSource.DECODE,
     ]
 
 

@@ -33,7 +33,7 @@ def samples(draw: st.DrawFn) -> MergedSample:
         rollout_log_probs=draw(hnp.arrays(np.float32, n, elements=st.floats(-50, 0, width=32))),
         prompt_length=draw(st.integers(0, n)),
         routed_experts=routed,
-        routing_sources=sources,
+        routing_source=sources,
         weight_versions=draw(st.lists(st.one_of(st.none(), text), max_size=4)),
         turns=draw(
             st.lists(st.fixed_dictionaries({"index": st.integers(0, 9), "finish_reason": text}), max_size=3)
@@ -46,7 +46,7 @@ def samples(draw: st.DrawFn) -> MergedSample:
 @given(samples())
 def test_round_trip(sample: MergedSample) -> None:
     decoded = decode(encode(sample))
-    for name in ("tokens", "loss_mask", "rollout_log_probs", "routed_experts", "routing_sources"):
+    for name in ("tokens", "loss_mask", "rollout_log_probs", "routed_experts", "routing_source"):
         before, after = getattr(sample, name), getattr(decoded, name)
         if before is None:
             assert after is None
@@ -65,7 +65,7 @@ def _sample(n: int = 6) -> MergedSample:
         rollout_log_probs=np.zeros(n, np.float32),
         prompt_length=2,
         routed_experts=np.arange((n - 1) * 8, dtype=np.uint8).reshape(n - 1, 4, 2),
-        routing_sources=np.zeros(n - 1, np.uint8),
+        routing_source=np.zeros(n - 1, np.uint8),
         weight_versions=["v"],
         turns=[],
         metadata={},
@@ -75,7 +75,8 @@ def _sample(n: int = 6) -> MergedSample:
 def test_decode_is_zero_copy_and_aligned() -> None:
     buffer = encode(_sample())
     decoded = decode(buffer)
-    for array in (decoded.tokens, decoded.rollout_log_probs, decoded.loss_mask, decoded.routed_experts):
+    views = (decoded.tokens, decoded.rollout_log_probs, decoded.loss_mask, decoded.routed_experts)
+    for array in (*views, decoded.routing_source, decoded.token_version):
         assert not array.flags.owndata and not array.flags.writeable  # a view on the immutable buffer
         assert np.shares_memory(array, np.frombuffer(buffer, np.uint8))
     assert decoded.tokens.ctypes.data % 4 == 0
@@ -86,7 +87,7 @@ def test_decode_is_zero_copy_and_aligned() -> None:
 def test_header_is_little_endian_and_documented() -> None:
     buffer = encode(_sample(6))
     magic, version, flags, n, rows, layers, top_k, code = struct.unpack_from("<4sHHQQHHB", buffer)
-    assert (magic, version, flags, n, rows, layers, top_k, code) == (b"RL3S", 2, 3, 6, 5, 4, 2, 1)
+    assert (magic, version, flags, n, rows, layers, top_k, code) == (b"RL3S", 3, 3, 6, 5, 4, 2, 1)
     assert np.frombuffer(buffer, "<i4", 6, HEADER_SIZE).tolist() == list(range(6))
 
 

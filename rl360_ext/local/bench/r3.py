@@ -35,6 +35,7 @@ from rl360_ext.session import wire
 from rl360_ext.session.merge import MergedSample, TurnRecord, merge
 from rl360_ext.session.routing import RoutingShape, compact_rows, row_sources
 from rl360_ext.sglang.client import decode_routed_experts
+from rl360_ext.sglang.versions import RoutingSource
 from rl360_ext.util.progress import stage
 
 FIELD_TOKENS = 58_000
@@ -79,7 +80,7 @@ def field_sample(seed: int = 0) -> MergedSample:
         rollout_log_probs=logprobs,
         prompt_length=n // 2,
         routed_experts=routed,
-        routing_sources=np.ones(n - 1, np.uint8),
+        routing_source=np.full(n - 1, RoutingSource.DECODE, np.uint8),
         weight_versions=["step-70"] * FIELD_TURNS,
         turns=turns,
         metadata={"task": "field"},
@@ -122,7 +123,7 @@ def bench_serialization(repeats: int = 3) -> dict[str, Any]:
             lambda s: orjson.dumps(_json_payload(s)),
             lambda b: _from_payload(orjson.loads(b)),
         ),
-        "rl360 wire v2 (uint8 routing)": (wire.encode, wire.decode),
+        f"rl360 wire v{wire.VERSION} (uint8 routing)": (wire.encode, wire.decode),
     }
     rows = []
     for name, (encode, decode) in codecs.items():
@@ -193,7 +194,7 @@ def bench_routing_bytes(seed: int = 0) -> dict[str, Any]:
                 finish_reason="stop",
                 routing=routing,
                 routing_start=held_rows,
-                routing_sources=row_sources(held_rows, rows, prompt, last_output),
+                routing_source=row_sources(held_rows, rows, prompt, last_output),
                 routing_wire_bytes=len(encoded),
             )
         )
