@@ -565,11 +565,13 @@ class SessionCore:
         )
 
     async def merged(self, session_id: str) -> MergedSample:
-        """The merged sample (waits for a turn in flight on this session to finish)."""
+        """The merged sample (waits for a turn in flight on this session to finish). The merge and
+        its drift check (one render of the whole trajectory) run on a worker thread, so the event
+        loop keeps serving other sessions' turns meanwhile."""
         session = self.get(session_id)
         async with session.lock:
             session.last_used = time.monotonic()
-            return self.merge_session(session)
+            return await asyncio.to_thread(self.merge_session, session)
 
     async def merged_wire(self, session_id: str) -> bytes:
         """The merged sample in the binary wire format (what `/merged` and the pool send)."""

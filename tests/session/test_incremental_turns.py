@@ -38,7 +38,8 @@ async def _conversation(
     for k in range(turns):
         reply = await core.chat(sid, {"messages": messages})
         messages = [*messages, reply.message(), {"role": "user", "content": f"again {k}"}]
-    return await core.merged(sid), threaded
+    planned_on_threads = threaded  # the merge below runs on one too
+    return await core.merged(sid), planned_on_threads
 
 
 async def test_appends_are_planned_in_place_with_the_full_renders_tokens(renderer, monkeypatch) -> None:
