@@ -7,11 +7,15 @@ actor its id hashes to; collecting merged samples (or every branch of a forked s
 (each actor encodes its samples in the wire format, the pool decodes them zero-copy); deleting
 sessions; shutdown; the args Miles' stock generate reads to reach the pool (`miles_args`: its
 servers' IP, ports and instance ids; ports can be given, one per server, as Miles'
-`--session-server-port` range names them). Session ids are unguessable (drawn here) so the ring
-spreads them evenly. It also owns where this process connects to Ray when the pool is the first to
-need it (`ensure_ray`): never from a thread that may exit, because Ray starts its head processes
-with a parent-death signal, which Linux sends when the *thread* that started them exits. It does
-not own session logic (`core.py`) or HTTP routes (`app.py`).
+`--session-server-port` range names them). Session ids are unguessable (128 random bits drawn
+here, no process tag) so the ring spreads them evenly; two pools never share a server, and a
+server refuses an id already in use, so a collision (odds ~2^-128 per pair) would fail a create,
+never merge two trajectories. An actor's merges (and their drift check) run on worker threads
+(`SessionCore.merged`), so a collect does not stall the turns its uvicorn serves. It also owns
+where this process connects to Ray when the pool is the first to need it (`ensure_ray`): never
+from a thread that may exit, because Ray starts its head processes with a parent-death signal,
+which Linux sends when the *thread* that started them exits. It does not own session logic
+(`core.py`) or HTTP routes (`app.py`).
 """
 
 from __future__ import annotations
