@@ -455,9 +455,13 @@ class HarborPool:
             self._watchdog.join(timeout=HEALTH_TIMEOUT_S * 2 + START_TIMEOUT_S)
             self._watchdog = None
         with self._lock:
+            stops = []
+            for replica in self.replicas:  # every replica drains at once
+                with contextlib.suppress(ray.exceptions.RayError):
+                    stops.append(replica.actor.stop.remote())
+            with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
+                ray.get(stops, timeout=60)
             for replica in self.replicas:
-                with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
-                    ray.get(replica.actor.stop.remote(), timeout=60)
                 ray.kill(replica.actor)
             self.replicas = []
             if self.slots_actor is not None:
