@@ -273,19 +273,11 @@ def test_interrupt_mid_rollout_stops_every_process(tmp_path: Path, stop_signal: 
 
 @pytest.mark.timeout(300)
 def test_demo_scales_out_over_harbor_replicas_and_session_servers(tmp_path: Path) -> None:
+    """Two Harbor replicas as Ray actors of the demo's Ray, both serving attempts: 6 attempts at
+    once are more than the router's spill-over (4) lets one replica take alone."""
     out, token = tmp_path / "demo", uuid.uuid4().hex
-    flags = [
-        "--steps",
-        "1",
-        "--tasks",
-        "2",
-        "--attempts",
-        "2",
-        "--harbor-replicas",
-        "2",
-        "--session-servers",
-        "2",
-    ]
+    flags = ["--steps", "1", "--tasks", "3", "--attempts", "2"]
+    flags += ["--harbor-replicas", "2", "--session-servers", "2"]
     run = subprocess.run(
         _demo_argv(out, *flags), env=_env(token), capture_output=True, text=True, timeout=280
     )
@@ -294,10 +286,16 @@ def test_demo_scales_out_over_harbor_replicas_and_session_servers(tmp_path: Path
     _assert_nothing_left(token, out)
     manifest = json.loads((out / "logs" / "services.json").read_text())
     assert len(manifest["session_servers"]) == 2, manifest
-    assert sorted(s["name"] for s in manifest["services"] if s["name"].startswith("harbor")) == [
-        "harbor0",
-        "harbor1",
-    ]
+    assert not [s for s in manifest["services"] if s["name"].startswith("harbor")], manifest
+    actors = manifest["harbor_replicas"]
+    assert [a["index"] for a in actors] == [0, 1], actors
+    assert len({a["pid"] for a in actors}) == 2 and len({a["url"] for a in actors}) == 2, actors
+    assert all(a["loop"].startswith("asyncio") for a in actors), actors  # not uvloop
+    summary = json.loads((out / "summary.json").read_text())
+    served = {r["index"]: r["attempts"] for r in summary["harbor_replicas"]}
+    assert sum(served.values()) == 6 and min(served.values()) >= 1, summary["harbor_replicas"]
+    assert summary["harbor_replacements"] == []
     steps, attempts = read_metrics(out / "metrics.jsonl")
     assert [s["rollout_id"] for s in steps] == [0]
-    assert len(attempts) == 4 and all(a["attempt_class"] for a in attempts)
+    assert len(attempts) == 6 and all(a["attempt_class"] for a in attempts)
+    assert "Harbor pool attempts served" in output
