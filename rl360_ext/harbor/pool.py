@@ -16,7 +16,8 @@ Owns three things:
   check that replaces a replica whose actor died, a watchdog thread that runs that check every few
   seconds (no human calls it), and shutdown. A replacement asks for the dead replica's node and
   binds its port again, so the URL the clients hold stays valid; when that port or node is not to be
-  had it binds a new port and the pool's `on_replace(old_url, new_url)` callback tells the clients.
+  had it binds a new port. Either way the pool's `on_replace(old_url, new_url)` callback tells the
+  clients (`rl360_ext.rollout.harbor_routing.replace_url`: swap the URL, or mark it live again).
 It does not route attempts (the client does: `rl360_ext.rollout.harbor_routing`) or run trials
 (`runner.py`).
 """
@@ -239,7 +240,7 @@ class HarborPool:
     `start_rate` is the pool-wide `(size, interval_s)` rolling-start limit (None: unlimited; then
     `settings.rolling_start_size` would apply per replica, which is why the pool clears it).
     `on_replace(old_url, new_url)` is called (from the watchdog thread, or `replace_dead`'s caller)
-    when a replacement serves on a URL other than its predecessor's.
+    for every replacement, with the URL it serves on (mostly its predecessor's).
     """
 
     def __init__(
@@ -382,8 +383,8 @@ class HarborPool:
         """Start a new replica in place of each one whose actor died (a slow one is left alone);
         returns their indices.
 
-        The replacement asks for the dead replica's node and port, so its URL is the same; when it
-        serves elsewhere, `on_replace(old_url, new_url)` is called."""
+        The replacement asks for the dead replica's node and port, so its URL is mostly the same;
+        either way `on_replace(old_url, new_url)` is called (clients swap the URL, or mark it live)."""
         import ray
 
         with self._lock:
@@ -413,7 +414,7 @@ class HarborPool:
                     "rl360 harbor pool: replica %d (%s) died; replaced by generation %d at %s",
                     replica.index, replica.url, new.generation, new.url,
                 )  # fmt: skip
-                if new.url != replica.url and self.on_replace is not None:
+                if self.on_replace is not None:
                     self.on_replace(replica.url, new.url)
             self.replaced += len(replaced)
             return replaced

@@ -9,8 +9,8 @@ Owns the client-side routing over a pool of Harbor /run servers (`rl360_ext.harb
 - a replica whose connection failed is skipped for `down_s` seconds (its attempt is already an
   infrastructure failure; the next ones go elsewhere while the pool replaces it);
 - a replaced replica: `replace_url(old, new)` swaps a URL in every router of this process (the
-  pool's `on_replace` callback, when a replacement could not bind its predecessor's port), and the
-  swapped-in URL is live at once.
+  pool's `on_replace` callback), and the swapped-in URL is live at once; a replacement on its
+  predecessor's URL (`old == new`) clears that URL's down mark.
 It does not send requests or classify failures (`rl360_ext.rollout.agent`).
 """
 
@@ -32,7 +32,8 @@ _routers_lock = threading.Lock()
 
 
 def replace_url(old: str, new: str) -> int:
-    """Swap replica URL `old` for `new` in every router of this process; returns how many had it."""
+    """Swap replica URL `old` for `new` in every router of this process (the same URL: mark it live
+    again); returns how many had it."""
     with _routers_lock:
         routers = list(_routers)
     swapped = 0
@@ -81,6 +82,9 @@ class HarborRouter:
     def swap(self, old: str, new: str) -> bool:
         """Replace replica `old` by `new` (same position; `new` is live); False if `old` is not here."""
         old, new = old.rstrip("/"), new.rstrip("/")
+        if old == new and old in self.in_flight:  # replaced on the same URL: live again now
+            self._down_until.pop(old, None)
+            return True
         if old not in self.in_flight or new in self.in_flight:
             return False
         self.update([new if url == old else url for url in self.urls])

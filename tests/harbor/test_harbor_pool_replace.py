@@ -67,6 +67,14 @@ def test_a_swapped_url_moves_only_the_victims_groups(replicas: int, victim: int,
     assert "http://10.0.9.9:8001" in router._live()
 
 
+def test_a_replacement_on_the_same_url_is_live_again() -> None:
+    router = HarborRouter(["http://a:1", "http://b:2"])
+    router.mark_down("http://a:1")
+    assert router._live() == ["http://b:2"]
+    assert router.swap("http://a:1", "http://a:1")
+    assert router._live() == ["http://a:1", "http://b:2"]
+
+
 def test_swap_ignores_routers_without_the_url() -> None:
     router = HarborRouter(["http://a:1", "http://b:2"])
     assert not router.swap("http://c:3", "http://d:4")
