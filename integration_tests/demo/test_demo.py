@@ -92,7 +92,8 @@ def _marked_processes(token: str) -> list[tuple[int, str]]:
 def _manifest_ports(out: Path) -> list[int]:
     manifest = json.loads((out / "logs" / "services.json").read_text())
     ports = [port for service in manifest["services"] for port in service["ports"]]
-    for url in [*manifest["session_servers"], manifest["ray_gcs_address"] or ""]:
+    replicas = [replica["url"] for replica in manifest.get("harbor_replicas", [])]
+    for url in [*manifest["session_servers"], *replicas, manifest["ray_gcs_address"] or ""]:
         if match := re.search(r":(\d+)/?$", url):
             ports.append(int(match.group(1)))
     return ports
@@ -273,19 +274,11 @@ def test_interrupt_mid_rollout_stops_every_process(tmp_path: Path, stop_signal: 
 
 @pytest.mark.timeout(300)
 def test_demo_scales_out_over_harbor_replicas_and_session_servers(tmp_path: Path) -> None:
+    """Two Harbor replicas as Ray actors of the demo's Ray, both serving attempts: 6 attempts at
+    once are more than the router's spill-over (4) lets one replica take alone."""
     out, token = tmp_path / "demo", uuid.uuid4().hex
-    flags = [
-        "--steps",
-        "1",
-        "--tasks",
-        "2",
-        "--attempts",
-        "2",
-        "--harbor-replicas",
-        "2",
-        "--session-servers",
-        "2",
-    ]
+    flags = ["--steps", "1", "--tasks", "3", "--attempts", "2"]
+    flags += ["--harbor-replicas", "2", "--session-servers", "2"]
     run = subprocess.run(
         _demo_argv(out, *flags), env=_env(token), capture_output=True, text=True, timeout=280
     )
@@ -294,10 +287,74 @@ def test_demo_scales_out_over_harbor_replicas_and_session_servers(tmp_path: Path
     _assert_nothing_left(token, out)
     manifest = json.loads((out / "logs" / "services.json").read_text())
     assert len(manifest["session_servers"]) == 2, manifest
-    assert sorted(s["name"] for s in manifest["services"] if s["name"].startswith("harbor")) == [
-        "harbor0",
-        "harbor1",
-    ]
+    assert not [s for s in manifest["services"] if s["name"].startswith("harbor")], manifest
+    actors = manifest["harbor_replicas"]
+    assert [a["index"] for a in actors] == [0, 1], actors
+    assert len({a["pid"] for a in actors}) == 2 and len({a["url"] for a in actors}) == 2, actors
+    assert all(a["loop"].startswith("asyncio") for a in actors), actors  # not uvloop
+    summary = json.loads((out / "summary.json").read_text())
+    served = {r["index"]: r["attempts"] for r in summary["harbor_replicas"]}
+    assert sum(served.values()) == 6 and min(served.values()) >= 1, summary["harbor_replicas"]
+    assert summary["harbor_replacements"] == []
     steps, attempts = read_metrics(out / "metrics.jsonl")
     assert [s["rollout_id"] for s in steps] == [0]
-    assert len(attempts) == 4 and all(a["attempt_class"] for a in attempts)
+    assert len(attempts) == 6 and all(a["attempt_class"] for a in attempts)
+    assert "Harbor pool attempts served" in output
+
+
+def _sandboxes_under(pid: int) -> int:
+    """bubblewrap processes descended from `pid`."""
+    parents: dict[int, tuple[int, str]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            text = stat.read_text()
+            parents[int(stat.parent.name)] = (int(text[text.rindex(")") + 2 :].split()[1]), text)
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, (parent, _) in parents.items() if parent in frontier} - found
+        found |= frontier
+    return sum(1 for child in found if "(bwrap)" in parents[child][1])
+
+
+@pytest.mark.timeout(300)
+def test_a_replica_killed_mid_step_is_replaced_and_its_attempts_are_masked(tmp_path: Path) -> None:
+    """SIGKILL one Harbor replica's process while it runs sandboxes: the step completes with that
+    replica's attempts masked as infra, the pool's watchdog replaces it on the same URL, and the
+    next step's attempts are all graded."""
+    out, token = tmp_path / "demo", uuid.uuid4().hex
+    flags = ["--steps", "2", "--tasks", "3", "--attempts", "2", "--harbor-replicas", "2"]
+    process = subprocess.Popen(
+        _demo_argv(out, *flags), env=_env(token), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        manifest_path, deadline = out / "logs" / "services.json", time.monotonic() + 180
+        victim = None
+        while victim is None:
+            assert process.poll() is None, process.communicate()[0][-4000:]
+            assert time.monotonic() < deadline, "no replica ran a sandbox"
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                for replica in json.loads(manifest_path.read_text())["harbor_replicas"]:
+                    if _sandboxes_under(replica["pid"]):
+                        victim = replica
+                        break
+            time.sleep(0.05)
+        os.kill(victim["pid"], signal.SIGKILL)
+        output, _ = process.communicate(timeout=240)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, output[-4000:]
+    _assert_nothing_left(token, out)
+    summary = json.loads((out / "summary.json").read_text())
+    (replacement,) = summary["harbor_replacements"]
+    assert replacement["index"] == victim["index"] and replacement["url"] == victim["url"], replacement
+    served = {r["index"]: r for r in summary["harbor_replicas"]}
+    assert served[victim["index"]]["generation"] == 1 and served[victim["index"]]["pid"] != victim["pid"]
+    first, second = summary["steps"]
+    lost = first["infra_by_cause"].get("sandbox_lost", 0) + first["infra_by_cause"].get("no_sandbox", 0)
+    assert lost >= 1, first
+    assert second["valid"] == second["attempts"] == 6, second
+    _, attempts = read_metrics(out / "metrics.jsonl")
+    masked = [a for a in attempts if a["attempt_class"] in ("infra:sandbox_lost", "infra:no_sandbox")]
+    assert len(masked) == lost and all(a["reward"] is None and not a["trained"] for a in masked), masked

@@ -202,6 +202,13 @@ def _faults_needs() -> None:
     preflight(matrix_stack_config(Path(tempfile.gettempdir())), "rl360 bench faults", install=True)
 
 
+def _harbor_needs() -> None:
+    from rl360_ext.local.stack import HarborServer, StackConfig, preflight
+
+    config = StackConfig(out=Path(tempfile.gettempdir()), gateway=False, harbors=(HarborServer(),))
+    preflight(config, "rl360 bench harbor", install=True)
+
+
 BENCHES: dict[str, tuple[str, Callable[[], None] | None]] = {
     "engine": ("Prefill and decode tokens/s of the tiny engine at its default size.", None),
     "r3": ("R3 routing data: wire vs json/orjson, delta vs full routing bytes, pool collection.", None),
@@ -213,6 +220,11 @@ BENCHES: dict[str, tuple[str, Callable[[], None] | None]] = {
     "faults": (
         "Fault matrix: every injected infra failure, its class, and proof its reward enters no mean.",
         _faults_needs,
+    ),
+    "harbor": (
+        "One Harbor /run replica (process and Ray actor) at max_concurrent 8/16: attempts/s, starts/s, "
+        "CPU per attempt, RSS, memory per live sandbox.",
+        _harbor_needs,
     ),
     "trainer": (
         "|Δ log p| and routing agreement of the reference trainer vs float64/float32 engines, R3 on and "

@@ -549,6 +549,17 @@ class DemoResult:
     problems: list[str] = field(default_factory=list)
     loop_s: float | None = None  # the driver's steps alone (no stack start, no warm start)
     engine_idle_share: float | None = None  # engine_idle_share over the driver's steps
+    harbor_replicas: list[dict[str, Any]] = field(default_factory=list)  # the Harbor pool's, if any
+    harbor_replacements: list[dict[str, Any]] = field(default_factory=list)  # by the pool's watchdog
+
+
+def harbor_pool_line(replicas: Sequence[Mapping[str, Any]], replacements: Sequence[Any]) -> str:
+    """What each Harbor pool replica (a Ray actor) served, and how many the watchdog replaced."""
+    served = ", ".join(
+        f"replica {r['index']} (pid {r['pid']}, {r['url']}, generation {r['generation']}) {r['attempts']}"
+        for r in replicas
+    )
+    return f"Harbor pool attempts served: {served}; replicas replaced by the watchdog: {len(replacements)}"
 
 
 def write_summary(config: DemoConfig, result: DemoResult) -> Path:
@@ -563,6 +574,8 @@ def write_summary(config: DemoConfig, result: DemoResult) -> Path:
         "problems": result.problems,
         "loop_s": result.loop_s,
         "engine_idle_share": result.engine_idle_share,
+        "harbor_replicas": result.harbor_replicas,
+        "harbor_replacements": result.harbor_replacements,
     }
     path = config.out / SUMMARY_FILE
     path.write_text(json.dumps(body, indent=2) + "\n")
@@ -739,6 +752,8 @@ def run_demo(
     _import_transformers_quietly()
     started = time.monotonic()
     engine_503s: dict[str, int] = {}
+    replicas: list[dict[str, Any]] = []
+    replacements: list[dict[str, Any]] = []
     console.print(
         f"rl360 demo: {config.steps} steps x {config.tasks} tasks x {config.attempts} attempts, "
         f"{config.engines} engines, faults {config.faults:g}, output {config.out}"
@@ -760,6 +775,8 @@ def run_demo(
                     idle_share = engine_idle_share(busy_before, engine_busy_seconds(stack.engines), loop_s)
                 if config.faults > 0:
                     engine_503s = engine_fault_counts(stack.engines)
+                if stack.harbor_pool is not None:
+                    replicas, replacements = stack.harbor_replicas(), list(stack.harbor_pool.replacements)
             finally:
                 console.print("stopping every process the demo started ...")
                 stopping = time.monotonic()
@@ -770,6 +787,8 @@ def run_demo(
         console.print(by_cause)
     if engine_503s:
         console.print("engine 503s injected: " + ", ".join(f"{name} {n}" for name, n in engine_503s.items()))
+    if replicas:
+        console.print(harbor_pool_line(replicas, replacements))
     for problem in driver.problems:
         console.print(f"[bold red]MISMATCH[/] {problem}")
     console.print(learning_line(summaries, wall_s))
@@ -786,6 +805,8 @@ def run_demo(
         problems=list(driver.problems),
         loop_s=loop_s,
         engine_idle_share=idle_share,
+        harbor_replicas=replicas,
+        harbor_replacements=replacements,
     )
     write_summary(config, result)
     console.print(

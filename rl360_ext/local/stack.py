@@ -3,16 +3,18 @@ always stopped together.
 
 Owns starting and stopping, on loopback, what `rl360 demo`, the fault matrix (`rl360 bench
 faults`, its integration test) and the benches run against: N tiny engines, the SMG gateway in
-front of them, Harbor `/run` servers with bubblewrap sandboxes, and a local Ray instance for the
-session pool. `StackConfig` says what one run needs (each field's docstring names who sets it);
-`preflight` names everything missing in one line before anything starts (installing the missing
-host tools with apt-get first, when asked and running as root); `local_stack(config)` is a
-context manager: whatever happens inside it (an error, Ctrl-C), every process it started is
-stopped on the way out, and `logs/services.json` in the output folder lists each one's pid, port
-and log, so a user (or a test) can check that nothing is left. Process lifecycle itself is
-`rl360_ext.util.procs`, each service's argv `rl360_ext.local.services`; the session pool belongs
-to the generate hook (`rl360_ext.rollout.generate.shutdown_session_pool` stops it here, before
-Ray goes down). It does not drive rollouts (`rl360_ext.local.demo`, `rl360_ext.local.fault_matrix`).
+front of them, Harbor `/run` servers with bubblewrap sandboxes (as processes, or as a `HarborPool`
+of Ray actors in the stack's Ray: `HarborPoolSpec`), and a local Ray instance for the session pool.
+`StackConfig` says what one run needs (each field's docstring names who sets it); `preflight`
+names everything missing in one line before anything starts (installing the missing host tools
+with apt-get first, when asked and running as root); `local_stack(config)` is a context manager:
+whatever happens inside it (an error, Ctrl-C), every process it started is stopped on the way
+out, and `logs/services.json` in the output folder lists each one's pid, port and log, so a user
+(or a test) can check that nothing is left. Process lifecycle itself is `rl360_ext.util.procs`,
+each service's argv `rl360_ext.local.services`; the session pool belongs to the generate hook
+(`rl360_ext.rollout.generate.shutdown_session_pool` stops it here, before Ray goes down; a Harbor
+pool is shut down before that). It does not drive rollouts (`rl360_ext.local.demo`,
+`rl360_ext.local.fault_matrix`).
 
 `demo_stack(config)` is the demo's stack. With `--faults` above 0, SMG runs with
 `--disable-retries --disable-circuit-breaker`: by default SMG retries a 503 up to five times and
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -37,10 +40,14 @@ from typing import Any
 
 import httpx
 
+from rl360_ext.harbor.pool import HarborPool
+from rl360_ext.harbor.settings import ServerSettings
 from rl360_ext.local.demo_plan import DemoConfig
 from rl360_ext.local.fixtures import tasks_root as fixture_tasks_root
 from rl360_ext.local.quiz_agent import IMPORT_PATH as QUIZ_AGENT
 from rl360_ext.local.services import start_engine, start_harbor, start_smg
+from rl360_ext.rollout.harbor_routing import replace_url
+from rl360_ext.util.fielddocs import flag_of
 from rl360_ext.util.prereqs import (
     bwrap_problem,
     ensure_host_tools,
@@ -49,20 +56,21 @@ from rl360_ext.util.prereqs import (
     require,
     smg_problem,
 )
-from rl360_ext.util.procs import Service
+from rl360_ext.util.procs import LOOPBACK, Service
 from rl360_ext.util.signals import handlers_kept
 
 logger = logging.getLogger(__name__)
 
 MANIFEST = "services.json"
-DEMO_HARBOR_BUDGET = (
+DEMO_HARBOR_BUDGET: dict[str, Any] = {
     # Phase budgets sized for the quiz tasks (the defaults are for real coding tasks: 120 s setup).
-    "--env-setup-s", "20",
-    "--agent-setup-s", "5",
-    "--max-verifier-s", "20",
-    "--margin-s", "3",
-    "--min-agent-s", "5",
-)  # fmt: skip
+    "env_setup_s": 20.0,
+    "agent_setup_s": 5.0,
+    "max_verifier_s": 20.0,
+    "margin_s": 3.0,
+    "min_agent_s": 5.0,
+}
+DEMO_START_INTERVAL_S = 1.0  # the demo pool's start-rate window: a step's sandboxes start within it
 RAY_OBJECT_STORE_BYTES = 256 * 1024**2
 RAY_CPUS = 2
 DEMO_HOST_TOOLS = ("bwrap", "tmux")
@@ -80,6 +88,52 @@ class HarborServer:
     matrix: `rl360_ext.local.agents:BashToolAgent`)."""
     flags: tuple[str, ...] = ()
     """Further `rl360 harbor serve` flags: concurrency, phase budgets, where trial folders go."""
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    """`ServerSettings` field values (beyond tasks root, env and agent); the process gets them as
+    the flags `rl360 harbor serve` derives from those fields, before `flags` (demo: concurrency,
+    budgets, trial folders)."""
+
+    def argv_flags(self) -> tuple[str, ...]:
+        """`settings` as `rl360 harbor serve` flags, then `flags`."""
+        return (*settings_flags(self.settings), *self.flags)
+
+    def server_settings(self, tasks_root: Path) -> ServerSettings:
+        """The `ServerSettings` a pool replica serves: what the process would get from its flags
+        (`settings` only: `flags` are process flags)."""
+        values = {"host": LOOPBACK, "env": "bwrap", "agent": (self.agent,), **self.settings}
+        return ServerSettings(tasks_root=tasks_root, **values)
+
+
+@dataclass(frozen=True)
+class HarborPoolSpec:
+    """The stack's Harbor `/run` servers as a `HarborPool` in the stack's local Ray."""
+
+    server: HarborServer
+    """What every replica serves (its `settings` and agent; `trials_dir` gets `replica-<i>/`)."""
+    replicas: int = 2
+    """Replicas (demo: `--harbor-replicas`)."""
+    start_rate: tuple[int, float] | None = None
+    """The pool-wide rolling-start limit `(starts, seconds)`, one Ray actor for every replica."""
+    watchdog_s: float = 2.0
+    """How often the pool's watchdog looks for a dead replica to replace."""
+    actor_num_cpus: float = 0.0
+    """Ray CPUs each replica asks for (the demo's Ray has 2, which its session servers take)."""
+
+
+def settings_flags(values: Mapping[str, Any]) -> tuple[str, ...]:
+    """`ServerSettings` field values as the `rl360 harbor serve` flags that set them (the CLI derives
+    each field's flag in `rl360_ext.cli.fields`; a repeatable field repeats its flag)."""
+    specs = {spec.name: spec for spec in dataclasses.fields(ServerSettings)}
+    flags: list[str] = []
+    for name, value in values.items():
+        if name not in specs:
+            raise ValueError(f"{name!r} is not a ServerSettings field")
+        if value is None:
+            continue
+        items = value if isinstance(value, tuple) else (value,)
+        for item in items:
+            flags += [flag_of(specs[name]), str(item)]
+    return tuple(flags)
 
 
 @dataclass(frozen=True)
@@ -103,6 +157,8 @@ class StackConfig:
     `--disable-retries --disable-circuit-breaker`)."""
     harbors: tuple[HarborServer, ...] = ()
     """Harbor `/run` servers; any of them makes bubblewrap and the harbor extra prerequisites."""
+    harbor_pool: HarborPoolSpec | None = None
+    """Harbor `/run` servers as Ray actors (demo: `--harbor-replicas` 2 or more); needs `ray`."""
     tasks_root: Path | None = None
     """Tasks the Harbor servers serve; None: rl360's fixtures in place (the fault matrix serves a copy)."""
     tokenizer_dir: Path | None = None
@@ -118,8 +174,9 @@ class StackConfig:
 
     def prerequisites(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(host executables, Python packages) this run needs."""
-        tools = (*(("bwrap",) if self.harbors else ()), *self.host_tools)
-        return tuple(dict.fromkeys(tools)), (("harbor",) if self.harbors else ())
+        harbor = bool(self.harbors or self.harbor_pool)
+        tools = (*(("bwrap",) if harbor else ()), *self.host_tools)
+        return tuple(dict.fromkeys(tools)), (("harbor",) if harbor else ())
 
 
 def preflight(config: StackConfig, what: str = "the local stack", *, install: bool = False) -> None:
@@ -146,6 +203,7 @@ class LocalStack:
     engines: list[Service] = field(default_factory=list)
     smg: Service | None = None
     harbors: dict[str, Service] = field(default_factory=dict)
+    harbor_pool: HarborPool | None = None
     ray_address: str | None = None
     session_servers: list[str] = field(default_factory=list)
 
@@ -161,8 +219,14 @@ class LocalStack:
 
     @property
     def harbor_urls(self) -> str:
-        """Every Harbor server's URL, comma-separated, as the agent function's --rl360-harbor-url."""
-        return ",".join(server.url for server in self.harbors.values())
+        """Every Harbor server's URL (processes, then pool replicas), comma-separated, as the agent
+        function's --rl360-harbor-url."""
+        pool = self.harbor_pool.urls if self.harbor_pool is not None else []
+        return ",".join([*(server.url for server in self.harbors.values()), *pool])
+
+    def harbor_replicas(self) -> list[dict[str, Any]]:
+        """The Harbor pool's replicas (index, URL, node, pid, generation, attempts served), if any."""
+        return [] if self.harbor_pool is None else self.harbor_pool.stats()
 
     def services(self) -> list[Service]:
         return [*self.harbors.values(), *([self.smg] if self.smg else []), *self.engines]
@@ -193,10 +257,15 @@ class LocalStack:
                     "log": str(service.log_path),
                 }
             )
+        pool = self.harbor_pool
         return {
             "services": entries,
             "ray_gcs_address": self.ray_address,
             "session_servers": list(self.session_servers),
+            "harbor_replicas": [
+                {"index": r.index, "url": r.url, "node_id": r.node_id, "pid": r.pid, "loop": r.loop}
+                for r in (pool.replicas if pool is not None else [])
+            ],
         }
 
     def write_manifest(self) -> Path:
@@ -380,9 +449,11 @@ def local_stack(config: StackConfig, what: str = "the local stack") -> Iterator[
         if config.gateway:
             stack.smg = start_smg([e.url for e in stack.engines], logs, extra=config.gateway_flags)
             started.append(stack.smg)
-        if config.ray:
+        if config.ray or config.harbor_pool is not None:
             ray_touched = True
             stack.ray_address, ray_started = _start_ray(config.reuse_ray)
+        if config.harbor_pool is not None:
+            stack.harbor_pool = _start_harbor_pool(config.harbor_pool, stack.tasks_root)
         stack.write_manifest()
         yield stack
     finally:
@@ -390,10 +461,29 @@ def local_stack(config: StackConfig, what: str = "the local stack") -> Iterator[
             stopper = threading.Thread(target=_stop_all, args=(started,), name="rl360-stop")
             stopper.start()
             try:
-                if ray_touched:
-                    _stop_ray(ray_started)
+                if stack.harbor_pool is not None:
+                    stack.harbor_pool.shutdown()
             finally:
-                stopper.join()
+                try:
+                    if ray_touched:
+                        _stop_ray(ray_started)
+                finally:
+                    stopper.join()
+
+
+def _start_harbor_pool(spec: HarborPoolSpec, tasks_root: Path) -> HarborPool:
+    """The spec's pool in this process's Ray, its watchdog running; a replacement on a new URL is
+    swapped into this process's Harbor routers (the demo's agent function runs here)."""
+    pool = HarborPool(
+        spec.server.server_settings(tasks_root),
+        spec.replicas,
+        start_rate=spec.start_rate,
+        host=LOOPBACK,
+        actor_num_cpus=spec.actor_num_cpus,
+        on_replace=replace_url,
+    )
+    pool.start_watchdog(spec.watchdog_s)
+    return pool
 
 
 def _engine_starter(config: StackConfig, logs: Path, number: int) -> Callable[[], Service]:
@@ -401,28 +491,33 @@ def _engine_starter(config: StackConfig, logs: Path, number: int) -> Callable[[]
 
 
 def _harbor_starter(server: HarborServer, tasks_root: Path, logs: Path) -> Callable[[], Service]:
-    return lambda: start_harbor(logs, tasks_root, server.agent, *server.flags, name=server.name)
+    return lambda: start_harbor(logs, tasks_root, server.agent, *server.argv_flags(), name=server.name)
 
 
 def demo_stack_config(config: DemoConfig) -> StackConfig:
-    """The demo's stack: `--engines` seeded engines behind SMG with the RL fan-out, `--harbor-replicas`
-    Harbor servers for the quiz agent, local Ray; with `--faults`, engine 503s that SMG does not retry."""
+    """The demo's stack: `--engines` seeded engines behind SMG with the RL fan-out, Harbor for the quiz
+    agent (one `rl360 harbor serve` process; with `--harbor-replicas` 2 or more a `HarborPool` of
+    Ray actors under one pool-wide start-rate limit), local Ray; with `--faults`, engine 503s that
+    SMG does not retry."""
     gateway_flags = ["--enable-rl"]
     if config.faults > 0:
         gateway_flags += ["--disable-retries", "--disable-circuit-breaker"]
-    harbors = tuple(
-        HarborServer(
-            name="harbor" if config.harbor_replicas == 1 else f"harbor{number}",
-            agent=QUIZ_AGENT,
-            flags=(
-                "--max-concurrent", str(max(8, config.tasks * config.attempts)),
-                "--trials-dir", str(config.out / "trials"),
-                "--keep-trials", "failed",
-                *DEMO_HARBOR_BUDGET,
-            ),
-        )
-        for number in range(config.harbor_replicas)
-    )  # fmt: skip
+    concurrent = max(8, config.tasks * config.attempts)
+    server = HarborServer(
+        name="harbor",
+        agent=QUIZ_AGENT,
+        settings={
+            "max_concurrent": concurrent,
+            "trials_dir": config.out / "trials",
+            "keep_trials": "failed",
+            **DEMO_HARBOR_BUDGET,
+        },
+    )
+    harbors: tuple[HarborServer, ...] = (server,)
+    pool = None
+    if config.harbor_replicas > 1:
+        harbors = ()
+        pool = HarborPoolSpec(server, config.harbor_replicas, start_rate=(concurrent, DEMO_START_INTERVAL_S))
     faults = {"error_rate": config.engine_error_rate, "seed": config.seed} if config.faults > 0 else None
     return StackConfig(
         out=config.out,
@@ -431,6 +526,7 @@ def demo_stack_config(config: DemoConfig) -> StackConfig:
         engine_faults=faults,
         gateway_flags=tuple(gateway_flags),
         harbors=harbors,
+        harbor_pool=pool,
         tokenizer_dir=config.out / "tokenizer",
         host_tools=DEMO_HOST_TOOLS,
     )

@@ -7,7 +7,10 @@ Owns the client-side routing over a pool of Harbor /run servers (`rl360_ext.harb
 - spill-over: when the pinned replica has `spill_over` more attempts in flight (from this client)
   than the least-loaded live one, the attempt goes to the least-loaded one instead;
 - a replica whose connection failed is skipped for `down_s` seconds (its attempt is already an
-  infrastructure failure; the next ones go elsewhere while the pool replaces it).
+  infrastructure failure; the next ones go elsewhere while the pool replaces it);
+- a replaced replica: `replace_url(old, new)` swaps a URL in every router of this process (the
+  pool's `on_replace` callback), and the swapped-in URL is live at once; a replacement on its
+  predecessor's URL (`old == new`) clears that URL's down mark.
 It does not send requests or classify failures (`rl360_ext.rollout.agent`).
 """
 
@@ -15,11 +18,29 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 
 DEFAULT_SPILL_OVER = 4
 DEFAULT_DOWN_S = 30.0
+
+
+_routers: weakref.WeakSet[HarborRouter] = weakref.WeakSet()
+_routers_lock = threading.Lock()
+
+
+def replace_url(old: str, new: str) -> int:
+    """Swap replica URL `old` for `new` in every router of this process (the same URL: mark it live
+    again); returns how many had it."""
+    with _routers_lock:
+        routers = list(_routers)
+    swapped = 0
+    for router in routers:
+        if router.swap(old, new):
+            swapped += 1
+    return swapped
 
 
 def _score(url: str, image_group: str) -> int:
@@ -44,6 +65,8 @@ class HarborRouter:
         self.in_flight: dict[str, int] = {}
         self._down_until: dict[str, float] = {}
         self.update(urls)
+        with _routers_lock:
+            _routers.add(self)
 
     def update(self, urls: Sequence[str]) -> None:
         """Replace the replica list (a pool replaced a replica); counts of kept URLs stay."""
@@ -55,6 +78,17 @@ class HarborRouter:
         self.urls = cleaned
         self.in_flight = {url: self.in_flight.get(url, 0) for url in cleaned}
         self._down_until = {url: t for url, t in self._down_until.items() if url in self.in_flight}
+
+    def swap(self, old: str, new: str) -> bool:
+        """Replace replica `old` by `new` (same position; `new` is live); False if `old` is not here."""
+        old, new = old.rstrip("/"), new.rstrip("/")
+        if old == new and old in self.in_flight:  # replaced on the same URL: live again now
+            self._down_until.pop(old, None)
+            return True
+        if old not in self.in_flight or new in self.in_flight:
+            return False
+        self.update([new if url == old else url for url in self.urls])
+        return True
 
     def _live(self) -> list[str]:
         now = self._clock()

@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import typer
+from typer.testing import CliRunner
 
+from rl360_ext.cli.fields import fields_command
 from rl360_ext.local import stack as stack_module
 from rl360_ext.local.demo_plan import DemoConfig
 from rl360_ext.local.fault_matrix import DEMO_AGENT, matrix_stack_config
@@ -28,9 +31,11 @@ def test_demo_config_without_faults(tmp_path: Path) -> None:
     assert (config.engines, config.engine_flags, config.engine_faults) == (3, flags, None)
     assert config.gateway_flags == ("--enable-rl",)
     (harbor,) = config.harbors
-    assert harbor.agent == QUIZ_AGENT and _flag(harbor.flags, "--max-concurrent") == "12"
-    assert _flag(harbor.flags, "--trials-dir") == str(tmp_path / "trials")
-    assert _flag(harbor.flags, "--keep-trials") == "failed" and _flag(harbor.flags, "--env-setup-s") == "20"
+    flags = harbor.argv_flags()
+    assert harbor.agent == QUIZ_AGENT and _flag(flags, "--max-concurrent") == "12"
+    assert _flag(flags, "--trials-dir") == str(tmp_path / "trials")
+    assert _flag(flags, "--keep-trials") == "failed" and _flag(flags, "--env-setup-s") == "20.0"
+    assert config.harbor_pool is None
     assert config.tokenizer_dir == tmp_path / "tokenizer" and config.tasks_root is None
     assert config.prerequisites() == (("bwrap", "tmux"), ("harbor",))
     assert not config.reuse_ray
@@ -40,7 +45,49 @@ def test_demo_config_with_faults_lets_503s_through(tmp_path: Path) -> None:
     config = demo_stack_config(DemoConfig(faults=0.4, seed=3, out=tmp_path))
     assert config.gateway_flags == ("--enable-rl", "--disable-retries", "--disable-circuit-breaker")
     assert config.engine_faults == {"error_rate": pytest.approx(0.1), "seed": 3}
-    assert _flag(config.harbors[0].flags, "--max-concurrent") == "32"
+    assert _flag(config.harbors[0].argv_flags(), "--max-concurrent") == "32"
+
+
+def test_demo_config_with_replicas_serves_harbor_from_a_ray_pool(tmp_path: Path) -> None:
+    config = demo_stack_config(DemoConfig(tasks=3, attempts=4, harbor_replicas=2, out=tmp_path))
+    assert config.harbors == () and config.harbor_pool is not None
+    pool = config.harbor_pool
+    assert pool.replicas == 2 and pool.start_rate == (12, stack_module.DEMO_START_INTERVAL_S)
+    assert config.prerequisites() == (("bwrap", "tmux"), ("harbor",))
+    # the replica serves what the process would parse from its flags
+    settings = pool.server.server_settings(tmp_path / "tasks")
+    assert (settings.max_concurrent, settings.keep_trials, settings.env) == (12, "failed", "bwrap")
+    assert settings.trials_dir == tmp_path / "trials" and settings.agent == (QUIZ_AGENT,)
+    assert (
+        settings.budget
+        == stack_module.ServerSettings(
+            tasks_root=tmp_path, trials_dir=tmp_path, **stack_module.DEMO_HARBOR_BUDGET
+        ).budget
+    )
+
+
+def test_settings_flags_parse_back_to_the_same_settings(tmp_path: Path) -> None:
+    seen: dict[str, object] = {}
+    values = {
+        "max_concurrent": 7,
+        "keep_trials": "none",
+        "agent": ("oracle", "nop"),
+        **stack_module.DEMO_HARBOR_BUDGET,
+    }
+    flags = stack_module.settings_flags({**values, "trials_dir": tmp_path, "max_turns": None})
+
+    def capture(parsed: dict[str, object]) -> None:
+        seen.update(parsed)
+
+    command = fields_command(stack_module.ServerSettings, capture, optional=("tasks_root", "trials_dir"))
+
+    app = typer.Typer()
+    app.command()(command)
+    result = CliRunner().invoke(app, list(flags))
+    assert result.exit_code == 0, result.output
+    assert {k: seen[k] for k in values} == values and Path(str(seen["trials_dir"])) == tmp_path
+    with pytest.raises(ValueError, match="not a ServerSettings field"):
+        stack_module.settings_flags({"max_concurency": 3})
 
 
 def test_matrix_config(tmp_path: Path) -> None:
