@@ -73,4 +73,3 @@ class EngineConfig:
     def prefill_chunk(self) -> int | None:
         """Tokens per prefill step, or None when chunked prefill is disabled."""
         return None if self.chunked_prefill_size == CHUNKED_PREFILL_DISABLED else self.chunked_prefill_size
-
