@@ -298,7 +298,11 @@ class ChatRenderer:
         )
 
     def use_emission(self, emission: Emission) -> None:
-        """Render and parse with these emission facts (mapping arguments for key-by-key formats)."""
+        """Render and parse with these emission facts (mapping arguments for key-by-key formats).
+
+        The facts already in use change nothing (the probes' cached decisions stay)."""
+        if emission == self._emission:
+            return
         self._emission = emission
         self._mapping_arguments = emission.needs_mapping_arguments
         self.__dict__.pop("tool_call_separator", None)
