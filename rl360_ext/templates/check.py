@@ -987,8 +987,14 @@ def check_template(
     started = time.perf_counter()
     if renderer is None:
         renderer = ChatRenderer(tokenizer, chat_template, template_kwargs)
-    elif renderer.tokenizer is not tokenizer or (chat_template and chat_template != renderer.chat_template):
-        raise ValueError("renderer: must be built on the tokenizer and chat template being checked")
+    elif (
+        renderer.tokenizer is not tokenizer
+        or (chat_template and chat_template != renderer.chat_template)
+        or (template_kwargs and dict(template_kwargs) != renderer.template_kwargs)
+    ):
+        raise ValueError(
+            "renderer: must be built on the tokenizer, chat template and template kwargs being checked"
+        )
     try:
         renderer.render_text([{"role": "user", "content": "hi"}], add_generation_prompt=True)
     except jinja2.TemplateSyntaxError as exc:
