@@ -9,6 +9,7 @@ routing data). It does not own sessions (`core.py`) or the web framework (`app.p
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,10 +83,15 @@ def _check_tool_calls(calls: Any, where: str) -> None:
             raise _bad(f"{where}[{j}].function.arguments", "must be a JSON string")
 
 
-def _check_messages(messages: Any) -> list[Message]:
+def _check_messages(messages: Any, held: Sequence[Message] = ()) -> list[Message]:
+    """`messages`, checked; a message equal to the held message at its index (one C-level dict
+    comparison) is valid as that one was when it arrived, so an echoed history costs no checks."""
     if not isinstance(messages, list) or not messages:
         raise _bad("messages", "must be a non-empty list of messages")
+    held_count = len(held)
     for i, message in enumerate(messages):
+        if i < held_count and message == held[i]:
+            continue
         if not isinstance(message, dict):
             raise _bad(f"messages[{i}]", "must be an object with a role")
         role = message.get("role")
@@ -161,8 +167,12 @@ def _logit_bias(value: Any) -> dict[str, float] | None:
     return {str(token): float(bias) for token, bias in value.items()}
 
 
-def parse_chat_request(body: Any) -> ChatRequest:
-    """Validate an agent's chat-completions body; raises RequestError(400) naming the field."""
+def parse_chat_request(body: Any, held: Sequence[Message] = ()) -> ChatRequest:
+    """Validate an agent's chat-completions body; raises RequestError(400) naming the field.
+
+    `held`: messages already validated (the session's; the replies it made are valid too); a
+    request message equal to the one at its index is not checked again. The answer, and the
+    first error, are those of checking every message."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object", param="body")
     n = _integer(body, "n", 1)
@@ -178,7 +188,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if model is not None and not isinstance(model, str):
         raise _bad("model", "must be a string")
     return ChatRequest(
-        messages=_check_messages(body.get("messages")),
+        messages=_check_messages(body.get("messages"), held),
         tools=_check_tools(body.get("tools")),
         tool_choice=_check_tool_choice(body.get("tool_choice")),
         model=model,

@@ -255,7 +255,9 @@ class SessionCore:
         rendered and tokenized on a worker thread, so a large request does not stall the event
         loop; an append whose suffix renders after an anchor (a few messages) is planned in place.
         """
-        request = parse_chat_request(body)
+        known = self.sessions.get(session_id)
+        held = () if known is None or known.segment is None else known.segment.messages
+        request = parse_chat_request(body, held)
         fingerprint = request_fingerprint(body)
         session = self.get(session_id)
         requested_at = time.time()

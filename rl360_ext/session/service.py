@@ -125,7 +125,9 @@ def check_template_or_refuse(renderer: Any, options: ServiceOptions) -> dict[str
     """
     from rl360_ext.templates.check import check_template
 
-    report = check_template(renderer.tokenizer, renderer.chat_template, cases=TEMPLATE_CHECK_CASES)
+    report = check_template(
+        renderer.tokenizer, renderer.chat_template, cases=TEMPLATE_CHECK_CASES, renderer=renderer
+    )
     if not report.ok and not options.allow_non_append_only:
         raise ServiceStartupError(
             f"the chat template in {options.tokenizer_dir} is not append-only, so token-in/token-out "
@@ -138,7 +140,7 @@ def check_template_or_refuse(renderer: Any, options: ServiceOptions) -> dict[str
         "tokenizer_dir": options.tokenizer_dir,
         "chat_template_sha256": hashlib.sha256(renderer.chat_template.encode()).hexdigest(),
         "append_only": report.ok,
-        "incremental_suffix": renderer.incremental,
+        "incremental_suffix": report.incremental,
         "end_token": report.end_token,
         "checked_conversations": report.cases,
         "violations": [v.kind for v in report.violations],

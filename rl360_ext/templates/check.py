@@ -823,6 +823,7 @@ class CheckReport:
     violations: list[Violation]
     notes: list[Violation]
     elapsed_s: float
+    incremental: bool = False  # suffixes render after an anchor (`ChatRenderer.incremental`)
 
     @property
     def end_token(self) -> str:
@@ -855,6 +856,7 @@ class CheckReport:
             "split_points": self.split_points,
             "generated_turns": self.generated_turns,
             "elapsed_s": round(self.elapsed_s, 3),
+            "incremental_suffix": self.incremental,
             "violations": [v.to_json() for v in self.violations],
             "notes": [n.to_json() for n in self.notes],
         }
@@ -968,18 +970,31 @@ def check_template(
     template_kwargs: Mapping[str, Any] | None = None,
     label: str | None = None,
     shrink_budget: int = 300,
+    renderer: ChatRenderer | None = None,
 ) -> CheckReport:
     """Check a chat template (the tokenizer's own when None) on `cases` generated conversations.
 
     `end_token` (one token, several, or ["none"]: the next role token ends the turn),
     `reasoning` and `tool_format` override the detected emission facts (ValueError on a value the
     tokenizer or the checker does not know); `template_kwargs` are extra template variables (e.g.
-    {"enable_thinking": False}); `label` names the template in the report.
+    {"enable_thinking": False}); `label` names the template in the report. `renderer` checks that
+    renderer (a session server's, built on `tokenizer` with `chat_template`) instead of a new one,
+    so the decisions it caches (its incremental-suffix probe, reported as `incremental`) are made
+    once and are the ones the server uses.
     """
     if cases < 1:
         raise ValueError(f"cases: must be at least 1, got {cases}")
     started = time.perf_counter()
-    renderer = ChatRenderer(tokenizer, chat_template, template_kwargs)
+    if renderer is None:
+        renderer = ChatRenderer(tokenizer, chat_template, template_kwargs)
+    elif (
+        renderer.tokenizer is not tokenizer
+        or (chat_template and chat_template != renderer.chat_template)
+        or (template_kwargs and dict(template_kwargs) != renderer.template_kwargs)
+    ):
+        raise ValueError(
+            "renderer: must be built on the tokenizer, chat template and template kwargs being checked"
+        )
     try:
         renderer.render_text([{"role": "user", "content": "hi"}], add_generation_prompt=True)
     except jinja2.TemplateSyntaxError as exc:
@@ -1018,4 +1033,5 @@ def check_template(
         violations=violations,
         notes=notes,
         elapsed_s=time.perf_counter() - started,
+        incremental=renderer.incremental,
     )

@@ -33,6 +33,7 @@ from typing import Any
 
 from rl360_ext.templates.emission import Emission, detect_emission
 from rl360_ext.templates.parse import TOOL_CALL_END, TOOL_CALL_START, ParsedAssistant, parse_assistant
+from rl360_ext.templates.tokenizer import fast_encoder
 
 Message = dict[str, Any]
 _PROBE = "\u2063rl360-probe\u2063"
@@ -88,6 +89,7 @@ class ChatRenderer:
         incremental: bool | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self._encode = fast_encoder(tokenizer)
         self._pinned_incremental = incremental is not None
         if incremental is not None:
             self.__dict__["incremental"] = incremental
@@ -135,7 +137,9 @@ class ChatRenderer:
         )
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        """`text`'s tokens without added special tokens: the tokenizer's `encode`, through its
+        backend directly where that is the same (`rl360_ext.templates.tokenizer.backend_encoder`)."""
+        return self._encode(text)
 
     def prompt_ids(
         self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None
@@ -294,7 +298,11 @@ class ChatRenderer:
         )
 
     def use_emission(self, emission: Emission) -> None:
-        """Render and parse with these emission facts (mapping arguments for key-by-key formats)."""
+        """Render and parse with these emission facts (mapping arguments for key-by-key formats).
+
+        The facts already in use change nothing (the probes' cached decisions stay)."""
+        if emission == self._emission:
+            return
         self._emission = emission
         self._mapping_arguments = emission.needs_mapping_arguments
         self.__dict__.pop("tool_call_separator", None)

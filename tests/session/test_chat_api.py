@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rl360_ext.session.chat_api import Reply, RequestError, parse_chat_request
 from rl360_ext.templates.parse import ParsedAssistant
@@ -85,3 +89,51 @@ def test_replies_carry_tool_calls_reasoning_usage_and_no_routing() -> None:
     )
     assert "routed_experts" not in str(completion) and "routed_experts" not in str(chunk)
     assert Reply("c2", "m", ParsedAssistant("cut"), "length", 1, 1, 0).openai_finish_reason == "length"
+
+
+# Messages valid and invalid in every way `_check_messages` checks.
+_CONTENTS = st.sampled_from(["hi", "", None, 3, [{"type": "text", "text": "x"}], [{"text": "x"}], [1]])
+_CALLS = st.sampled_from(
+    [None, [], "x", [{"function": {"name": "f", "arguments": "{}"}}], [{"function": {"name": 1}}], [3]]
+)
+_MESSAGES = st.one_of(
+    st.builds(
+        lambda role, content: {"role": role, "content": content},
+        st.sampled_from(["system", "user", "tool", "wizard"]),
+        _CONTENTS,
+    ),
+    st.builds(
+        lambda content, calls: {"role": "assistant", "content": content, "tool_calls": calls},
+        _CONTENTS,
+        _CALLS,
+    ),
+    st.just("not a message"),
+)
+_VALID = st.one_of(
+    st.builds(
+        lambda role, text: {"role": role, "content": text},
+        st.sampled_from(["system", "user", "tool"]),
+        st.text(max_size=3),
+    ),
+    st.builds(lambda text: {"role": "assistant", "content": text}, st.text(max_size=3)),
+)
+
+
+def _outcome(body: Any, held: Any = ()) -> Any:
+    try:
+        return parse_chat_request(body, held)
+    except RequestError as exc:
+        return (exc.param, str(exc))
+
+
+@settings(max_examples=300, deadline=None)
+@given(held=st.lists(_VALID, max_size=6), tail=st.lists(_MESSAGES, max_size=4), edits=st.data())
+def test_skipping_held_messages_answers_as_checking_them_all(held, tail, edits) -> None:
+    """A request validated against the session's held (valid) messages gets the answer, and the
+    first error, of checking every message: echoed, changed or invalid ones at any index."""
+    messages: list[Any] = [*held, *tail]
+    for i in edits.draw(st.lists(st.integers(0, max(len(messages) - 1, 0)), max_size=3)):
+        if messages:
+            messages[i] = edits.draw(_MESSAGES)  # an old message changed (valid or not)
+    body = {"messages": messages}
+    assert _outcome(body, held) == _outcome(body)

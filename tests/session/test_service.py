@@ -39,6 +39,22 @@ def test_the_reference_template_passes_and_its_facts_are_recorded() -> None:
     )
 
 
+def test_the_incremental_probe_runs_once_at_start_and_the_check_reports_it(monkeypatch) -> None:
+    from rl360_ext.templates import render
+
+    calls: list[object] = []
+    probe = render.incremental_probe
+
+    def counted(renderer, *args, **kwargs):
+        calls.append(renderer)
+        return probe(renderer, *args, **kwargs)
+
+    monkeypatch.setattr(render, "incremental_probe", counted)
+    core = build_core(ServiceOptions(backend_url=UNREACHABLE, tokenizer_dir=str(default_tokenizer_dir())))
+    assert calls == [core.tito.renderer]  # the checker used the server's renderer: one probe
+    assert core.config.template_facts["incremental_suffix"] is core.tito.renderer.incremental is True
+
+
 def test_a_template_the_checker_rejects_stops_the_server_unless_allowed(tmp_path, caplog) -> None:
     directory = str(newline_after_end_token(tmp_path / "tok"))
     with pytest.raises(ServiceStartupError, match="text-after-end-token") as refused:

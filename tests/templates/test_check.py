@@ -221,3 +221,17 @@ def test_token_boundary_at_a_generated_turn_is_a_note_not_a_violation() -> None:
     assert {n.kind for n in report.notes} == {"token-boundary"}
     assert "not a violation" in report.summary()
     assert report.to_json()["notes"]
+
+
+def test_a_given_renderer_is_checked_and_its_incremental_decision_reported(
+    tokenizer, fixture_template
+) -> None:
+    renderer = ChatRenderer(tokenizer, fixture_template("qwen3_like"))
+    report = check_template(tokenizer, fixture_template("qwen3_like"), cases=20, renderer=renderer)
+    assert "incremental" in renderer.__dict__  # decided by the check, cached for the server
+    assert report.incremental is renderer.incremental
+    assert report.to_json()["incremental_suffix"] is renderer.incremental
+    numbered = ChatRenderer(tokenizer, fixture_template("numbered_users"))
+    assert check_template(tokenizer, numbered.chat_template, cases=20, renderer=numbered).incremental is False
+    with pytest.raises(ValueError, match="renderer"):
+        check_template(tokenizer, fixture_template("numbered_users"), cases=5, renderer=renderer)
