@@ -280,13 +280,17 @@ def bench_sessions(
     rounds: int = typer.Option(
         1, min=1, help="Runs per server and case, alternating A/B then B/A (medians)."
     ),
+    miles_modes: str = typer.Option(
+        "full,in_place",
+        help="Miles' R3 modes to run with R3 on: full (its default), in_place (deltas), or both.",
+    ),
     json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Session server under load: turns/s, added latency, CPU per turn, bytes, memory per session.
 
     With a Miles checkout, Miles' own session server runs beside rl360's on every case.
     """
-    from rl360_ext.local.bench.sessions import MilesUnavailable, main
+    from rl360_ext.local.bench.sessions import MILES_MODES, MilesUnavailable, main
 
     flags = {"off": False, "on": True}
     modes = [part.strip() for part in r3.split(",") if part.strip()]
@@ -294,6 +298,11 @@ def bench_sessions(
         raise typer.BadParameter(f"expects off, on or off,on, got {r3!r}", param_hint="--r3")
     if backend not in ("instant", "tiny"):
         raise typer.BadParameter(f"expects instant or tiny, got {backend!r}", param_hint="--backend")
+    chosen = [part.strip() for part in miles_modes.split(",") if part.strip()]
+    if not chosen or any(mode not in MILES_MODES for mode in chosen):
+        raise typer.BadParameter(
+            f"expects {', '.join(MILES_MODES)} or both, got {miles_modes!r}", param_hint="--miles-modes"
+        )
     with signals_raise(), showing_progress("rl360 bench sessions"):
         try:
             main(
@@ -306,6 +315,7 @@ def bench_sessions(
                 miles_src=miles_src,
                 miles_python=miles_python,
                 rounds=rounds,
+                miles_modes=chosen,
             )
         except MilesUnavailable as exc:
             raise typer.BadParameter(str(exc), param_hint="--miles-src") from None

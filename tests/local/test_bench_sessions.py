@@ -39,6 +39,22 @@ def test_miles_runs_in_both_modes_with_r3_once_without_and_never_in_front_of_the
     assert contenders(replace(CASE, backend="tiny"), MILES) == [RL360]
 
 
+def test_miles_modes_choose_which_r3_modes_run_and_never_skip_miles_without_r3() -> None:
+    assert contenders(CASE, MILES, ("in_place",)) == [RL360, "miles in_place"]
+    assert contenders(CASE, MILES, ("in_place", "full")) == [RL360, "miles", "miles in_place"]
+    assert contenders(replace(CASE, r3=False), MILES, ("in_place",)) == [RL360, "miles"]
+
+
+def test_unknown_miles_modes_are_refused_naming_the_flag() -> None:
+    from typer.testing import CliRunner
+
+    from rl360_ext.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "sessions", "--miles-modes", "delta"])
+    assert result.exit_code == 2
+    assert "--miles-modes" in result.output
+
+
 def test_without_a_checkout_the_bench_is_rl360_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MILES_SRC", raising=False)
     assert find_miles(None) is None

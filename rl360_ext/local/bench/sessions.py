@@ -54,6 +54,8 @@ SYSTEM = {"role": "system", "content": "You are a coding agent. Run the tests an
 R3_SHAPE = (61, 8, 256)  # K2-Horizon-375B: 61 layers x top-8 of 256 experts, as in the field
 CLIENT_TIMEOUT_S = 120.0
 RL360 = "rl360"
+MILES_MODES = ("full", "in_place")  # Miles' R3 modes: its default (whole routing per turn), deltas
+MILES_SERVERS = {"full": "miles", "in_place": "miles in_place"}  # a mode's server name in the table
 JSON_HEADERS = {"content-type": "application/json"}
 AGENT_RETRIES = 2  # the OpenAI client's default max_retries for a connection the server dropped
 MILES_SCRIPT = Path(__file__).with_name("miles_server.py")
@@ -153,11 +155,16 @@ def _miles_server(
     return start_service(f"miles{number}", argv, port, logs, ready_timeout_s=MILES_READY_TIMEOUT_S)
 
 
-def contenders(case: Case, miles: Miles | None) -> list[str]:
-    """The servers a case runs: rl360, and Miles in each of its modes that differ for this case."""
+def contenders(case: Case, miles: Miles | None, miles_modes: Sequence[str] = MILES_MODES) -> list[str]:
+    """The servers a case runs: rl360, and Miles in each of `miles_modes` that differ for this case.
+
+    Without R3 Miles' modes serve alike, so Miles runs once whatever the modes.
+    """
     if miles is None or case.backend != "instant":
         return [RL360]
-    return [RL360, "miles", "miles in_place"] if case.r3 else [RL360, "miles"]
+    if not case.r3:
+        return [RL360, "miles"]
+    return [RL360, *(MILES_SERVERS[mode] for mode in MILES_MODES if mode in miles_modes)]
 
 
 async def _turn(http: aiohttp.ClientSession, url: str, body: bytes, retried: list[int]) -> bytes:
@@ -279,7 +286,7 @@ def _run_one(
         started = [_server(case, backend, tokenizer, logs, n) for n in range(case.servers)]
     else:
         assert miles is not None
-        mode = "in_place" if server.endswith("in_place") else "full"
+        mode = next(mode for mode, name in MILES_SERVERS.items() if name == server)
         started = [_miles_server(case, mode, backend, tokenizer, logs, miles, n) for n in range(case.servers)]
     with running(*started):
         return asyncio.run(_load(case, server, [s.url for s in started], [s.pid for s in started]))
@@ -301,10 +308,15 @@ def _median(runs: Sequence[CaseResult]) -> CaseResult:
 
 
 def run_case(
-    case: Case, tokenizer: str, logs: Path, miles: Miles | None = None, rounds: int = 1
+    case: Case,
+    tokenizer: str,
+    logs: Path,
+    miles: Miles | None = None,
+    rounds: int = 1,
+    miles_modes: Sequence[str] = MILES_MODES,
 ) -> list[CaseResult]:
     """One result per contender; with several rounds the order alternates (A/B, B/A, ...)."""
-    names = contenders(case, miles)
+    names = contenders(case, miles, miles_modes)
     runs: dict[str, list[CaseResult]] = {name: [] for name in names}
     backend = _backend(case, logs)
     with running(backend):
@@ -456,14 +468,21 @@ def main(
     miles_src: str | None = None,
     miles_python: str | None = None,
     rounds: int = 1,
+    miles_modes: Sequence[str] = MILES_MODES,
 ) -> list[CaseResult]:
-    """Run every case; with a Miles checkout (`miles_src` or $MILES_SRC) Miles' server beside rl360's."""
+    """Run every case; with a Miles checkout (`miles_src` or $MILES_SRC) Miles' server beside rl360's.
+
+    With R3 Miles runs in each of `miles_modes` (`full`: its default, `in_place`: deltas).
+    """
     from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
 
     if backend not in ("instant", "tiny"):
         raise ValueError(f"backend must be instant or tiny, got {backend!r}")
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
+    unknown = sorted(set(miles_modes) - set(MILES_MODES))
+    if unknown or not miles_modes:
+        raise ValueError(f"miles_modes must be among {', '.join(MILES_MODES)}, got {list(miles_modes)}")
     miles = find_miles(miles_src, miles_python)
     if miles is None:
         note = "no Miles checkout (--miles-src or MILES_SRC): rl360's server only."
@@ -479,10 +498,10 @@ def main(
     results: list[CaseResult] = []
     with tempfile.TemporaryDirectory(prefix="rl360-bench-sessions-") as scratch:
         for case in cases(concurrency, turns, r3, servers, backend):
-            who = ", ".join(contenders(case, miles))
+            who = ", ".join(contenders(case, miles, miles_modes))
             stage(f"{case.sessions} sessions x {case.turns} turns, R3 {'on' if case.r3 else 'off'}, "
                   f"{case.servers} server(s), {case.backend} backend: {who}")  # fmt: skip
-            results.extend(run_case(case, tokenizer, Path(scratch), miles, rounds))
+            results.extend(run_case(case, tokenizer, Path(scratch), miles, rounds, miles_modes))
     if as_json:
         report = {"note": note, "results": [asdict(r) for r in results], "ratios": ratios(results)}
         print(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode())
