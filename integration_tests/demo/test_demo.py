@@ -22,6 +22,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -57,6 +58,16 @@ def _needs_the_stack() -> None:
 
 def _demo_argv(out: Path, *flags: str) -> list[str]:
     return rl360_argv("demo", "--out", str(out), *flags)
+
+
+def _with_ctrl_c(argv: list[str]) -> list[str]:
+    """`argv` with Ctrl-C at its default, as a terminal gives it: a shell without job control (CI
+    scripts, `cmd &`) starts background commands with SIGINT ignored, and Python keeps it ignored."""
+    reset = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+        "os.execv(sys.argv[1], sys.argv[1:])"
+    )
+    return [sys.executable, "-c", reset, *argv]
 
 
 def _env(token: str) -> dict[str, str]:
@@ -251,7 +262,11 @@ def test_interrupt_mid_rollout_stops_every_process(tmp_path: Path, stop_signal: 
     out, token = tmp_path / "demo", uuid.uuid4().hex
     flags = ["--steps", "3", "--tasks", "4", "--attempts", "3", "--faults", "0.3"]
     process = subprocess.Popen(
-        _demo_argv(out, *flags), env=_env(token), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        _with_ctrl_c(_demo_argv(out, *flags)),
+        env=_env(token),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         metrics = out / "metrics.jsonl"
