@@ -104,8 +104,8 @@ def test_an_unreadable_or_slow_engine_counts_zero_within_the_bound(engines: list
     assert counts == (0, 5) and seconds < 1.5
 
 
-def test_await_generation_returns_when_an_engine_runs_the_rollout(engines: list[FakeEngine]) -> None:
-    engines += [FakeEngine(answered=2), FakeEngine(answered=0, running_after=4)]
+def _await_generation(engines: list[FakeEngine]) -> dict[str, Any]:
+    """`DemoDriver.await_generation` over `engines` while a rollout that never finishes runs."""
     driver = SimpleNamespace(stack=SimpleNamespace(engines=engines))
 
     async def wait() -> dict[str, Any]:
@@ -115,7 +115,12 @@ def test_await_generation_returns_when_an_engine_runs_the_rollout(engines: list[
         finally:
             rollout.cancel()
 
-    seen = asyncio.run(wait())
+    return asyncio.run(wait())
+
+
+def test_await_generation_returns_when_an_engine_runs_the_rollout(engines: list[FakeEngine]) -> None:
+    engines += [FakeEngine(answered=2), FakeEngine(answered=0, running_after=4)]
+    seen = _await_generation(engines)
     assert seen["running_requests"] == 1 and seen["requests_answered"] == 0 and not seen["rollout_done"]
     assert [(e.reads, len(e.connections)) for e in engines] == [(5, 1), (5, 1)]
 
@@ -125,15 +130,6 @@ def test_await_generation_gives_up_at_the_wait_limit(
 ) -> None:
     engines.append(FakeEngine(answered=1))
     monkeypatch.setattr(demo, "IN_FLIGHT_WAIT_S", 0.5)
-    driver = SimpleNamespace(stack=SimpleNamespace(engines=engines))
-
-    async def wait() -> dict[str, Any]:
-        rollout = asyncio.get_running_loop().create_task(asyncio.sleep(30))
-        try:
-            return await DemoDriver.await_generation(driver, rollout)  # type: ignore[arg-type]
-        finally:
-            rollout.cancel()
-
-    seen = asyncio.run(wait())
+    seen = _await_generation(engines)
     assert 0.4 <= seen["waited_s"] < 1.5 and seen["running_requests"] == 0
     assert engines[0].reads > 2 and len(engines[0].connections) == 1
