@@ -273,7 +273,6 @@ class HarborPool:
             ray.remote(StartSlotsActor).options(num_cpus=0).remote(*start_rate) if start_rate else None
         )
         self.replicas: list[Replica] = []
-        self.replaced = 0
         self.replacements: list[dict[str, Any]] = []
         self._lock = threading.RLock()
         self._watchdog: threading.Thread | None = None
@@ -416,7 +415,6 @@ class HarborPool:
                 )  # fmt: skip
                 if self.on_replace is not None:
                     self.on_replace(replica.url, new.url)
-            self.replaced += len(replaced)
             return replaced
 
     # -- the watchdog ---------------------------------------------------------------------------
