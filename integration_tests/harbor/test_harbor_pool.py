@@ -185,7 +185,7 @@ def test_a_killed_replica_masks_its_attempts_as_infra_and_the_watchdog_replaces_
     while pool.replicas[0].generation == 0 and time.monotonic() < deadline:
         time.sleep(0.5)
     replacement = pool.replicas[0]
-    assert replacement.generation == 1 and pool.replaced == 1
+    assert replacement.generation == 1 and len(pool.replacements) == 1
     assert (replacement.url, replacement.node_id) == (victim.url, victim.node_id)
     assert replacement.pid != victim.pid and pool.replicas[1].url == survivor.url
     assert replaced_urls[-1] == (victim.url, victim.url)
