@@ -1,8 +1,9 @@
-"""`rl360 bench sessions` end to end: real backend and session-server processes.
+"""`rl360 bench sessions` end to end: real backend and session-server processes (and Ray actors).
 
-The smallest load on every shape; 300 concurrent sessions without a lost turn (no connect or pool
-timeout between agent, session server and engine under load); and, with a Miles checkout whose
-session server imports somewhere (`find_miles`), Miles' server beside rl360's.
+The smallest load on every shape, on processes and on a `SessionPool`'s actors; 300 concurrent
+sessions without a lost turn (no connect or pool timeout between agent, session server and engine
+under load); and, with a Miles checkout whose session server imports somewhere (`find_miles`),
+Miles' server beside rl360's.
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from rl360_ext.local.bench.sessions import RL360, Case, MilesUnavailable, find_miles, main, run_case
+from rl360_ext.local.bench.sessions import (
+    RL360,
+    Case,
+    Hosting,
+    MilesUnavailable,
+    find_miles,
+    main,
+    run_case,
+)
 from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -28,6 +37,17 @@ def test_every_turn_is_served_and_measured(capsys: pytest.CaptureFixture[str]) -
         for value in (result.turns_per_s, result.p50_ms, result.p99_ms, result.server_cpu_ms_per_turn):
             assert math.isfinite(value) and value > 0, result
     assert '"turns_done"' in capsys.readouterr().out
+
+
+@pytest.mark.timeout(300)
+def test_a_session_pools_actors_serve_and_are_measured() -> None:
+    results = main(
+        as_json=False, concurrency=(3,), turns=(4,), r3=(True,), servers=(2,), hostings=(Hosting.ACTOR,)
+    )
+    (result,) = results
+    assert result.case.hosting is Hosting.ACTOR and result.server == RL360
+    assert (result.turns_done, result.turns_lost) == (12, 0), result.lost_because
+    assert result.server_cpu_ms_per_turn > 0 and result.bytes_per_turn > 0, result
 
 
 @pytest.mark.timeout(600)

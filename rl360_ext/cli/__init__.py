@@ -267,6 +267,11 @@ def bench_sessions(
     turns: str = typer.Option("16", help="Turns per conversation, comma-separated."),
     r3: str = typer.Option("off,on", help="Routing replay (61 layers x top-8): off, on, or off,on."),
     servers: str = typer.Option("1", help="Session servers the sessions are spread over, comma-separated."),
+    hosting: str = typer.Option(
+        "process",
+        help="What the servers run in: process (rl360 session serve), actor (a SessionPool's Ray actors), "
+        "or process,actor.",
+    ),
     backend: str = typer.Option("instant", help="instant (the server's own cost) or tiny (real engine)."),
     miles_src: str | None = typer.Option(
         None,
@@ -290,7 +295,7 @@ def bench_sessions(
 
     With a Miles checkout, Miles' own session server runs beside rl360's on every case.
     """
-    from rl360_ext.local.bench.sessions import MILES_MODES, MilesUnavailable, main
+    from rl360_ext.local.bench.sessions import MILES_MODES, Hosting, MilesUnavailable, main
 
     flags = {"off": False, "on": True}
     modes = [part.strip() for part in r3.split(",") if part.strip()]
@@ -302,6 +307,11 @@ def bench_sessions(
     if not chosen or any(mode not in MILES_MODES for mode in chosen):
         raise typer.BadParameter(
             f"expects {', '.join(MILES_MODES)} or both, got {miles_modes!r}", param_hint="--miles-modes"
+        )
+    hostings = [part.strip() for part in hosting.split(",") if part.strip()]
+    if not hostings or any(part not in set(Hosting) for part in hostings):
+        raise typer.BadParameter(
+            f"expects {', '.join(Hosting)} or both, got {hosting!r}", param_hint="--hosting"
         )
     with signals_raise(), showing_progress("rl360 bench sessions"):
         try:
@@ -316,6 +326,7 @@ def bench_sessions(
                 miles_python=miles_python,
                 rounds=rounds,
                 miles_modes=chosen,
+                hostings=[Hosting(part) for part in hostings],
             )
         except MilesUnavailable as exc:
             raise typer.BadParameter(str(exc), param_hint="--miles-src") from None

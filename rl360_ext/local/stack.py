@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -47,7 +46,7 @@ from rl360_ext.local.fixtures import tasks_root as fixture_tasks_root
 from rl360_ext.local.quiz_agent import IMPORT_PATH as QUIZ_AGENT
 from rl360_ext.local.services import start_engine, start_harbor, start_smg
 from rl360_ext.rollout.harbor_routing import replace_url
-from rl360_ext.util.fielddocs import flag_of
+from rl360_ext.util.fielddocs import field_flags
 from rl360_ext.util.prereqs import (
     bwrap_problem,
     ensure_host_tools,
@@ -121,19 +120,8 @@ class HarborPoolSpec:
 
 
 def settings_flags(values: Mapping[str, Any]) -> tuple[str, ...]:
-    """`ServerSettings` field values as the `rl360 harbor serve` flags that set them (the CLI derives
-    each field's flag in `rl360_ext.cli.fields`; a repeatable field repeats its flag)."""
-    specs = {spec.name: spec for spec in dataclasses.fields(ServerSettings)}
-    flags: list[str] = []
-    for name, value in values.items():
-        if name not in specs:
-            raise ValueError(f"{name!r} is not a ServerSettings field")
-        if value is None:
-            continue
-        items = value if isinstance(value, tuple) else (value,)
-        for item in items:
-            flags += [flag_of(specs[name]), str(item)]
-    return tuple(flags)
+    """`ServerSettings` field values as the `rl360 harbor serve` flags that set them."""
+    return field_flags(ServerSettings, values)
 
 
 @dataclass(frozen=True)

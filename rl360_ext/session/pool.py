@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import hashlib
+import os
 import secrets
 import threading
 from collections.abc import Iterable, Sequence
@@ -153,6 +154,10 @@ class SessionServerActor:
             except Exception as exc:  # an unknown id is reported, the rest are deleted
                 missing.append(f"{sid}: {exc}")
         return missing
+
+    async def pid(self) -> int:
+        """This actor's process id (its CPU and memory, for a profiler or a benchmark)."""
+        return os.getpid()
 
     async def stop(self) -> None:
         if self._server is not None:

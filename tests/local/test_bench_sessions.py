@@ -12,9 +12,11 @@ from rl360_ext.local.bench.sessions import (
     RL360,
     Case,
     CaseResult,
+    Hosting,
     Miles,
     MilesUnavailable,
     _median,
+    cases,
     contenders,
     find_miles,
     ratios,
@@ -45,14 +47,27 @@ def test_miles_modes_choose_which_r3_modes_run_and_never_skip_miles_without_r3()
     assert contenders(replace(CASE, r3=False), MILES, ("in_place",)) == [RL360, "miles"]
 
 
-def test_unknown_miles_modes_are_refused_naming_the_flag() -> None:
+def test_miles_runs_beside_rl360s_processes_not_its_actors() -> None:
+    assert contenders(replace(CASE, hosting=Hosting.ACTOR), MILES) == [RL360]
+    assert contenders(replace(CASE, hosting=Hosting.ACTOR, r3=False), MILES) == [RL360]
+
+
+def test_every_server_count_runs_once_per_hosting() -> None:
+    both = cases((1, 32), (16,), (True,), (1, 2), "instant", (Hosting.PROCESS, Hosting.ACTOR))
+    assert len(both) == 8 and len(set(both)) == 8
+    assert {(c.servers, c.hosting) for c in both} == {(s, h) for s in (1, 2) for h in Hosting}
+    assert {c.hosting for c in cases((1,), (16,), (True,), (1,), "instant")} == {Hosting.PROCESS}
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--miles-modes", "delta"), ("--hosting", "thread")])
+def test_unknown_choices_are_refused_naming_the_flag(flag: str, value: str) -> None:
     from typer.testing import CliRunner
 
     from rl360_ext.cli import app
 
-    result = CliRunner().invoke(app, ["bench", "sessions", "--miles-modes", "delta"])
+    result = CliRunner().invoke(app, ["bench", "sessions", flag, value])
     assert result.exit_code == 2
-    assert "--miles-modes" in result.output
+    assert flag in result.output
 
 
 def test_without_a_checkout_the_bench_is_rl360_only(monkeypatch: pytest.MonkeyPatch) -> None:

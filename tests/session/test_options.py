@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from rl360_ext.cli import session as cli
@@ -15,7 +17,7 @@ from rl360_ext.session import service
 from rl360_ext.session.core import ServerConfig
 from rl360_ext.session.options import ServiceOptions, default_of
 from rl360_ext.tiny_engine.tokenizer import load_tiny_tokenizer
-from rl360_ext.util.fielddocs import field_docs
+from rl360_ext.util.fielddocs import field_docs, field_flags
 
 OLD_FLAGS = [
     "--backend", "--tokenizer", "--host", "--port", "--r3", "--history-mismatch",
@@ -84,3 +86,39 @@ def test_the_vocabulary_is_the_larger_of_tokenizer_and_config(tmp_path: Path) ->
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": len(tokenizer) + 64}))
     assert service.resolve_vocab_size(tokenizer, options) == len(tokenizer) + 64
     assert service.resolve_vocab_size(tokenizer, dataclasses.replace(options, vocab_size=9)) == 9
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    values=st.fixed_dictionaries(
+        {"backend_url": st.just("http://e:1"), "tokenizer_dir": st.just("/tok")},
+        optional={
+            "r3": st.booleans(),
+            "allow_non_append_only": st.booleans(),
+            "history_mismatch": st.sampled_from(["fork", "reject"]),
+            "max_sessions": st.integers(1, 10**6),
+            "idle_ttl_s": st.floats(0.001, 1e6, allow_nan=False),
+            "model_name": st.none() | st.text("abcXYZ019._/", min_size=1, max_size=12),
+            "routing_layers": st.none() | st.integers(1, 128),
+            "routing_top_k": st.integers(1, 16),
+            "engine_timeout_s": st.floats(0.001, 1e5, allow_nan=False),
+        },
+    )
+)
+def test_field_flags_parse_back_to_the_same_options(monkeypatch, values: dict[str, Any]) -> None:
+    result, seen = _serve(monkeypatch, *field_flags(ServiceOptions, values))
+    assert result.exit_code == 0, result.output
+    assert seen["options"] == ServiceOptions(**values)
+
+
+def test_field_flags_refuse_what_no_flag_says() -> None:
+    with pytest.raises(ValueError, match="'max_sesions' is not a ServiceOptions field"):
+        field_flags(ServiceOptions, {"max_sesions": 3})
+
+    @dataclasses.dataclass
+    class Switches:
+        on: bool = True
+
+    with pytest.raises(ValueError, match="on: no flag turns it off"):
+        field_flags(Switches, {"on": False})
+    assert field_flags(Switches, {"on": True}) == ("--on",)

@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from rl360_ext.local.bench.local_ray import local_ray
 from rl360_ext.local.fixtures import tasks_root as fixture_tasks_root
 from rl360_ext.local.services import start_harbor
 from rl360_ext.local.stack import HarborServer
@@ -225,23 +226,9 @@ def replica(mode: str, work: Path, max_concurrent: int) -> Iterator[tuple[str, i
         pool.shutdown()
 
 
-@contextlib.contextmanager
-def _local_ray() -> Iterator[None]:
-    import ray
-
-    if ray.is_initialized():
-        yield
-        return
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 def collect(concurrency: tuple[int, ...] = CONCURRENCY, modes: tuple[str, ...] = MODES) -> dict[str, Any]:
     rows = []
-    with tempfile.TemporaryDirectory(prefix="rl360-bench-harbor-") as scratch, _local_ray():
+    with tempfile.TemporaryDirectory(prefix="rl360-bench-harbor-") as scratch, local_ray():
         for max_concurrent in concurrency:
             for mode in modes:
                 work = Path(scratch) / f"{mode.replace(' ', '-')}-{max_concurrent}"

@@ -1,10 +1,11 @@
 """`rl360 bench sessions`: the session server under load, per concurrency, conversation length and R3.
 
 Each case starts a backend (the instant SGLang stand-in, `rl360_ext.tiny_engine.instant`, so the
-server's own cost is what is measured; or a tiny engine) and `servers` real `rl360 session serve`
-processes in front of it, then runs N concurrent sessions of T turns each (sessions spread round
-robin over the servers, as a pool spreads them), a growing agent conversation whose every turn
-appends the reply it got and one new user message. Per case it reports:
+server's own cost is what is measured; or a tiny engine) and `servers` real session servers in
+front of it (`rl360 session serve` processes, or with hosting `actor` the Ray actors of a
+`SessionPool`, as the rollout runs them), then runs N concurrent sessions of T turns each
+(sessions spread round robin over the servers, as a pool spreads them), a growing agent
+conversation whose every turn appends the reply it got and one new user message. Per case it reports:
 - turns/s over the whole run, and p50/p99 latency a turn adds (client-measured; the instant
   backend answers in well under a millisecond, so this is the server's share);
 - p50 latency of the second and of the last turn (the first renders and tokenizes the whole first
@@ -32,21 +33,26 @@ It asserts nothing and owns none of the code it measures.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, fields, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 
+from rl360_ext.local.bench.local_ray import local_ray
 from rl360_ext.local.services import start_engine
+from rl360_ext.session.options import ServiceOptions
+from rl360_ext.util.fielddocs import field_flags
 from rl360_ext.util.procs import LOOPBACK, Service, free_port, rl360_argv, running, start_service
 from rl360_ext.util.progress import stage
 
@@ -62,6 +68,14 @@ MILES_SCRIPT = Path(__file__).with_name("miles_server.py")
 MILES_READY_TIMEOUT_S = 300.0  # Miles imports torch, transformers and sglang before it serves
 MILES_VENV_ENV = "MILES_VENV"  # setup_venv.sh's variable: the venv Miles' modules import in
 DEFAULT_MILES_VENV = Path("/tmp/miles-venv")
+MAX_SESSIONS = 100_000  # every session of the largest case stays open until the run ends
+
+
+class Hosting(StrEnum):
+    """What an rl360 session server of a case runs in."""
+
+    PROCESS = "process"  # `rl360 session serve`
+    ACTOR = "actor"  # a `SessionPool` actor (uvicorn on the actor's event loop)
 
 
 @dataclass(frozen=True)
@@ -73,6 +87,7 @@ class Case:
     r3: bool
     servers: int
     backend: str  # "instant" | "tiny"
+    hosting: Hosting = Hosting.PROCESS
 
 
 @dataclass(frozen=True)
@@ -130,17 +145,36 @@ def _backend(case: Case, logs: Path) -> Service:
     return start_service("instant", argv, port, logs)
 
 
-def _server(case: Case, backend: Service, tokenizer: str, logs: Path, number: int) -> Service:
-    port = free_port()
-    r3 = ["--r3"] if case.r3 else []
-    if case.r3 and case.backend == "instant":
+def _server_options(case: Case, backend: Service, tokenizer: str) -> dict[str, Any]:
+    """The `ServiceOptions` values every rl360 server of a case serves with, process or actor alike."""
+    options: dict[str, Any] = {
+        "backend_url": backend.url, "tokenizer_dir": tokenizer, "r3": case.r3, "max_sessions": MAX_SESSIONS,
+    }  # fmt: skip
+    if case.r3 and case.backend == "instant":  # a tiny engine reports its shape in /model_info
         layers, top_k, experts = R3_SHAPE
-        r3 += ["--r3-layers", str(layers), "--r3-top-k", str(top_k), "--r3-experts", str(experts)]
-    argv = rl360_argv(
-        "session", "serve", "--backend", backend.url, "--tokenizer", tokenizer,
-        "--host", LOOPBACK, "--port", str(port), "--max-sessions", "100000", *r3,
-    )  # fmt: skip
+        options |= {"routing_layers": layers, "routing_top_k": top_k, "routing_experts": experts}
+    return options
+
+
+def _server(options: dict[str, Any], logs: Path, number: int) -> Service:
+    port = free_port()
+    flags = field_flags(ServiceOptions, options)
+    argv = rl360_argv("session", "serve", "--host", LOOPBACK, "--port", str(port), *flags)
     return start_service(f"session{number}", argv, port, logs)
+
+
+@contextlib.contextmanager
+def _pool(options: dict[str, Any], servers: int) -> Iterator[tuple[list[str], list[int]]]:
+    """(URLs, pids) of a `SessionPool` of `servers` actors in this process's Ray."""
+    import ray
+
+    from rl360_ext.session.pool import SessionPool
+
+    pool = SessionPool(servers, host=LOOPBACK, **options)
+    try:
+        yield list(pool.urls), ray.get([actor.pid.remote() for actor in pool.actors])
+    finally:
+        pool.shutdown()
 
 
 def _miles_server(
@@ -158,9 +192,10 @@ def _miles_server(
 def contenders(case: Case, miles: Miles | None, miles_modes: Sequence[str] = MILES_MODES) -> list[str]:
     """The servers a case runs: rl360, and Miles in each of `miles_modes` that differ for this case.
 
-    Without R3 Miles' modes serve alike, so Miles runs once whatever the modes.
+    Without R3 Miles' modes serve alike, so Miles runs once whatever the modes. Miles' server has
+    no Ray form: it runs beside rl360's processes, not its actors.
     """
-    if miles is None or case.backend != "instant":
+    if miles is None or case.backend != "instant" or case.hosting is not Hosting.PROCESS:
         return [RL360]
     if not case.r3:
         return [RL360, "miles"]
@@ -282,8 +317,12 @@ async def _delete(http: aiohttp.ClientSession, url: str) -> None:
 def _run_one(
     case: Case, server: str, backend: Service, tokenizer: str, logs: Path, miles: Miles | None
 ) -> CaseResult:
+    if server == RL360 and case.hosting is Hosting.ACTOR:
+        with _pool(_server_options(case, backend, tokenizer), case.servers) as (urls, pids):
+            return asyncio.run(_load(case, server, urls, pids))
     if server == RL360:
-        started = [_server(case, backend, tokenizer, logs, n) for n in range(case.servers)]
+        options = _server_options(case, backend, tokenizer)
+        started = [_server(options, logs, n) for n in range(case.servers)]
     else:
         assert miles is not None
         mode = next(mode for mode, name in MILES_SERVERS.items() if name == server)
@@ -377,9 +416,21 @@ def _miles_import_error(root: Path, python: str) -> str | None:
 
 
 def cases(
-    concurrency: Sequence[int], turns: Sequence[int], r3: Sequence[bool], servers: Sequence[int], backend: str
+    concurrency: Sequence[int],
+    turns: Sequence[int],
+    r3: Sequence[bool],
+    servers: Sequence[int],
+    backend: str,
+    hostings: Sequence[Hosting] = (Hosting.PROCESS,),
 ) -> list[Case]:
-    return [Case(n, t, flag, s, backend) for flag in r3 for s in servers for t in turns for n in concurrency]
+    return [
+        Case(n, t, flag, s, backend, hosting)
+        for flag in r3
+        for hosting in hostings
+        for s in servers
+        for t in turns
+        for n in concurrency
+    ]
 
 
 RATIO_MEASURES = (
@@ -424,7 +475,8 @@ def _table(results: Sequence[CaseResult], note: str | None) -> None:
     for r in results:
         c = r.case
         table.add_row(
-            c.backend, "61x8" if c.r3 else "off", str(c.servers), f"{c.sessions:,}", str(c.turns), r.server,
+            c.backend, "61x8" if c.r3 else "off", f"{c.servers} x {c.hosting}", f"{c.sessions:,}",
+            str(c.turns), r.server,
             f"{r.turns_per_s:,.0f}", f"{r.p50_ms:.1f}", f"{r.p99_ms:.1f}",
             f"{r.second_turn_p50_ms:.1f} / {r.last_turn_p50_ms:.1f}", f"{r.server_cpu_ms_per_turn:.2f}",
             f"{r.bytes_per_turn:,.0f}", f"{r.memory_mb_per_session:.2f}",
@@ -469,10 +521,13 @@ def main(
     miles_python: str | None = None,
     rounds: int = 1,
     miles_modes: Sequence[str] = MILES_MODES,
+    hostings: Sequence[Hosting] = (Hosting.PROCESS,),
 ) -> list[CaseResult]:
     """Run every case; with a Miles checkout (`miles_src` or $MILES_SRC) Miles' server beside rl360's.
 
-    With R3 Miles runs in each of `miles_modes` (`full`: its default, `in_place`: deltas).
+    With R3 Miles runs in each of `miles_modes` (`full`: its default, `in_place`: deltas). Each
+    server count runs once per hosting: `rl360 session serve` processes, and/or the actors of a
+    `SessionPool` in a local Ray this run starts (one Ray CPU per actor, as the pool asks).
     """
     from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
 
@@ -496,11 +551,16 @@ def main(
     stage(note)
     tokenizer = str(default_tokenizer_dir())
     results: list[CaseResult] = []
-    with tempfile.TemporaryDirectory(prefix="rl360-bench-sessions-") as scratch:
-        for case in cases(concurrency, turns, r3, servers, backend):
+    with (
+        tempfile.TemporaryDirectory(prefix="rl360-bench-sessions-") as scratch,
+        contextlib.ExitStack() as stack,
+    ):
+        if Hosting.ACTOR in hostings:
+            stack.enter_context(local_ray(num_cpus=max(os.cpu_count() or 1, *servers)))
+        for case in cases(concurrency, turns, r3, servers, backend, hostings):
             who = ", ".join(contenders(case, miles, miles_modes))
             stage(f"{case.sessions} sessions x {case.turns} turns, R3 {'on' if case.r3 else 'off'}, "
-                  f"{case.servers} server(s), {case.backend} backend: {who}")  # fmt: skip
+                  f"{case.servers} server(s) as {case.hosting}, {case.backend} backend: {who}")  # fmt: skip
             results.extend(run_case(case, tokenizer, Path(scratch), miles, rounds, miles_modes))
     if as_json:
         report = {"note": note, "results": [asdict(r) for r in results], "ratios": ratios(results)}
