@@ -261,6 +261,16 @@ def _numbers(text: str, flag: str) -> list[int]:
     return values
 
 
+def _choices(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
+    """A comma-separated flag's values, each one of `allowed`; typer's usage error naming `flag` else."""
+    values = [part.strip() for part in text.split(",") if part.strip()]
+    if not values or any(value not in allowed for value in values):
+        raise typer.BadParameter(
+            f"expects one or more of {', '.join(allowed)}, comma-separated, got {text!r}", param_hint=flag
+        )
+    return values
+
+
 @bench_app.command("sessions")
 def bench_sessions(
     concurrency: str = typer.Option("1,32,256", help="Concurrent sessions per case, comma-separated."),
@@ -298,21 +308,11 @@ def bench_sessions(
     from rl360_ext.local.bench.sessions import MILES_MODES, Hosting, MilesUnavailable, main
 
     flags = {"off": False, "on": True}
-    modes = [part.strip() for part in r3.split(",") if part.strip()]
-    if not modes or any(mode not in flags for mode in modes):
-        raise typer.BadParameter(f"expects off, on or off,on, got {r3!r}", param_hint="--r3")
+    modes = _choices(r3, tuple(flags), "--r3")
     if backend not in ("instant", "tiny"):
         raise typer.BadParameter(f"expects instant or tiny, got {backend!r}", param_hint="--backend")
-    chosen = [part.strip() for part in miles_modes.split(",") if part.strip()]
-    if not chosen or any(mode not in MILES_MODES for mode in chosen):
-        raise typer.BadParameter(
-            f"expects {', '.join(MILES_MODES)} or both, got {miles_modes!r}", param_hint="--miles-modes"
-        )
-    hostings = [part.strip() for part in hosting.split(",") if part.strip()]
-    if not hostings or any(part not in set(Hosting) for part in hostings):
-        raise typer.BadParameter(
-            f"expects {', '.join(Hosting)} or both, got {hosting!r}", param_hint="--hosting"
-        )
+    chosen = _choices(miles_modes, MILES_MODES, "--miles-modes")
+    hostings = _choices(hosting, tuple(Hosting), "--hosting")
     with signals_raise(), showing_progress("rl360 bench sessions"):
         try:
             main(

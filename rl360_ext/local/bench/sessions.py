@@ -317,11 +317,11 @@ async def _delete(http: aiohttp.ClientSession, url: str) -> None:
 def _run_one(
     case: Case, server: str, backend: Service, tokenizer: str, logs: Path, miles: Miles | None
 ) -> CaseResult:
-    if server == RL360 and case.hosting is Hosting.ACTOR:
-        with _pool(_server_options(case, backend, tokenizer), case.servers) as (urls, pids):
-            return asyncio.run(_load(case, server, urls, pids))
     if server == RL360:
         options = _server_options(case, backend, tokenizer)
+        if case.hosting is Hosting.ACTOR:
+            with _pool(options, case.servers) as (urls, pids):
+                return asyncio.run(_load(case, server, urls, pids))
         started = [_server(options, logs, n) for n in range(case.servers)]
     else:
         assert miles is not None
