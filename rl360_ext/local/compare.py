@@ -42,6 +42,7 @@ from rl360_ext.diagnostics.compare_report import write_compare
 from rl360_ext.local.arms import RL360_RULES, UPSTREAM_RULES
 from rl360_ext.local.demo import DemoResult, run_demo
 from rl360_ext.local.demo_plan import DemoConfig
+from rl360_ext.util.console import make_console
 
 RL360_ARM = "rl360"
 UPSTREAM_ARM = "upstream"
@@ -113,7 +114,7 @@ class CompareResult:
 
 def run_compare(base: DemoConfig, arms: Sequence[str], console: Console | None = None) -> CompareResult:
     """Run every arm's demo in turn (`base.out/<arm>`), then write `compare.html` and `compare.json`."""
-    console = console or Console()
+    console = console or make_console()
     configs = arm_configs(base, arms)
     started = time.monotonic()
     console.print(

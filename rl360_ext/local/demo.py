@@ -101,6 +101,7 @@ from rl360_ext.local.stack import (
 from rl360_ext.outcomes.provenance import DOMAIN, is_valid
 from rl360_ext.rollout.metrics import append_records
 from rl360_ext.trainer.trainer import TrainerConfig
+from rl360_ext.util.console import make_console, print_table
 from rl360_ext.util.procs import LOOPBACK
 
 GENERATE_PATH = "rl360_ext.rollout.generate.generate"
@@ -747,7 +748,7 @@ def run_demo(
         seed=seed,
         **options,
     )
-    console = console or Console()
+    console = console or make_console()
     _fresh_output(config.out)
     _import_transformers_quietly()
     started = time.monotonic()
@@ -782,9 +783,9 @@ def run_demo(
                 stopping = time.monotonic()
     wall_s = time.monotonic() - started
     console.print(f"stopped in {time.monotonic() - stopping:.1f} s")
-    console.print(summary_table(summaries))
+    print_table(console, summary_table(summaries))
     if (by_cause := infra_table(summaries)) is not None:
-        console.print(by_cause)
+        print_table(console, by_cause)
     if engine_503s:
         console.print("engine 503s injected: " + ", ".join(f"{name} {n}" for name, n in engine_503s.items()))
     if replicas:
@@ -919,7 +920,7 @@ def compare_schedules(
     """`rl360 demo --compare schedules`: the demo once per side of `schedule_sides`
     (OUT/<schedule>[-<pause mode>]), same seed and settings, then the figures side by side
     (printed, and written to OUT/compare.json)."""
-    console = console or Console()
+    console = console or make_console()
     options.pop("schedule", None)
     options.pop("pause_mode", None)
     figures: dict[str, dict[str, Any]] = {}
@@ -927,7 +928,7 @@ def compare_schedules(
         folder = Path(out) / side.replace(" ", "-")
         result = run_demo(out=folder, console=console, schedule=schedule, pause_mode=mode, **options)
         figures[side] = schedule_figures(result)
-    console.print(compare_table(figures))
+    print_table(console, compare_table(figures))
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / COMPARE_FILE).write_text(json.dumps(figures, indent=2) + "\n")
     return figures
