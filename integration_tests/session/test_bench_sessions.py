@@ -28,10 +28,19 @@ from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def test_every_turn_is_served_and_measured(capsys: pytest.CaptureFixture[str]) -> None:
-    results = main(as_json=True, concurrency=(1, 3), turns=(4,), r3=(False, True), servers=(1, 2))
+@pytest.mark.parametrize("servers", [1, 2])
+@pytest.mark.parametrize("r3", [False, True], ids=["r3-off", "r3-on"])
+def test_every_turn_is_served_and_measured(
+    capsys: pytest.CaptureFixture[str], r3: bool, servers: int
+) -> None:
+    """Every shape (R3 off/on x 1/2 servers, one test each so they spread over workers) at 1 and 3
+    concurrent sessions."""
+    results = main(as_json=True, concurrency=(1, 3), turns=(4,), r3=(r3,), servers=(servers,))
     results = [r for r in results if r.server == RL360]  # Miles' rows too when MILES_SRC is set
-    assert len(results) == 8
+    assert [(r.case.sessions, r.case.r3, r.case.servers) for r in results] == [
+        (1, r3, servers),
+        (3, r3, servers),
+    ]
     for result in results:
         assert (result.turns_done, result.turns_lost) == (result.case.sessions * 4, 0), result
         for value in (result.turns_per_s, result.p50_ms, result.p99_ms, result.server_cpu_ms_per_turn):
