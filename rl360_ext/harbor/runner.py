@@ -337,7 +337,11 @@ class TrialRunner:
             trials_dir=self.settings.trials_dir,
             agent=agent,
             environment=self.environment.config(task.reservation, placement),
-            verifier=VerifierConfig(import_path=VERIFIER_IMPORT_PATH, override_timeout_sec=plan.verifier_s),
+            verifier=VerifierConfig(
+                import_path=VERIFIER_IMPORT_PATH,
+                override_timeout_sec=plan.verifier_s,
+                kwargs={"reward_min": self.settings.reward_min, "reward_max": self.settings.reward_max},
+            ),
             environment_build_timeout_multiplier=plan.environment_setup_s
             / max(task.environment_setup_s, 1e-9),
             override_error_policy=_ERROR_POLICY,
@@ -366,7 +370,7 @@ class TrialRunner:
                 trial.add_hook(TrialEvent.ENVIRONMENT_START, self._on_sandbox_start)
                 trial.add_hook(TrialEvent.AGENT_END, _phase_ender(trial))
                 trial.add_hook(TrialEvent.VERIFICATION_START, _phase_ender(trial, VERIFIER_DIR))
-                result = outcome.classify(await trial.run(), trial_dir)
+                result = outcome.classify(await trial.run(), trial_dir, self.settings.reward_range)
         except TimeoutError as exc:
             if not scope.expired():
                 result = outcome.failure(Cause.HARBOR_INTERNAL_ERROR, exc)
@@ -391,13 +395,12 @@ class TrialRunner:
             await self.start_gate.wait_turn()
         self.metrics.sandbox_starts.inc()
 
-    @staticmethod
-    def _from_trial(trial: Trial | None, trial_dir: Path, cause: str) -> outcome.Outcome:
+    def _from_trial(self, trial: Trial | None, trial_dir: Path, cause: str) -> outcome.Outcome:
         """A failure with whatever phase timings the interrupted trial recorded."""
         result = outcome.failure(cause)
         if trial is not None:
             with contextlib.suppress(RuntimeError):
-                recorded = outcome.classify(trial.result, trial_dir)
+                recorded = outcome.classify(trial.result, trial_dir, self.settings.reward_range)
                 result.phase_timings, result.agent_metrics = recorded.phase_timings, recorded.agent_metrics
                 result.timeline = recorded.timeline
         return result
