@@ -1,6 +1,7 @@
 """Run one /run attempt as a real Harbor trial under admission, one deadline, and flush.
 
-Owns the attempt's life: resolve the task and agent, wait for admission (concurrency, waves,
+Owns the attempt's life: resolve the task (the catalog's private snapshot of it, which Harbor
+runs and which is removed when the attempt ends) and agent, wait for admission (concurrency, waves,
 reservations) no longer than the deadline allows, split what is left into phase budgets, build
 Harbor's TrialConfig (agent/verifier/environment timeouts = those budgets, the reservation and
 placement handed to the environment), run `Trial.create(...).run()`, and classify the result
@@ -56,6 +57,7 @@ from rl360_ext.harbor.envs.bwrap import IMPORT_PATH as BWRAP_IMPORT_PATH
 from rl360_ext.harbor.errors import AgentKwargReserved, AgentNotAllowed, FieldInvalid, ServerShuttingDown
 from rl360_ext.harbor.metrics import RunMetrics
 from rl360_ext.harbor.settings import ServerSettings
+from rl360_ext.harbor.snapshot import SnapshotStore
 from rl360_ext.harbor.verifier import IMPORT_PATH as VERIFIER_IMPORT_PATH
 from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.harbor_exceptions import AGENT_TIMEOUT_ERROR
@@ -135,7 +137,12 @@ class TrialRunner:
         )
         self.agents = agents.AgentTable(settings.agent, settings.default_agent)
         self.budget = settings.budget
-        self.catalog = TaskCatalog(settings.tasks_root, settings.default_reservation)
+        self.catalog = TaskCatalog(
+            settings.tasks_root,
+            settings.default_reservation,
+            SnapshotStore(settings.trials_dir),
+            settings.allow_env,
+        )
         self.metrics = RunMetrics()
         pacing = gate = None
         if settings.rolling_start_size is not None:
@@ -204,6 +211,13 @@ class TrialRunner:
                 "deadline_s", f"deadline_s must be > 0 and <= {largest:g} seconds, got {deadline!r}"
             )
         task = self.catalog.load(request.task)
+        try:
+            return task, self._check_agent(request)
+        except BaseException:
+            self.catalog.release(task)
+            raise
+
+    def _check_agent(self, request: RunRequest) -> agents.AgentEntry:
         entry = self.agents.get(request.agent)
         if entry is None:
             raise AgentNotAllowed(
@@ -218,7 +232,7 @@ class TrialRunner:
             for name in ("base_url", "model"):
                 if not getattr(request, name):
                     raise FieldInvalid(name, f"{name} is required for agent {entry.name!r}")
-        return task, entry
+        return entry
 
     # -- running --------------------------------------------------------------------------------
 
@@ -227,9 +241,14 @@ class TrialRunner:
         response (a cancelled attempt answers `failure_cause: cancelled`)."""
         received, received_at = time.monotonic(), time.time()
         task, spec = self._check(request)
-        placement = self.pinning.place(task.image_group)
+        try:
+            placement = self.pinning.place(task.image_group)
+            attempt = asyncio.create_task(self._attempt(request, task, spec, placement, received))
+        except BaseException:
+            self.catalog.release(task)
+            raise
+        attempt.add_done_callback(lambda _: self.catalog.release(task))  # its snapshot lives as long
         key = request.session_server_instance_id or ""
-        attempt = asyncio.create_task(self._attempt(request, task, spec, placement, received))
         self._inflight[key].add(attempt)
         try:
             result = await asyncio.shield(attempt)
@@ -437,6 +456,7 @@ class TrialRunner:
         cancelled`) and wait (bounded) until their sandboxes are stopped."""
         self.shutting_down = True
         await self.flush_all()
+        self.catalog.snapshots.close()
 
 
 def _phase_ender(trial: Trial, *clear: str) -> Any:

@@ -242,7 +242,9 @@ def test_a_judge_failure_keeps_no_reward_even_with_a_fallback_reward_file(
 def test_rewards_harbor_graded_outside_the_rule_are_no_reward_never_an_error(
     tmp_path: Path, graded: dict[str, float]
 ) -> None:
-    harbor_result = make_result(tmp_path, graded=graded, written=json.dumps(graded), written_name="reward.json")
+    harbor_result = make_result(
+        tmp_path, graded=graded, written=json.dumps(graded), written_name="reward.json"
+    )
     result = outcome.classify(harbor_result, tmp_path)
     assert (result.reward, result.reward_source) == (None, None)
     assert result.attempt_class is not None and result.attempt_class.startswith("infra:")

@@ -89,7 +89,9 @@ def test_what_is_not_a_finite_in_range_number_is_reward_file_invalid(name: str, 
         (REWARD_JSON, b'{"reward": -10}', {"reward": -10.0}),
     ],
 )
-def test_finite_numbers_within_the_range_are_rewards(name: str, raw: bytes, rewards: dict[str, float]) -> None:
+def test_finite_numbers_within_the_range_are_rewards(
+    name: str, raw: bytes, rewards: dict[str, float]
+) -> None:
     assert parse_reward_file(name, raw, BOUNDS).rewards == rewards
 
 
@@ -123,7 +125,9 @@ _json_values = st.recursive(
     | st.floats()
     | st.text(max_size=5)
     | st.integers(min_value=10**30, max_value=10**500),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=4), children, max_size=3),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=4), children, max_size=3)
+    ),
     max_leaves=6,
 )
 
