@@ -16,6 +16,7 @@ snapshot in `TaskInfo.path`; `release` removes it. It does not own running the t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import tomllib
@@ -29,7 +30,7 @@ from harbor.models.task.task import Task
 
 from rl360_ext.harbor.admission import Reservation
 from rl360_ext.harbor.errors import TaskInvalid, TaskNotFound, TaskPathRejected
-from rl360_ext.harbor.snapshot import SnapshotStore, TaskNameIsALink, TaskSnapshotRefused
+from rl360_ext.harbor.snapshot import Snapshot, SnapshotStore, TaskNameIsALink, TaskSnapshotRefused
 
 __all__ = ["MAX_TASK_NAME", "TaskCatalog", "TaskInfo", "TaskInvalid", "TaskNotFound", "TaskPathRejected"]
 
@@ -38,6 +39,7 @@ _FIELD = "task"
 # Harbor fills `${NAME}` and `${NAME:-default}` (harbor.utils.env) in these tables from os.environ.
 _RESOLVED_TABLES = frozenset({"env", "headers"})
 _TEMPLATE_NAME = re.compile(r"\$\{([^}:]*)")
+_CACHED_TASKS = 1024  # what was read from a snapshot, by its digest
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class TaskCatalog:
         self.default_reservation = default_reservation
         self.snapshots = snapshots
         self.allowed_env = frozenset(allowed_env)
+        self._read_before: dict[str, TaskInfo] = {}
 
     @staticmethod
     def resolve(name: str) -> PurePosixPath:
@@ -109,7 +112,7 @@ class TaskCatalog:
             )
         return relative
 
-    def _snapshot(self, name: str) -> Path:
+    def _snapshot(self, name: str) -> Snapshot:
         relative = self.resolve(name)
         try:
             return self.snapshots.take(self.root, relative)
@@ -140,13 +143,21 @@ class TaskCatalog:
                 )
 
     def load(self, name: str) -> TaskInfo:
-        """The task's snapshot and what admission needs from it; `release` the result when done."""
-        path = self._snapshot(name)
+        """The task's snapshot and what admission needs from it; `release` the result when done.
+        A snapshot whose tree was read before (same digest) is not parsed again."""
+        snapshot = self._snapshot(name)
         try:
-            return self._read(name, path)
+            known = self._read_before.get(snapshot.digest)
+            if known is not None:
+                return dataclasses.replace(known, name=name, path=snapshot.path)
+            info = self._read(name, snapshot.path)
         except BaseException:
-            self.snapshots.release(path)
+            self.snapshots.release(snapshot.path)
             raise
+        if len(self._read_before) >= _CACHED_TASKS:
+            self._read_before.pop(next(iter(self._read_before)))
+        self._read_before[snapshot.digest] = info
+        return info
 
     def release(self, info: TaskInfo) -> None:
         """Remove the snapshot a `load` made."""

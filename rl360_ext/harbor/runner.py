@@ -247,7 +247,8 @@ class TrialRunner:
         except BaseException:
             self.catalog.release(task)
             raise
-        attempt.add_done_callback(lambda _: self.catalog.release(task))  # its snapshot lives as long
+        loop = asyncio.get_running_loop()  # its snapshot lives as long; removed off the loop
+        attempt.add_done_callback(lambda _: loop.run_in_executor(None, self.catalog.release, task))
         key = request.session_server_instance_id or ""
         self._inflight[key].add(attempt)
         try:

@@ -15,7 +15,9 @@ swapped for a symlink, a file for a link to a host file), so:
   the task: its target must be inside the task (lexically when read, and resolved inside the
   snapshot, which nobody else can change); a link that loops (ELOOP, or a directory link to a
   directory that holds it) is refused; FIFOs, devices and sockets are refused;
-- the copy is capped (entries, bytes, depth).
+- the copy is capped (entries, bytes, depth), and digested while it is made (every entry's kind,
+  path, mode, bytes or link target): two snapshots with one digest are the same tree, so what
+  the catalog derived from one holds for the other.
 Refusals are `TaskSnapshotRefused(relative path, reason)`; the catalog names the task in them.
 It does not own which names are tasks or what a task declares (`rl360_ext.harbor.catalog`).
 """
@@ -24,12 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import shutil
 import stat
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from rl360_ext.harbor.envs import nofollow
 
@@ -64,6 +68,19 @@ class SnapshotLimits:
 class _Count:
     entries: int = 0
     bytes: int = 0
+    digest: Any = field(default_factory=hashlib.sha256)
+
+    def add(self, kind: bytes, rel: PurePosixPath, *parts: bytes) -> None:
+        for part in (kind, rel.as_posix().encode(), *parts):
+            self.digest.update(len(part).to_bytes(8, "little") + part)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A task's snapshot: its directory (named like the task) and the digest of its tree."""
+
+    path: Path
+    digest: str
 
 
 class SnapshotStore:
@@ -77,24 +94,23 @@ class SnapshotStore:
         self.root.mkdir(mode=0o700)
         (self.root / _OWNER_FILE).write_text(str(os.getpid()))
 
-    def take(self, tasks_root: Path, name: PurePosixPath) -> Path:
-        """Copy the task `tasks_root/name` into a fresh snapshot; returns the snapshot's task dir
-        (named like the task). Raises TaskSnapshotRefused, FileNotFoundError (no such task dir or
-        no task.toml in it)."""
+    def take(self, tasks_root: Path, name: PurePosixPath) -> Snapshot:
+        """Copy the task `tasks_root/name` into a fresh snapshot. Raises TaskSnapshotRefused,
+        FileNotFoundError (no such task dir or no task.toml in it)."""
         holder = self.root / uuid.uuid4().hex
         holder.mkdir(mode=0o700)
         target = holder / (name.name or "task")
         try:
-            _snapshot(tasks_root, name, target, self.limits)
+            digest = _snapshot(tasks_root, name, target, self.limits)
         except BaseException:
             shutil.rmtree(holder, ignore_errors=True)
             raise
-        return target
+        return Snapshot(target, digest)
 
     @staticmethod
-    def release(snapshot: Path) -> None:
-        """Remove a snapshot `take` returned."""
-        shutil.rmtree(snapshot.parent, ignore_errors=True)
+    def release(path: Path) -> None:
+        """Remove a snapshot `take` returned (its `path`)."""
+        shutil.rmtree(path.parent, ignore_errors=True)
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -127,7 +143,7 @@ def _open_task(tasks_root: Path, name: PurePosixPath) -> int:
         raise TaskNameIsALink("", "a segment of the task's path is not a directory") from exc
 
 
-def _snapshot(tasks_root: Path, name: PurePosixPath, target: Path, limits: SnapshotLimits) -> None:
+def _snapshot(tasks_root: Path, name: PurePosixPath, target: Path, limits: SnapshotLimits) -> str:
     source_fd = _open_task(tasks_root, name)
     try:
         try:
@@ -138,15 +154,17 @@ def _snapshot(tasks_root: Path, name: PurePosixPath, target: Path, limits: Snaps
             raise TaskSnapshotRefused("task.toml", "is not a regular file")
         os.mkdir(target, 0o700)
         target_fd = os.open(target, _DIR_FLAGS)
+        count = _Count()
         try:
             links: list[PurePosixPath] = []
-            _copy_dir(source_fd, target_fd, PurePosixPath(), _Count(), limits, links, tasks_root / name)
+            _copy_dir(source_fd, target_fd, PurePosixPath(), count, limits, links, tasks_root / name)
         finally:
             os.close(target_fd)
     finally:
         os.close(source_fd)
     for link in links:
         _check_link(target, link)
+    return count.digest.hexdigest()
 
 
 def _copy_dir(
@@ -173,6 +191,7 @@ def _copy_dir(
         rel = relative / name
         info = os.stat(name, dir_fd=source_fd, follow_symlinks=False)
         if stat.S_ISDIR(info.st_mode):
+            count.add(b"d", rel)
             child = _open_child(source_fd, name, rel)
             try:
                 os.mkdir(name, 0o700, dir_fd=target_fd)
@@ -186,7 +205,9 @@ def _copy_dir(
         elif stat.S_ISREG(info.st_mode):
             _copy_file(source_fd, target_fd, name, rel, count, limits)
         elif stat.S_ISLNK(info.st_mode):
-            os.symlink(_link_target(source_fd, name, rel, original), name, dir_fd=target_fd)
+            target = _link_target(source_fd, name, rel, original)
+            count.add(b"l", rel, target.encode())
+            os.symlink(target, name, dir_fd=target_fd)
             links.append(rel)
         else:
             raise TaskSnapshotRefused(rel.as_posix(), "is not a regular file or directory")
@@ -210,9 +231,11 @@ def _copy_file(
         raise TaskSnapshotRefused(rel.as_posix(), "changed while the task was read") from exc
     try:
         mode = stat.S_IMODE(os.fstat(fd).st_mode) & 0o755 | 0o600
+        count.add(b"f", rel, oct(mode).encode())
         out = os.open(name, _CREATE_FLAGS, mode, dir_fd=target_fd)
         try:
             while chunk := os.read(fd, _CHUNK):
+                count.add(b"c", rel, chunk)
                 count.bytes += len(chunk)
                 if count.bytes > limits.max_bytes:
                     raise TaskSnapshotRefused("", f"is larger than {limits.max_bytes} bytes")

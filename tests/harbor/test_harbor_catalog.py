@@ -296,3 +296,25 @@ def test_a_task_dir_swapped_for_a_link_to_the_host_during_loads_never_yields_a_h
         stop.set()
         thread.join(timeout=10)
     assert outcomes.get("loaded", 0) > 0 and len(outcomes) > 1, outcomes  # both sides of the race were hit
+
+
+def test_an_unchanged_tree_is_not_parsed_again_and_a_changed_one_is(
+    root: Path, store: SnapshotStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rl360_ext.harbor.catalog as catalog_module
+
+    parsed: list[Path] = []
+    real_task = catalog_module.Task
+
+    def counting(path: Path) -> object:
+        parsed.append(path)
+        return real_task(path)
+
+    monkeypatch.setattr(catalog_module, "Task", counting)
+    catalog = TaskCatalog(root, DEFAULT, store)
+    first, second = catalog.load("fix-mean"), catalog.load("fix-mean")
+    assert len(parsed) == 1 and first.path != second.path and second.image_group == first.image_group
+    toml = root / "fix-mean" / "task.toml"
+    toml.write_text(toml.read_text() + "\n[verifier.env]\nX = '${SECRET}'\n")
+    with pytest.raises(TaskInvalid, match=r"verifier\.env\.X"):
+        catalog.load("fix-mean")  # a changed tree is checked again, never served from before
