@@ -72,9 +72,10 @@ class Harbor:
         assert response.status_code == status, response.text
         return response.json()
 
-    def rss_kb(self) -> int:
+    def peak_rss_kb(self) -> int:
+        """The server's peak resident memory so far (VmHWM)."""
         status = Path(f"/proc/{self.process.pid}/status").read_text()
-        return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+        return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")))
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -114,6 +115,7 @@ REWARD_FILES = {  # task name: (file, content) the verifier writes
     "reward-minus-1e300": ("reward.json", '{"reward": -1e300}'),
     "reward-nan": ("reward.json", '{"reward": NaN}'),
     "reward-nested": ("reward.json", '{"reward": {"reward": 1}}'),
+    "reward-over-range": ("reward.txt", "50"),  # inside the default range, outside this server's
 }
 
 
@@ -219,6 +221,7 @@ def test_hostile_reward_files_are_reward_file_invalid_with_the_reason(harbor: Ha
         assert result["exception_message"], name
     assert "outside the reward range" in results["reward-1e308"]["exception_message"]
     assert "JSON object" in results["reward-true"]["exception_message"]
+    assert "outside the reward range [-10, 10]" in results["reward-over-range"]["exception_message"]
     valid = harbor.run({"task": "reward-valid"})
     assert (valid["reward"], valid["rewards"], valid["attempt_class"]) == (
         0.5,
@@ -315,7 +318,7 @@ def _stream(harbor: Harbor, head: bytes, chunk: bytes, limit_bytes: int) -> tupl
 
 
 def test_an_unauthenticated_large_body_is_refused_unread_and_does_not_raise_rss(harbor: Harbor) -> None:
-    before = harbor.rss_kb()
+    before = harbor.peak_rss_kb()
     chunk = b"x" * 65536
     declared = b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Length: 1073741824\r\n\r\n"
     answer, sent = _stream(harbor, declared, chunk, 256 * 2**20)
@@ -324,10 +327,8 @@ def test_an_unauthenticated_large_body_is_refused_unread_and_does_not_raise_rss(
     framed = b"%x\r\n" % len(chunk) + chunk + b"\r\n"
     answer_chunked, sent_chunked = _stream(harbor, chunked, framed, 256 * 2**20)
     assert answer_chunked.startswith(b"HTTP/1.1 401"), answer_chunked[:200]
-    grown_mb = (harbor.rss_kb() - before) / 1024
-    print(
-        f"unauthenticated: {sent >> 20} MiB + {sent_chunked >> 20} MiB chunked sent; RSS +{grown_mb:.1f} MB"
-    )
+    grown_mb = (harbor.peak_rss_kb() - before) / 1024
+    print(f"unauthenticated: {sent >> 20} + {sent_chunked >> 20} MiB sent; peak RSS +{grown_mb:.1f} MB")
     assert grown_mb < 32, grown_mb
 
 

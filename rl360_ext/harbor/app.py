@@ -164,6 +164,7 @@ def uvicorn_config(runner: TrialRunner, token: str | None, **options: Any) -> uv
     return uvicorn.Config(
         create_app(runner, token),
         http=GuardedHttpProtocol.with_limits(limits),
+        ws="none",  # no route speaks WebSocket: an upgrade request is plain HTTP to the guard
         timeout_graceful_shutdown=_GRACEFUL_S,
         **options,
     )

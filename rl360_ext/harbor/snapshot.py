@@ -29,6 +29,7 @@ import errno
 import hashlib
 import os
 import shutil
+import socket
 import stat
 import uuid
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from rl360_ext.harbor.envs import nofollow
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1 << 20
-_OWNER_FILE = "owner"  # a snapshot directory's owning server pid, for cleaning after a crash
+_OWNER_FILE = "owner"  # a snapshot directory's owning server (host name, pid), for cleaning after a crash
 
 
 class TaskSnapshotRefused(Exception):
@@ -92,7 +93,7 @@ class SnapshotStore:
         self.removed_at_start = _remove_dead(parent)
         self.root = parent / f".rl360-task-snapshots-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.root.mkdir(mode=0o700)
-        (self.root / _OWNER_FILE).write_text(str(os.getpid()))
+        (self.root / _OWNER_FILE).write_text(f"{socket.gethostname()} {os.getpid()}")
 
     def take(self, tasks_root: Path, name: PurePosixPath) -> Snapshot:
         """Copy the task `tasks_root/name` into a fresh snapshot. Raises TaskSnapshotRefused,
@@ -117,12 +118,16 @@ class SnapshotStore:
 
 
 def _remove_dead(parent: Path) -> int:
-    """Remove the snapshot directories of servers that are gone (SIGKILL leaves them)."""
+    """Remove the snapshot directories of servers on this host that are gone (SIGKILL leaves
+    them); a directory of another host's server (a shared --trials-dir) is left alone."""
     removed = 0
     for entry in parent.glob(".rl360-task-snapshots-*"):
         try:
-            pid = int((entry / _OWNER_FILE).read_text())
+            host, pid_text = (entry / _OWNER_FILE).read_text().split()
+            pid = int(pid_text)
         except (OSError, ValueError):
+            continue
+        if host != socket.gethostname():
             continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, 0)

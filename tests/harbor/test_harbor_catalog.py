@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import threading
 import time
 from pathlib import Path
@@ -233,9 +234,12 @@ def test_each_load_is_its_own_snapshot_that_later_changes_do_not_reach(
 def test_a_snapshot_store_removes_what_a_dead_server_left(tmp_path: Path) -> None:
     dead = tmp_path / ".rl360-task-snapshots-999999999-deadbeef"
     (dead / "x").mkdir(parents=True)
-    (dead / "owner").write_text("999999999")
+    (dead / "owner").write_text(f"{socket.gethostname()} 999999999")
+    elsewhere = tmp_path / ".rl360-task-snapshots-999999999-cafef00d"
+    elsewhere.mkdir()
+    (elsewhere / "owner").write_text("another-host 999999999")
     live = SnapshotStore(tmp_path)
-    assert live.removed_at_start == 1 and not dead.exists()
+    assert live.removed_at_start == 1 and not dead.exists() and elsewhere.exists()
     assert SnapshotStore(tmp_path).removed_at_start == 0 and live.root.exists()
 
 
