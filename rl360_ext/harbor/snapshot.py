@@ -24,7 +24,6 @@ It does not own which names are tasks or what a task declares (`rl360_ext.harbor
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import os
@@ -37,11 +36,12 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from rl360_ext.harbor.envs import nofollow
+from rl360_ext.harbor.envs.limits import owner_alive, owner_tag
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1 << 20
-_OWNER_FILE = "owner"  # a snapshot directory's owning server (host name, pid), for cleaning after a crash
+_OWNER_FILE = "owner"  # its server's host name and `owner_tag` (pid.starttime), for cleaning after a crash
 
 
 class TaskSnapshotRefused(Exception):
@@ -93,7 +93,7 @@ class SnapshotStore:
         self.removed_at_start = _remove_dead(parent)
         self.root = parent / f".rl360-task-snapshots-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.root.mkdir(mode=0o700)
-        (self.root / _OWNER_FILE).write_text(f"{socket.gethostname()} {os.getpid()}")
+        (self.root / _OWNER_FILE).write_text(f"{socket.gethostname()} {owner_tag()}")
 
     def take(self, tasks_root: Path, name: PurePosixPath) -> Snapshot:
         """Copy the task `tasks_root/name` into a fresh snapshot. Raises TaskSnapshotRefused,
@@ -123,17 +123,12 @@ def _remove_dead(parent: Path) -> int:
     removed = 0
     for entry in parent.glob(".rl360-task-snapshots-*"):
         try:
-            host, pid_text = (entry / _OWNER_FILE).read_text().split()
-            pid = int(pid_text)
+            host, tag = (entry / _OWNER_FILE).read_text().split()
         except (OSError, ValueError):
             continue
-        if host != socket.gethostname():
-            continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, 0)
-            continue  # alive
-        shutil.rmtree(entry, ignore_errors=True)
-        removed += 1
+        if host == socket.gethostname() and not owner_alive(tag):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed += 1
     return removed
 
 

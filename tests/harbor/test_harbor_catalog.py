@@ -19,7 +19,7 @@ from rl360_ext.harbor.catalog import (
     TaskNotFound,
     TaskPathRejected,
 )
-from rl360_ext.harbor.snapshot import SnapshotStore
+from rl360_ext.harbor.snapshot import SnapshotLimits, SnapshotStore
 from rl360_ext.local.fixtures import tasks_root as example_tasks_root
 
 DEFAULT = Reservation(cpus=2, memory_mb=4096)
@@ -234,10 +234,10 @@ def test_each_load_is_its_own_snapshot_that_later_changes_do_not_reach(
 def test_a_snapshot_store_removes_what_a_dead_server_left(tmp_path: Path) -> None:
     dead = tmp_path / ".rl360-task-snapshots-999999999-deadbeef"
     (dead / "x").mkdir(parents=True)
-    (dead / "owner").write_text(f"{socket.gethostname()} 999999999")
+    (dead / "owner").write_text(f"{socket.gethostname()} 999999999.12345")
     elsewhere = tmp_path / ".rl360-task-snapshots-999999999-cafef00d"
     elsewhere.mkdir()
-    (elsewhere / "owner").write_text("another-host 999999999")
+    (elsewhere / "owner").write_text("another-host 999999999.12345")
     live = SnapshotStore(tmp_path)
     assert live.removed_at_start == 1 and not dead.exists() and elsewhere.exists()
     assert SnapshotStore(tmp_path).removed_at_start == 0 and live.root.exists()
@@ -322,3 +322,18 @@ def test_an_unchanged_tree_is_not_parsed_again_and_a_changed_one_is(
     toml.write_text(toml.read_text() + "\n[verifier.env]\nX = '${SECRET}'\n")
     with pytest.raises(TaskInvalid, match=r"verifier\.env\.X"):
         catalog.load("fix-mean")  # a changed tree is checked again, never served from before
+
+
+@pytest.mark.parametrize(
+    ("limits", "why"),
+    [
+        (SnapshotLimits(max_entries=3), "more than 3 files and directories"),
+        (SnapshotLimits(max_bytes=100), "larger than 100 bytes"),
+        (SnapshotLimits(max_depth=1), "nested deeper than 1 directories"),
+    ],
+)
+def test_a_snapshot_is_capped(root: Path, tmp_path: Path, limits: SnapshotLimits, why: str) -> None:
+    catalog = TaskCatalog(root, DEFAULT, SnapshotStore(tmp_path / "capped", limits))
+    with pytest.raises(TaskInvalid, match=why):
+        catalog.load("fix-mean")
+    assert list((tmp_path / "capped").glob("*/*")) == [next((tmp_path / "capped").glob("*/owner"))]
