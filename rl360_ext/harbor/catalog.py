@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import threading
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -95,6 +96,7 @@ class TaskCatalog:
         self.snapshots = snapshots
         self.allowed_env = frozenset(allowed_env)
         self._read_before: dict[str, TaskInfo] = {}
+        self._lock = threading.Lock()  # loads run in threads
 
     @staticmethod
     def resolve(name: str) -> PurePosixPath:
@@ -147,16 +149,18 @@ class TaskCatalog:
         A snapshot whose tree was read before (same digest) is not parsed again."""
         snapshot = self._snapshot(name)
         try:
-            known = self._read_before.get(snapshot.digest)
+            with self._lock:
+                known = self._read_before.get(snapshot.digest)
             if known is not None:
                 return dataclasses.replace(known, name=name, path=snapshot.path)
             info = self._read(name, snapshot.path)
         except BaseException:
             self.snapshots.release(snapshot.path)
             raise
-        if len(self._read_before) >= _CACHED_TASKS:
-            self._read_before.pop(next(iter(self._read_before)))
-        self._read_before[snapshot.digest] = info
+        with self._lock:
+            if len(self._read_before) >= _CACHED_TASKS:
+                self._read_before.pop(next(iter(self._read_before)))
+            self._read_before[snapshot.digest] = info
         return info
 
     def release(self, info: TaskInfo) -> None:

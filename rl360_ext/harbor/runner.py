@@ -201,8 +201,9 @@ class TrialRunner:
 
     # -- validation -----------------------------------------------------------------------------
 
-    def _check(self, request: RunRequest) -> tuple[TaskInfo, agents.AgentEntry]:
-        """The task and agent of a request; raises a HarborRequestError naming the bad field."""
+    async def _check(self, request: RunRequest) -> tuple[TaskInfo, agents.AgentEntry]:
+        """The task (its snapshot, taken off the event loop) and agent of a request; raises a
+        HarborRequestError naming the bad field."""
         if self.shutting_down:
             raise ServerShuttingDown("task", "the server is shutting down and takes no new attempts")
         deadline, largest = request.deadline_s, self.settings.max_deadline_s
@@ -210,12 +211,21 @@ class TrialRunner:
             raise FieldInvalid(
                 "deadline_s", f"deadline_s must be > 0 and <= {largest:g} seconds, got {deadline!r}"
             )
-        task = self.catalog.load(request.task)
+        loading = asyncio.ensure_future(asyncio.to_thread(self.catalog.load, request.task))
+        try:
+            task = await asyncio.shield(loading)
+        except asyncio.CancelledError:  # the snapshot being taken is removed once it is done
+            loading.add_done_callback(self._release_loaded)
+            raise
         try:
             return task, self._check_agent(request)
         except BaseException:
             self.catalog.release(task)
             raise
+
+    def _release_loaded(self, loading: asyncio.Future[TaskInfo]) -> None:
+        if not loading.cancelled() and loading.exception() is None:
+            self.catalog.release(loading.result())
 
     def _check_agent(self, request: RunRequest) -> agents.AgentEntry:
         entry = self.agents.get(request.agent)
@@ -240,7 +250,7 @@ class TrialRunner:
         """Run one attempt; raises a HarborRequestError for bad input, otherwise always returns a
         response (a cancelled attempt answers `failure_cause: cancelled`)."""
         received, received_at = time.monotonic(), time.time()
-        task, spec = self._check(request)
+        task, spec = await self._check(request)
         try:
             placement = self.pinning.place(task.image_group)
             attempt = asyncio.create_task(self._attempt(request, task, spec, placement, received))
