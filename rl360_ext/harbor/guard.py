@@ -9,8 +9,9 @@ Owns the connection-level rules of the Harbor /run server, applied in front of F
   complete body within both reaches the app. Every refusal closes the connection, so a client
   still sending is cut off rather than drained.
 - `GuardedHttpProtocol` (uvicorn's httptools protocol): a request's start line and headers must
-  arrive within `HttpLimits.header_timeout_s` of the connection opening or the previous response
-  finishing its keep-alive wait; a slow or half-sent request is dropped then.
+  arrive within `HttpLimits.header_timeout_s` of the connection opening (the first request) or
+  of the request's first byte (the next ones; an idle keep-alive connection is uvicorn's
+  keep-alive timeout's); a slow or half-sent request is dropped then.
 Refusals are `rl360_ext.harbor.errors` classes, answered in their shape. It does not own the
 routes, the schema or what a request does.
 """
@@ -48,8 +49,11 @@ class HttpLimits:
     """The connection limits of one server (from `rl360_ext.harbor.settings.ServerSettings`)."""
 
     max_body_bytes: int = 1 << 20
+    """Largest body, declared or counted while it streams (over it: 413)."""
     header_timeout_s: float = 10.0
+    """Deadline for a request's start line and headers (past it: the connection is closed)."""
     body_timeout_s: float = 30.0
+    """Deadline for the whole body, from the headers (past it: 408)."""
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -59,7 +63,7 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-def token_matches(header: bytes | None, token: str) -> bool:
+def _token_matches(header: bytes | None, token: str) -> bool:
     """A `Bearer <token>` header carries exactly `token` (constant-time comparison)."""
     scheme, _, given = (header or b"").decode("latin-1").partition(" ")
     return scheme.lower() == "bearer" and secrets.compare_digest(given.strip().encode(), token.encode())
@@ -84,7 +88,7 @@ class RequestGuard:
         await self.app(scope, _replay(body, receive), send)
 
     def _check_headers(self, scope: Scope) -> None:
-        if self.token is not None and not token_matches(_header(scope, b"authorization"), self.token):
+        if self.token is not None and not _token_matches(_header(scope, b"authorization"), self.token):
             raise Unauthorized("authorization", "missing or wrong bearer token")
         declared = _header(scope, b"content-length")
         if declared is None:

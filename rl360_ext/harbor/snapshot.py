@@ -61,8 +61,11 @@ class SnapshotLimits:
     """Caps on one task's snapshot."""
 
     max_entries: int = 20_000
+    """Files, directories and links, all together."""
     max_bytes: int = 512 * 2**20
+    """Bytes of all files together."""
     max_depth: int = 32
+    """Directories below the task's own."""
 
 
 @dataclass

@@ -41,7 +41,9 @@ class RewardRange:
     """The rewards a verifier may write: finite, `low <= value <= high`."""
 
     low: float = -1000.0
+    """Smallest reward that counts."""
     high: float = 1000.0
+    """Largest reward that counts."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.low) and math.isfinite(self.high) and self.low < self.high):
