@@ -192,7 +192,10 @@ def _copy_dir(
             names.append(entry.name)
     for name in sorted(names):
         rel = relative / name
-        info = os.stat(name, dir_fd=source_fd, follow_symlinks=False)
+        try:
+            info = os.stat(name, dir_fd=source_fd, follow_symlinks=False)
+        except FileNotFoundError as exc:
+            raise TaskSnapshotRefused(rel.as_posix(), "changed while the task was read") from exc
         if stat.S_ISDIR(info.st_mode):
             count.add(b"d", rel)
             child = _open_child(source_fd, name, rel)
