@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import threading
@@ -11,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rl360_ext.harbor.admission import Reservation
 from rl360_ext.harbor.catalog import (
@@ -337,3 +340,31 @@ def test_a_snapshot_is_capped(root: Path, tmp_path: Path, limits: SnapshotLimits
     with pytest.raises(TaskInvalid, match=why):
         catalog.load("fix-mean")
     assert list((tmp_path / "capped").glob("*/*")) == [next((tmp_path / "capped").glob("*/owner"))]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    value=st.lists(
+        st.text(st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="'"), max_size=3)
+        | st.sampled_from(["${", "}", "$", ":-", "{"]),
+        max_size=6,
+    ).map("".join),
+    table=st.sampled_from(sorted(ENV_TABLES)),
+)
+def test_any_env_value_is_refused_exactly_when_it_holds_a_template(
+    tmp_path_factory: pytest.TempPathFactory, value: str, table: str
+) -> None:
+    root = tmp_path_factory.mktemp("tasks")
+    shutil.copytree(example_tasks_root() / "fix-mean", root / "fix-mean")
+    if table.startswith("steps"):
+        (root / "fix-mean" / "steps" / "s1" / "tests").mkdir(parents=True)
+        (root / "fix-mean" / "steps" / "s1" / "tests" / "test.sh").write_text("true\n")
+        (root / "fix-mean" / "steps" / "s1" / "instruction.md").write_text("x\n")
+    _with_table(root, table, value)
+    catalog = TaskCatalog(root, DEFAULT, SnapshotStore(root.parent / "trials"))
+    if "${" in value:
+        with pytest.raises(TaskInvalid, match=re.escape(f"{table}.KEY uses a ${{...}} template")):
+            catalog.load("fix-mean")
+    else:
+        with contextlib.suppress(TaskInvalid):  # Harbor may refuse a header value for reasons of its own
+            catalog.load("fix-mean")
