@@ -1,8 +1,9 @@
 """The Harbor /run server's HTTP adapter (FastAPI). Thin: schemas, auth, error mapping, shutdown.
 
-Owns the wire schema of `POST /run`, `POST /flush`, `GET /health`, `GET /metrics`; the optional
-bearer token, checked on every route with a constant-time comparison (with a token the
-unauthenticated docs routes are off); turning a `rl360_ext.harbor.errors.HarborRequestError`
+Owns the wire schema of `POST /run`, `POST /flush`, `GET /health`, `GET /metrics`; putting the
+connection guard (`rl360_ext.harbor.guard`: the optional bearer token on every path, checked
+before a body is read, the body cap, the header and body timeouts) in front of every route (with
+a token the docs routes are off); turning a `rl360_ext.harbor.errors.HarborRequestError`
 into its status with a body that names the request field, in FastAPI's own validation-error
 shape (schema errors too, with inputs such as NaN written so the body is valid JSON); and
 `serve`, which on SIGTERM first cancels every attempt in flight (each client gets its
@@ -14,20 +15,20 @@ from __future__ import annotations
 
 import contextlib
 import math
-import secrets
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
 import uvicorn
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 
 from rl360_ext.harbor.catalog import MAX_TASK_NAME
-from rl360_ext.harbor.errors import FieldInvalid, HarborRequestError, Unauthorized
+from rl360_ext.harbor.errors import FieldInvalid, HarborRequestError, detail
+from rl360_ext.harbor.guard import GuardedHttpProtocol, RequestGuard
 from rl360_ext.harbor.runner import RunRequest, TrialRunner
 
 _GRACEFUL_S = 5
@@ -67,10 +68,7 @@ class FlushBody(BaseModel):
 
 
 def _field_error(error: HarborRequestError) -> JSONResponse:
-    return JSONResponse(
-        status_code=error.status,
-        content={"detail": [{"loc": ["body", error.field], "msg": str(error), "type": error.kind}]},
-    )
+    return JSONResponse(status_code=error.status, content=detail(error))
 
 
 def _json_safe(value: Any) -> Any:
@@ -100,13 +98,7 @@ def _schema_error(exc: RequestValidationError) -> JSONResponse:
 
 
 def create_app(runner: TrialRunner, token: str | None = None) -> FastAPI:
-    async def require_token(request: Request) -> None:
-        if token is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), token.encode()):
-            raise Unauthorized("authorization", "missing or wrong bearer token")
+    """The app, behind the guard with the limits of the runner's settings."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -114,9 +106,8 @@ def create_app(runner: TrialRunner, token: str | None = None) -> FastAPI:
         await runner.shutdown()
 
     docs = {} if token is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
-    app = FastAPI(
-        title="rl360 Harbor /run server", dependencies=[Depends(require_token)], lifespan=lifespan, **docs
-    )
+    app = FastAPI(title="rl360 Harbor /run server", lifespan=lifespan, **docs)
+    app.add_middleware(RequestGuard, token=token, limits=runner.settings.http_limits)  # type: ignore[arg-type]
 
     @app.exception_handler(HarborRequestError)
     async def refused(request: Request, exc: HarborRequestError) -> JSONResponse:
@@ -166,14 +157,20 @@ class _CancellingServer(uvicorn.Server):
 HARBOR_EVENT_LOOP = "asyncio"
 
 
+def uvicorn_config(runner: TrialRunner, token: str | None, **options: Any) -> uvicorn.Config:
+    """uvicorn's config for the app (the server's and each pool replica's): httptools with the
+    header deadline of the runner's settings, `options` for the rest."""
+    limits = runner.settings.http_limits
+    return uvicorn.Config(
+        create_app(runner, token),
+        http=GuardedHttpProtocol.with_limits(limits),
+        ws="none",  # no route speaks WebSocket: an upgrade request is plain HTTP to the guard
+        timeout_graceful_shutdown=_GRACEFUL_S,
+        **options,
+    )
+
+
 def serve(runner: TrialRunner, token: str | None, host: str, port: int, log_level: str) -> None:
     """Serve the app until SIGTERM/SIGINT; in-flight attempts then answer `cancelled`."""
-    config = uvicorn.Config(
-        create_app(runner, token),
-        host=host,
-        port=port,
-        log_level=log_level,
-        timeout_graceful_shutdown=_GRACEFUL_S,
-        loop=HARBOR_EVENT_LOOP,
-    )
+    config = uvicorn_config(runner, token, host=host, port=port, log_level=log_level, loop=HARBOR_EVENT_LOOP)
     _CancellingServer(config, runner).run()

@@ -1,33 +1,46 @@
-"""Tasks a /run server may run: resolve a request's task name under --tasks-root and read its limits.
+"""Tasks a /run server may run: a request's task name under --tasks-root, its snapshot, its limits.
 
 Owns the rule that a task is a directory below the tasks root (a relative name of at most
-`MAX_TASK_NAME` characters without control characters; absolute paths, `..` and symlinks
-leading out of the root are rejected), that nothing inside a task leaves it (a symlink whose
-target is outside the task directory, or a FIFO/device/socket, makes the task invalid, naming
-the path, every time it loads), and what rl360 reads from a Harbor task
-before admission: its image group (for pinning), its resource reservation and the time limits
-the deadline budget must respect. Harbor's own `Task` class parses and validates task.toml.
-It does not own running the task.
+`MAX_TASK_NAME` characters without control characters; absolute paths and `..` are rejected),
+loaded from one private snapshot (`rl360_ext.harbor.snapshot`: opened by descriptor, no link
+followed in any segment of the name or inside the task, links that leave the task, link loops
+and FIFOs/devices/sockets refused, naming the path, every time it loads); that nothing of the
+server's environment reaches a task through its env tables (a `${...}` template in any `env`
+or `headers` table of task.toml, at any depth, is refused unless every name in it is one the
+operator allow-listed with --allow-env: the same answer whether the variable is set or not);
+and what rl360 reads from a Harbor task before admission: its image group (for pinning), its
+resource reservation and the time limits the deadline budget must respect. Harbor's own
+`Task` class parses and validates task.toml (the snapshot's). Every load returns its own
+snapshot in `TaskInfo.path`; `release` removes it. It does not own running the task.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import os
-import stat
+import re
+import threading
+import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from harbor.environments.definition import environment_content_hash
 from harbor.models.task.task import Task
 
 from rl360_ext.harbor.admission import Reservation
 from rl360_ext.harbor.errors import TaskInvalid, TaskNotFound, TaskPathRejected
+from rl360_ext.harbor.snapshot import Snapshot, SnapshotStore, TaskNameIsALink, TaskSnapshotRefused
 
 __all__ = ["MAX_TASK_NAME", "TaskCatalog", "TaskInfo", "TaskInvalid", "TaskNotFound", "TaskPathRejected"]
 
 MAX_TASK_NAME = 255
 _FIELD = "task"
+# Harbor fills `${NAME}` and `${NAME:-default}` (harbor.utils.env) in these tables from os.environ.
+_RESOLVED_TABLES = frozenset({"env", "headers"})
+_TEMPLATE_NAME = re.compile(r"\$\{([^}:]*)")
+_CACHED_TASKS = 1024  # what was read from a snapshot, by its digest
 
 
 @dataclass(frozen=True)
@@ -51,15 +64,43 @@ def image_group(task: Task) -> str:
     return "env-" + environment_content_hash(task.paths.environment_dir, truncate=12)
 
 
+def env_templates(config: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, list[str]]]:
+    """(dotted key, names) of every value of an `env` or `headers` table, at any depth of a task's
+    task.toml, that holds a `${` template."""
+    if isinstance(config, dict):
+        for key, value in config.items():
+            here = (*path, str(key))
+            if key in _RESOLVED_TABLES and isinstance(value, dict):
+                for name, text in value.items():
+                    if isinstance(text, str) and "${" in text:
+                        yield ".".join((*here, str(name))), _TEMPLATE_NAME.findall(text)
+            else:
+                yield from env_templates(value, here)
+    elif isinstance(config, list):
+        for index, item in enumerate(config):
+            yield from env_templates(item, (*path, str(index)))
+
+
 class TaskCatalog:
-    def __init__(self, root: Path, default_reservation: Reservation) -> None:
+    def __init__(
+        self,
+        root: Path,
+        default_reservation: Reservation,
+        snapshots: SnapshotStore,
+        allowed_env: tuple[str, ...] = (),
+    ) -> None:
         self.root = root.resolve()
         if not self.root.is_dir():
             raise FileNotFoundError(f"tasks root {root} is not a directory")
         self.default_reservation = default_reservation
-        self._cache: dict[Path, tuple[float, TaskInfo]] = {}
+        self.snapshots = snapshots
+        self.allowed_env = frozenset(allowed_env)
+        self._read_before: dict[str, TaskInfo] = {}
+        self._lock = threading.Lock()  # loads run in threads
 
-    def resolve(self, name: str) -> Path:
+    @staticmethod
+    def resolve(name: str) -> PurePosixPath:
+        """The task's path relative to the tasks root; raises TaskPathRejected for a name that is not one."""
         if len(name) > MAX_TASK_NAME:
             raise TaskPathRejected(
                 _FIELD, f"task name is {len(name)} characters long; at most {MAX_TASK_NAME}"
@@ -71,42 +112,63 @@ class TaskCatalog:
             raise TaskPathRejected(
                 _FIELD, f"task must be a relative path inside the tasks root, got {name!r}"
             )
-        try:
-            path = (self.root / relative).resolve()
-            if path != self.root and self.root not in path.parents:
-                raise TaskPathRejected(_FIELD, f"task {name!r} resolves outside the tasks root")
-            found = (path / "task.toml").is_file()
-        except OSError as exc:
-            raise TaskPathRejected(_FIELD, f"task {name!r} is not a usable path: {exc.strerror}") from exc
-        if not found:
-            raise TaskNotFound(_FIELD, f"no task {name!r} under the tasks root")
-        return path
+        return relative
 
-    @staticmethod
-    def check_contained(name: str, path: Path) -> None:
-        """Raise TaskInvalid, naming the path, for a link whose target leaves the task directory
-        or a file that is neither regular, a directory nor a link."""
-        for directory, dirnames, filenames in os.walk(path):
-            for entry in (*dirnames, *filenames):
-                full = Path(directory) / entry
-                relative = full.relative_to(path).as_posix()
-                mode = os.lstat(full).st_mode
-                if stat.S_ISLNK(mode):
-                    target = full.resolve()
-                    if target != path and path not in target.parents:
-                        raise TaskInvalid(
-                            _FIELD, f"task {name!r}: {relative} is a link that leaves the task directory"
-                        )
-                elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                    raise TaskInvalid(_FIELD, f"task {name!r}: {relative} is not a regular file or directory")
+    def _snapshot(self, name: str) -> Snapshot:
+        relative = self.resolve(name)
+        try:
+            return self.snapshots.take(self.root, relative)
+        except TaskNameIsALink as exc:
+            raise TaskPathRejected(
+                _FIELD, f"task {name!r}: {exc}; task paths are never followed through links"
+            ) from exc
+        except TaskSnapshotRefused as exc:
+            raise TaskInvalid(_FIELD, f"task {name!r}: {exc}") from exc
+        except FileNotFoundError as exc:
+            raise TaskNotFound(_FIELD, f"no task {name!r} under the tasks root") from exc
+        except OSError as exc:
+            raise TaskInvalid(_FIELD, f"task {name!r} could not be read: {exc.strerror or exc}") from exc
+
+    def _check_env(self, name: str, path: Path) -> None:
+        """Refuse templates in task.toml as written (before Harbor parses it, so no model of it
+        can hide or rename a table); an unparsable file is left to Harbor's own error."""
+        try:
+            written = tomllib.loads((path / "task.toml").read_text())
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            return
+        for key, names in env_templates(written):
+            if not names or not set(names) <= self.allowed_env:
+                raise TaskInvalid(
+                    _FIELD,
+                    f"task {name!r}: {key} uses a ${{...}} template; the server fills no task value "
+                    "from its own environment except variables its operator allow-listed (--allow-env)",
+                )
 
     def load(self, name: str) -> TaskInfo:
-        path = self.resolve(name)
-        self.check_contained(name, path)
-        mtime = (path / "task.toml").stat().st_mtime
-        cached = self._cache.get(path)
-        if cached is not None and cached[0] == mtime:
-            return cached[1]
+        """The task's snapshot and what admission needs from it; `release` the result when done.
+        A snapshot whose tree was read before (same digest) is not parsed again."""
+        snapshot = self._snapshot(name)
+        try:
+            with self._lock:
+                known = self._read_before.get(snapshot.digest)
+            if known is not None:
+                return dataclasses.replace(known, name=name, path=snapshot.path)
+            info = self._read(name, snapshot.path)
+        except BaseException:
+            self.snapshots.release(snapshot.path)
+            raise
+        with self._lock:
+            if len(self._read_before) >= _CACHED_TASKS:
+                self._read_before.pop(next(iter(self._read_before)))
+            self._read_before[snapshot.digest] = info
+        return info
+
+    def release(self, info: TaskInfo) -> None:
+        """Remove the snapshot a `load` made."""
+        self.snapshots.release(info.path)
+
+    def _read(self, name: str, path: Path) -> TaskInfo:
+        self._check_env(name, path)
         try:
             task = Task(path)
         except (OSError, ValueError) as exc:
@@ -119,7 +181,7 @@ class TaskCatalog:
             else self.default_reservation.memory_mb,
         )
         agent_s = task.config.agent.timeout_sec
-        info = TaskInfo(
+        return TaskInfo(
             name=name,
             path=path,
             image_group=image_group(task),
@@ -128,5 +190,3 @@ class TaskCatalog:
             verifier_s=float(task.config.verifier.timeout_sec),
             agent_s=float(agent_s) if agent_s is not None and math.isfinite(agent_s) else None,
         )
-        self._cache[path] = (mtime, info)
-        return info

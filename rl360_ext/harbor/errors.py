@@ -4,14 +4,15 @@ Owns how a refused request is described: which request field is at fault and whi
 HTTP adapter answers with. Everything the server refuses raises a `HarborRequestError`
 subclass; the adapter (`rl360_ext.harbor.app`) turns it into FastAPI's validation-error shape
 `{"detail": [{"loc": ["body", field], "msg": ..., "type": ...}]}` with `status`. Nothing else
-in the server names a status code. It does not own what happens to an accepted attempt (that is
-an outcome with a `failure_cause`, always HTTP 200).
+in the server names a status code; `detail` builds that body (the connection guard,
+`rl360_ext.harbor.guard`, answers with it too). It does not own what happens to an accepted
+attempt (that is an outcome with a `failure_cause`, always HTTP 200).
 """
 
 from __future__ import annotations
 
 from http import HTTPStatus
-from typing import ClassVar
+from typing import Any, ClassVar
 
 
 class HarborRequestError(ValueError):
@@ -19,10 +20,16 @@ class HarborRequestError(ValueError):
 
     status: ClassVar[HTTPStatus] = HTTPStatus.UNPROCESSABLE_ENTITY
     kind: ClassVar[str] = "value_error"
+    location: ClassVar[str] = "body"  # where the field is: "body" or "header"
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+def detail(error: HarborRequestError) -> dict[str, Any]:
+    """The response body of a refused request, in FastAPI's validation-error shape."""
+    return {"detail": [{"loc": [error.location, error.field], "msg": str(error), "type": error.kind}]}
 
 
 class FieldInvalid(HarborRequestError):
@@ -74,3 +81,25 @@ class Unauthorized(HarborRequestError):
 
     status = HTTPStatus.UNAUTHORIZED
     kind = "unauthorized"
+    location = "header"
+
+
+class HeaderInvalid(HarborRequestError):
+    """A request header the server reads is malformed (400)."""
+
+    status = HTTPStatus.BAD_REQUEST
+    location = "header"
+
+
+class BodyTooLarge(HarborRequestError):
+    """The body (declared or counted while it streams) is over the server's cap (413)."""
+
+    status = HTTPStatus.REQUEST_ENTITY_TOO_LARGE
+    kind = "body_too_large"
+
+
+class BodyTimeout(HarborRequestError):
+    """The body did not arrive within the server's body timeout (408)."""
+
+    status = HTTPStatus.REQUEST_TIMEOUT
+    kind = "body_timeout"

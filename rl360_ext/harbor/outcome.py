@@ -11,8 +11,10 @@ that verdict (`attempt_class`) so clients read it instead of classifying again.
 
 What it reads for the verdict, stricter than Harbor's policy, never looser:
 - the rewards count only when THIS run's verifier wrote reward.txt/reward.json: the file exists
-  in the trial's verifier directory after the run, parses to exactly the rewards Harbor graded,
-  and the verifier phase ran. Harbor deletes stale reward files before grading, so a file that is
+  in the trial's verifier directory after the run, parses by the one rule
+  (`rl360_ext.outcomes.rewards`: finite numbers within the server's range) to exactly the rewards
+  Harbor graded (with that same rule, in `rl360_ext.harbor.verifier`), and the verifier phase
+  ran. Harbor deletes stale reward files before grading, so a file that is
   present and matches was written by this run's verifier;
 - Harbor's error policy (`has_valid_reward`) for the recorded exception, and the test script's
   exit code rl360's verifier recorded (`rl360_ext.harbor.verifier`).
@@ -23,19 +25,20 @@ a policy cause. When reward is null, failure_cause says why.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from rl360_ext.harbor.envs.nofollow import read_regular
+from rl360_ext.harbor.envs.nofollow import TooLarge, read_regular
 from rl360_ext.outcomes.causes import Cause
+from rl360_ext.outcomes.rewards import REWARD_JSON, REWARD_TXT, RewardParse, RewardRange, parse_reward_file
 from rl360_ext.outcomes.verdict import TrialFacts, Verdict, judge
 
 MESSAGE_LIMIT = 2000
 REWARD_FILE_LIMIT = 1 << 20  # a reward file is a number or a flat dict; anything larger is not one
 VERIFIER_EXIT_FILE = "rl360-verifier-exit.json"  # written by rl360_ext.harbor.verifier, read here
+DEFAULT_RANGE = RewardRange()
 
 
 @dataclass
@@ -91,35 +94,31 @@ def _plain(cause: Cause | None) -> str | None:
     return None if cause is None else cause.value
 
 
-def _read_reward_file(path: Path) -> bytes | None:
-    """A reward file's bytes: a regular file, never through a link, at most REWARD_FILE_LIMIT."""
+def read_reward(path: Path, bounds: RewardRange) -> RewardParse | None:
+    """One reward file by the one rule (`rl360_ext.outcomes.rewards`), read as a regular file,
+    never through a link, at most REWARD_FILE_LIMIT bytes; None when there is no such file."""
     try:
-        return read_regular(path, REWARD_FILE_LIMIT)
+        raw = read_regular(path, REWARD_FILE_LIMIT)
     except FileNotFoundError:
         return None
+    except TooLarge:
+        reason = f"{path.name} is larger than {REWARD_FILE_LIMIT} bytes"
+        return RewardParse(cause=Cause.REWARD_FILE_INVALID, reason=reason)
+    except OSError as exc:  # a link, a directory, a FIFO: nothing was followed or read
+        return RewardParse(
+            cause=Cause.REWARD_FILE_INVALID, reason=f"{path.name} is not a regular file ({exc})"
+        )
+    return parse_reward_file(path.name, raw, bounds)
 
 
-def read_verifier_rewards(verifier_dir: Path) -> dict[str, float] | None:
-    """The rewards in reward.json (preferred, as Harbor does) or reward.txt, or None if absent,
-    unparsable, a link, not a regular file or larger than REWARD_FILE_LIMIT."""
-    try:
-        if (raw := _read_reward_file(verifier_dir / "reward.json")) is not None:
-            parsed = json.loads(raw)
-            values = parsed if isinstance(parsed, dict) else None
-        elif (raw := _read_reward_file(verifier_dir / "reward.txt")) is not None:
-            values = {"reward": float(raw)}
-        else:
-            return None
-    except (OSError, ValueError):
-        return None
-    if not values:
-        return None
-    rewards: dict[str, float] = {}
-    for key, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            return None
-        rewards[str(key)] = float(value)
-    return rewards
+def read_verifier_rewards(verifier_dir: Path, bounds: RewardRange = DEFAULT_RANGE) -> dict[str, float] | None:
+    """The rewards in reward.json (preferred, as Harbor does) or reward.txt, or None if absent or
+    not rewards by the one rule."""
+    for name in (REWARD_JSON, REWARD_TXT):
+        parsed = read_reward(verifier_dir / name, bounds)
+        if parsed is not None:
+            return parsed.rewards
+    return None
 
 
 def recorded_test_exit_code(trial_dir: Path) -> int | None:
@@ -172,23 +171,33 @@ def _policy_keeps_reward(exception_info: Any) -> bool:
     return bool(getattr(policy, "has_valid_reward", True))
 
 
-def verified_rewards(result: Any, trial_dir: Path) -> dict[str, float] | None:
+def verified_rewards(
+    result: Any, trial_dir: Path, bounds: RewardRange = DEFAULT_RANGE
+) -> dict[str, float] | None:
     """The rewards this run's verifier wrote, or None: the verifier phase ran, Harbor graded, and the
     reward file in the trial's verifier directory parses to exactly what Harbor graded."""
     graded = getattr(getattr(result, "verifier_result", None), "rewards", None)
     if getattr(result, "verifier", None) is None or not graded:
         return None
-    on_disk = read_verifier_rewards(trial_dir / "verifier")
-    if on_disk is None or on_disk != {str(k): float(v) for k, v in graded.items()}:
+    on_disk = read_verifier_rewards(trial_dir / "verifier", bounds)
+    if on_disk is None or not _same_rewards(on_disk, graded):
         return None
     return on_disk
 
 
-def trial_facts(result: Any, trial_dir: Path) -> TrialFacts:
+def _same_rewards(on_disk: dict[str, float], graded: Any) -> bool:
+    """Harbor graded exactly the rewards on disk (a value float() cannot take is no match)."""
+    try:
+        return on_disk == {str(k): float(v) for k, v in graded.items()}
+    except (OverflowError, TypeError, ValueError, AttributeError):
+        return False
+
+
+def trial_facts(result: Any, trial_dir: Path, bounds: RewardRange = DEFAULT_RANGE) -> TrialFacts:
     """What the verdict needs from a finished trial, read off Harbor's result and the trial directory."""
     exception_info = getattr(result, "exception_info", None)
     return TrialFacts(
-        rewards=verified_rewards(result, trial_dir),
+        rewards=verified_rewards(result, trial_dir, bounds),
         exception_type=getattr(exception_info, "exception_type", None),
         harbor_025_cause=getattr(result, "failure_cause", None),
         harbor_keeps_reward=exception_info is None or _policy_keeps_reward(exception_info),
@@ -196,10 +205,11 @@ def trial_facts(result: Any, trial_dir: Path) -> TrialFacts:
     )
 
 
-def classify(result: Any, trial_dir: Path) -> Outcome:
-    """The outcome of a finished Harbor trial, from its result and its trial directory."""
+def classify(result: Any, trial_dir: Path, bounds: RewardRange = DEFAULT_RANGE) -> Outcome:
+    """The outcome of a finished Harbor trial, from its result and its trial directory (rewards
+    outside `bounds` are no rewards)."""
     exception_info = getattr(result, "exception_info", None)
-    verdict: Verdict = judge(trial_facts(result, trial_dir))
+    verdict: Verdict = judge(trial_facts(result, trial_dir, bounds))
     return Outcome(
         reward=verdict.reward,
         rewards=verdict.rewards,

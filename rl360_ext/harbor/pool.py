@@ -138,7 +138,7 @@ class HarborReplica:
         import ray
         import uvicorn
 
-        from rl360_ext.harbor.app import create_app
+        from rl360_ext.harbor.app import uvicorn_config
         from rl360_ext.harbor.runner import TrialRunner
 
         logging.getLogger("harbor").setLevel(logging.WARNING)
@@ -148,12 +148,7 @@ class HarborReplica:
         self.runner = TrialRunner(self.settings, start_gate=gate)
         host = self.host or ray.util.get_node_ip_address()
         sock = bind_socket(host, self.port)
-        config = uvicorn.Config(
-            create_app(self.runner, self.token),
-            log_level="warning",
-            access_log=False,
-            timeout_graceful_shutdown=5,
-        )
+        config = uvicorn_config(self.runner, self.token, log_level="warning", access_log=False)
         self._server = uvicorn.Server(config)
         self._server.install_signal_handlers = lambda: None  # the actor's process owns its signals
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))

@@ -1,6 +1,7 @@
 """Run one /run attempt as a real Harbor trial under admission, one deadline, and flush.
 
-Owns the attempt's life: resolve the task and agent, wait for admission (concurrency, waves,
+Owns the attempt's life: resolve the task (the catalog's private snapshot of it, which Harbor
+runs and which is removed when the attempt ends) and agent, wait for admission (concurrency, waves,
 reservations) no longer than the deadline allows, split what is left into phase budgets, build
 Harbor's TrialConfig (agent/verifier/environment timeouts = those budgets, the reservation and
 placement handed to the environment), run `Trial.create(...).run()`, and classify the result
@@ -56,6 +57,7 @@ from rl360_ext.harbor.envs.bwrap import IMPORT_PATH as BWRAP_IMPORT_PATH
 from rl360_ext.harbor.errors import AgentKwargReserved, AgentNotAllowed, FieldInvalid, ServerShuttingDown
 from rl360_ext.harbor.metrics import RunMetrics
 from rl360_ext.harbor.settings import ServerSettings
+from rl360_ext.harbor.snapshot import SnapshotStore
 from rl360_ext.harbor.verifier import IMPORT_PATH as VERIFIER_IMPORT_PATH
 from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.harbor_exceptions import AGENT_TIMEOUT_ERROR
@@ -135,7 +137,12 @@ class TrialRunner:
         )
         self.agents = agents.AgentTable(settings.agent, settings.default_agent)
         self.budget = settings.budget
-        self.catalog = TaskCatalog(settings.tasks_root, settings.default_reservation)
+        self.catalog = TaskCatalog(
+            settings.tasks_root,
+            settings.default_reservation,
+            SnapshotStore(settings.trials_dir),
+            settings.allow_env,
+        )
         self.metrics = RunMetrics()
         pacing = gate = None
         if settings.rolling_start_size is not None:
@@ -194,8 +201,9 @@ class TrialRunner:
 
     # -- validation -----------------------------------------------------------------------------
 
-    def _check(self, request: RunRequest) -> tuple[TaskInfo, agents.AgentEntry]:
-        """The task and agent of a request; raises a HarborRequestError naming the bad field."""
+    async def _check(self, request: RunRequest) -> tuple[TaskInfo, agents.AgentEntry]:
+        """The task (its snapshot, taken off the event loop) and agent of a request; raises a
+        HarborRequestError naming the bad field."""
         if self.shutting_down:
             raise ServerShuttingDown("task", "the server is shutting down and takes no new attempts")
         deadline, largest = request.deadline_s, self.settings.max_deadline_s
@@ -203,7 +211,23 @@ class TrialRunner:
             raise FieldInvalid(
                 "deadline_s", f"deadline_s must be > 0 and <= {largest:g} seconds, got {deadline!r}"
             )
-        task = self.catalog.load(request.task)
+        loading = asyncio.ensure_future(asyncio.to_thread(self.catalog.load, request.task))
+        try:
+            task = await asyncio.shield(loading)
+        except asyncio.CancelledError:  # the snapshot being taken is removed once it is done
+            loading.add_done_callback(self._release_loaded)
+            raise
+        try:
+            return task, self._check_agent(request)
+        except BaseException:
+            self.catalog.release(task)
+            raise
+
+    def _release_loaded(self, loading: asyncio.Future[TaskInfo]) -> None:
+        if not loading.cancelled() and loading.exception() is None:
+            self.catalog.release(loading.result())
+
+    def _check_agent(self, request: RunRequest) -> agents.AgentEntry:
         entry = self.agents.get(request.agent)
         if entry is None:
             raise AgentNotAllowed(
@@ -218,7 +242,7 @@ class TrialRunner:
             for name in ("base_url", "model"):
                 if not getattr(request, name):
                     raise FieldInvalid(name, f"{name} is required for agent {entry.name!r}")
-        return task, entry
+        return entry
 
     # -- running --------------------------------------------------------------------------------
 
@@ -226,10 +250,16 @@ class TrialRunner:
         """Run one attempt; raises a HarborRequestError for bad input, otherwise always returns a
         response (a cancelled attempt answers `failure_cause: cancelled`)."""
         received, received_at = time.monotonic(), time.time()
-        task, spec = self._check(request)
-        placement = self.pinning.place(task.image_group)
+        task, spec = await self._check(request)
+        try:
+            placement = self.pinning.place(task.image_group)
+            attempt = asyncio.create_task(self._attempt(request, task, spec, placement, received))
+        except BaseException:
+            self.catalog.release(task)
+            raise
+        loop = asyncio.get_running_loop()  # its snapshot lives as long; removed off the loop
+        attempt.add_done_callback(lambda _: loop.run_in_executor(None, self.catalog.release, task))
         key = request.session_server_instance_id or ""
-        attempt = asyncio.create_task(self._attempt(request, task, spec, placement, received))
         self._inflight[key].add(attempt)
         try:
             result = await asyncio.shield(attempt)
@@ -337,7 +367,11 @@ class TrialRunner:
             trials_dir=self.settings.trials_dir,
             agent=agent,
             environment=self.environment.config(task.reservation, placement),
-            verifier=VerifierConfig(import_path=VERIFIER_IMPORT_PATH, override_timeout_sec=plan.verifier_s),
+            verifier=VerifierConfig(
+                import_path=VERIFIER_IMPORT_PATH,
+                override_timeout_sec=plan.verifier_s,
+                kwargs={"reward_min": self.settings.reward_min, "reward_max": self.settings.reward_max},
+            ),
             environment_build_timeout_multiplier=plan.environment_setup_s
             / max(task.environment_setup_s, 1e-9),
             override_error_policy=_ERROR_POLICY,
@@ -366,7 +400,7 @@ class TrialRunner:
                 trial.add_hook(TrialEvent.ENVIRONMENT_START, self._on_sandbox_start)
                 trial.add_hook(TrialEvent.AGENT_END, _phase_ender(trial))
                 trial.add_hook(TrialEvent.VERIFICATION_START, _phase_ender(trial, VERIFIER_DIR))
-                result = outcome.classify(await trial.run(), trial_dir)
+                result = outcome.classify(await trial.run(), trial_dir, self.settings.reward_range)
         except TimeoutError as exc:
             if not scope.expired():
                 result = outcome.failure(Cause.HARBOR_INTERNAL_ERROR, exc)
@@ -391,13 +425,12 @@ class TrialRunner:
             await self.start_gate.wait_turn()
         self.metrics.sandbox_starts.inc()
 
-    @staticmethod
-    def _from_trial(trial: Trial | None, trial_dir: Path, cause: str) -> outcome.Outcome:
+    def _from_trial(self, trial: Trial | None, trial_dir: Path, cause: str) -> outcome.Outcome:
         """A failure with whatever phase timings the interrupted trial recorded."""
         result = outcome.failure(cause)
         if trial is not None:
             with contextlib.suppress(RuntimeError):
-                recorded = outcome.classify(trial.result, trial_dir)
+                recorded = outcome.classify(trial.result, trial_dir, self.settings.reward_range)
                 result.phase_timings, result.agent_metrics = recorded.phase_timings, recorded.agent_metrics
                 result.timeline = recorded.timeline
         return result
@@ -434,6 +467,7 @@ class TrialRunner:
         cancelled`) and wait (bounded) until their sandboxes are stopped."""
         self.shutting_down = True
         await self.flush_all()
+        self.catalog.snapshots.close()
 
 
 def _phase_ender(trial: Trial, *clear: str) -> Any:

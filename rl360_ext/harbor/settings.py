@@ -11,16 +11,20 @@ the derived objects (`environment`, `budget`, `capacity`, ...). Validation error
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from rl360_ext.harbor.admission import Reservation
 from rl360_ext.harbor.budget import BudgetPolicy
+from rl360_ext.harbor.guard import HttpLimits
+from rl360_ext.outcomes.rewards import RewardRange
 from rl360_ext.util.fielddocs import flag_of
 from rl360_ext.util.flags import key_values
 
 KEEP_TRIALS = ("all", "failed", "none")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _min(value: float) -> dict[str, Any]:
@@ -88,6 +92,19 @@ class ServerSettings:
     """Turn limit passed to model-driven agents."""
     log_level: str = "warning"
     """Server log level."""
+    allow_env: tuple[str, ...] = field(default=(), metadata={"repeatable": True})
+    """A server environment variable that tasks' env tables may name in ${NAME} templates (repeatable).
+    Every other template is refused when the task loads: no other server variable reaches a task."""
+    reward_min: float = RewardRange.low
+    """Smallest reward a verifier may write; a smaller one is reward_file_invalid."""
+    reward_max: float = RewardRange.high
+    """Largest reward a verifier may write; a larger one is reward_file_invalid."""
+    max_body_bytes: int = field(default=HttpLimits.max_body_bytes, metadata=_min(1))
+    """Largest request body, bytes (a larger Content-Length, or a body that streams past it: 413)."""
+    header_timeout_s: float = field(default=HttpLimits.header_timeout_s, metadata=_min(0.001))
+    """A request's start line and headers must arrive within this many seconds, else it is dropped."""
+    body_timeout_s: float = field(default=HttpLimits.body_timeout_s, metadata=_min(0.001))
+    """A request's body must arrive within this many seconds of its headers (else 408)."""
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -104,6 +121,12 @@ class ServerSettings:
             raise ValueError("give both --capacity-cpus and --capacity-memory-mb, or neither")
         if not self.node_labels:
             raise ValueError("--nodes names no node label")
+        if not self.reward_min < self.reward_max:
+            raise ValueError(
+                f"--reward-min ({self.reward_min}) must be below --reward-max ({self.reward_max})"
+            )
+        if bad := [name for name in self.allow_env if not _ENV_NAME.fullmatch(name)]:
+            raise ValueError(f"--allow-env takes environment variable names, got {bad}")
         self.parse_env_kwargs()  # a bad pair is a start-time error
 
     def parse_env_kwargs(self) -> dict[str, Any]:
@@ -132,6 +155,14 @@ class ServerSettings:
         return BudgetPolicy(
             self.env_setup_s, self.agent_setup_s, self.max_verifier_s, self.margin_s, self.min_agent_s
         )
+
+    @property
+    def http_limits(self) -> HttpLimits:
+        return HttpLimits(self.max_body_bytes, self.header_timeout_s, self.body_timeout_s)
+
+    @property
+    def reward_range(self) -> RewardRange:
+        return RewardRange(self.reward_min, self.reward_max)
 
     def bearer_token(self) -> str | None:
         """The token from --token-file (first line), else --token / RL360_HARBOR_TOKEN."""

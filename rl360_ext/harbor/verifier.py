@@ -1,4 +1,10 @@
-"""Harbor's verifier, plus a record of the task's test script exit code.
+"""Harbor's verifier, grading reward files by rl360's rule, plus a record of the test script's exit code.
+
+Reward files are parsed by `rl360_ext.outcomes.rewards` (through `rl360_ext.harbor.outcome.read_reward`:
+capped, never through a link) instead of Harbor's own parser: finite numbers within the server's
+`--reward-min`/`--reward-max` (this verifier's `reward_min`/`reward_max` kwargs), else Harbor's
+`RewardFileEmptyError` / `VerifierOutputParseError` carrying the reason, so nothing in reward
+parsing raises anything but those two.
 
 Owns one thing Harbor does not keep: whether `tests/test.sh` exited non-zero. Harbor reports a
 test script that crashed before writing its reward and one that exited 0 without writing it
@@ -13,14 +19,17 @@ exit code written next to the trial's result. Selected per trial with
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.models.trial.paths import EnvironmentPaths
 from harbor.models.verifier.result import VerifierResult
-from harbor.verifier.verifier import Verifier
+from harbor.verifier.verifier import RewardFileEmptyError, Verifier, VerifierOutputParseError
 
-from rl360_ext.harbor.outcome import VERIFIER_EXIT_FILE
+from rl360_ext.harbor.outcome import VERIFIER_EXIT_FILE, read_reward
+from rl360_ext.outcomes.causes import Cause
+from rl360_ext.outcomes.rewards import RewardParse, RewardRange
 
 IMPORT_PATH = "rl360_ext.harbor.verifier:ExitRecordingVerifier"
 
@@ -44,6 +53,32 @@ class _ExitCodeProbe:
 
 
 class ExitRecordingVerifier(Verifier):
+    def __init__(
+        self,
+        *args: Any,
+        reward_min: float = RewardRange.low,
+        reward_max: float = RewardRange.high,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.reward_range = RewardRange(reward_min, reward_max)
+
+    def _graded(self, path: Path) -> dict[str, float | int]:
+        parsed = read_reward(path, self.reward_range) or RewardParse(
+            cause=Cause.REWARD_FILE_INVALID, reason=f"{path.name} disappeared while it was read"
+        )
+        if parsed.rewards is not None:
+            return dict(parsed.rewards)
+        if parsed.cause == Cause.REWARD_FILE_EMPTY:
+            raise RewardFileEmptyError(parsed.reason)
+        raise VerifierOutputParseError(parsed.reason)
+
+    def _parse_reward_json(self) -> dict[str, float | int]:
+        return self._graded(self.trial_paths.reward_json_path)
+
+    def _parse_reward_text(self) -> dict[str, float | int]:
+        return self._graded(self.trial_paths.reward_text_path)
+
     async def verify(self) -> VerifierResult:
         marker = str(EnvironmentPaths.for_os(self.environment.os).verifier_dir / "test-stdout.txt")
         environment = self.environment

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
+import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rl360_ext.harbor.admission import Reservation
 from rl360_ext.harbor.catalog import (
@@ -15,9 +22,15 @@ from rl360_ext.harbor.catalog import (
     TaskNotFound,
     TaskPathRejected,
 )
+from rl360_ext.harbor.snapshot import SnapshotLimits, SnapshotStore
 from rl360_ext.local.fixtures import tasks_root as example_tasks_root
 
 DEFAULT = Reservation(cpus=2, memory_mb=4096)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> SnapshotStore:
+    return SnapshotStore(tmp_path / "trials")
 
 
 @pytest.fixture
@@ -27,8 +40,8 @@ def root(tmp_path: Path) -> Path:
     return root
 
 
-def test_example_tasks_are_valid_harbor_tasks() -> None:
-    catalog = TaskCatalog(example_tasks_root(), DEFAULT)
+def test_example_tasks_are_valid_harbor_tasks(store: SnapshotStore) -> None:
+    catalog = TaskCatalog(example_tasks_root(), DEFAULT, store)
     names = sorted(p.name for p in example_tasks_root().iterdir() if (p / "task.toml").exists())
     assert {"fix-mean", "fizzbuzz", "slow-sum"} <= set(names)
     assert len([n for n in names if n.startswith("fault-")]) >= 5
@@ -37,8 +50,8 @@ def test_example_tasks_are_valid_harbor_tasks() -> None:
         assert info.reservation.cpus > 0 and info.verifier_s > 0
 
 
-def test_a_task_reads_its_limits(root: Path) -> None:
-    info = TaskCatalog(root, DEFAULT).load("fix-mean")
+def test_a_task_reads_its_limits(root: Path, store: SnapshotStore) -> None:
+    info = TaskCatalog(root, DEFAULT, store).load("fix-mean")
     assert info.reservation == Reservation(cpus=1.0, memory_mb=512)
     assert (info.environment_setup_s, info.verifier_s, info.agent_s) == (60.0, 30.0, 120.0)
     assert info.image_group == "rl360-python-3"
@@ -47,19 +60,19 @@ def test_a_task_reads_its_limits(root: Path) -> None:
 @pytest.mark.parametrize("name", ["../fix-mean", "/etc", "fix-mean/../../x", "", "a\\b"])
 def test_names_outside_the_root_are_rejected(root: Path, name: str) -> None:
     with pytest.raises(TaskPathRejected):
-        TaskCatalog(root, DEFAULT).resolve(name)
+        TaskCatalog.resolve(name)
 
 
-def test_a_symlink_out_of_the_root_is_rejected(root: Path, tmp_path: Path) -> None:
+def test_a_symlink_out_of_the_root_is_rejected(root: Path, tmp_path: Path, store: SnapshotStore) -> None:
     outside = tmp_path / "outside"
     shutil.copytree(root / "fix-mean", outside)
     (root / "sneaky").symlink_to(outside)
-    with pytest.raises(TaskPathRejected, match="outside"):
-        TaskCatalog(root, DEFAULT).load("sneaky")
+    with pytest.raises(TaskPathRejected, match="never followed through links"):
+        TaskCatalog(root, DEFAULT, store).load("sneaky")
 
 
-def test_unknown_and_invalid_tasks(root: Path) -> None:
-    catalog = TaskCatalog(root, DEFAULT)
+def test_unknown_and_invalid_tasks(root: Path, store: SnapshotStore) -> None:
+    catalog = TaskCatalog(root, DEFAULT, store)
     with pytest.raises(TaskNotFound):
         catalog.load("nope")
     (root / "fix-mean" / "tests" / "test.sh").unlink()
@@ -67,17 +80,17 @@ def test_unknown_and_invalid_tasks(root: Path) -> None:
         catalog.load("fix-mean")
 
 
-def test_defaults_and_image_group_fallbacks(root: Path) -> None:
+def test_defaults_and_image_group_fallbacks(root: Path, store: SnapshotStore) -> None:
     toml = root / "fix-mean" / "task.toml"
     text = toml.read_text().replace('image_group = "rl360-python-3"\n', "")
     toml.write_text(text.replace("cpus = 1\nmemory_mb = 512\n", ""))
-    info = TaskCatalog(root, DEFAULT).load("fix-mean")
+    info = TaskCatalog(root, DEFAULT, store).load("fix-mean")
     assert info.reservation == DEFAULT
     assert info.image_group.startswith("env-")  # a hash of environment/
     toml.write_text(
         toml.read_text().replace("[environment]\n", '[environment]\ndocker_image = "python:3.12"\n')
     )
-    assert TaskCatalog(root, DEFAULT).load("fix-mean").image_group == "python:3.12"
+    assert TaskCatalog(root, DEFAULT, store).load("fix-mean").image_group == "python:3.12"
 
 
 @pytest.mark.parametrize(
@@ -90,12 +103,12 @@ def test_defaults_and_image_group_fallbacks(root: Path) -> None:
     ],
 )
 def test_a_link_that_leaves_the_task_is_refused_naming_it(
-    root: Path, tmp_path: Path, link: str, target: str
+    root: Path, tmp_path: Path, link: str, target: str, store: SnapshotStore
 ) -> None:
     (tmp_path / "host-dir").mkdir()
     (tmp_path / "host-file").write_text("echo host secret\n")
-    catalog = TaskCatalog(root, DEFAULT)
-    catalog.load("fix-mean")  # cached first: the check still runs on every load
+    catalog = TaskCatalog(root, DEFAULT, store)
+    catalog.load("fix-mean")  # loaded first: the check still runs on every load
     path = root / "fix-mean" / link
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():
@@ -105,16 +118,253 @@ def test_a_link_that_leaves_the_task_is_refused_naming_it(
         catalog.load("fix-mean")
 
 
-def test_links_inside_the_task_are_allowed_and_special_files_refused(root: Path) -> None:
+def test_links_inside_the_task_are_allowed_and_special_files_refused(
+    root: Path, store: SnapshotStore
+) -> None:
     task = root / "fix-mean"
     (task / "environment" / "alias.py").symlink_to(task / "environment" / "app" / "stats.py")
-    TaskCatalog(root, DEFAULT).load("fix-mean")
+    TaskCatalog(root, DEFAULT, store).load("fix-mean")
     os.mkfifo(task / "tests" / "pipe")
     with pytest.raises(TaskInvalid, match="tests/pipe is not a regular file"):
-        TaskCatalog(root, DEFAULT).load("fix-mean")
+        TaskCatalog(root, DEFAULT, store).load("fix-mean")
 
 
 @pytest.mark.parametrize("name", ["fix\0mean", "fix-mean\n", "x" * 256, "a\x7f"])
-def test_control_characters_and_long_names_are_rejected(root: Path, name: str) -> None:
+def test_control_characters_and_long_names_are_rejected(root: Path, name: str, store: SnapshotStore) -> None:
     with pytest.raises(TaskPathRejected):
-        TaskCatalog(root, DEFAULT).load(name)
+        TaskCatalog(root, DEFAULT, store).load(name)
+
+
+ENV_TABLES = {
+    "environment.env": "[environment.env]\nKEY = '{value}'\n",
+    "verifier.env": "[verifier.env]\nKEY = '{value}'\n",
+    "solution.env": "[solution.env]\nKEY = '{value}'\n",
+    "environment.mcp_servers.0.headers": (
+        "[[environment.mcp_servers]]\nname = 'm'\nurl = 'http://127.0.0.1:9/x'\n"
+        "[environment.mcp_servers.headers]\nKEY = '{value}'\n"
+    ),
+    "steps.0.verifier.env": "[[steps]]\nname = 's1'\n[steps.verifier.env]\nKEY = '{value}'\n",
+}
+
+
+def _with_table(root: Path, table: str, value: str) -> None:
+    toml = root / "fix-mean" / "task.toml"
+    text = toml.read_text()
+    # [environment] sub-tables go after the [environment] keys; the others at the end
+    toml.write_text(text + "\n" + ENV_TABLES[table].format(value=value))
+
+
+@pytest.mark.parametrize("table", sorted(ENV_TABLES))
+@pytest.mark.parametrize("value", ["${CANARY}", "${CANARY:-x}", "Bearer ${CANARY}", "${UNSET_CANARY_7f3}"])
+def test_a_template_in_any_env_table_is_refused_naming_the_key_whether_set_or_not(
+    root: Path, store: SnapshotStore, monkeypatch: pytest.MonkeyPatch, table: str, value: str
+) -> None:
+    monkeypatch.setenv("CANARY", "host-secret-canary")
+    if table.startswith("steps"):
+        (root / "fix-mean" / "steps" / "s1" / "tests").mkdir(parents=True)
+        (root / "fix-mean" / "steps" / "s1" / "tests" / "test.sh").write_text("true\n")
+        (root / "fix-mean" / "steps" / "s1" / "instruction.md").write_text("x\n")
+    _with_table(root, table, value)
+    with pytest.raises(TaskInvalid) as refused:
+        TaskCatalog(root, DEFAULT, store).load("fix-mean")
+    message = str(refused.value)
+    assert f"{table}.KEY uses a ${{...}} template" in message and "fix-mean" in message
+    assert "host-secret-canary" not in message and "CANARY" not in message.replace(value, "")
+    monkeypatch.delenv("CANARY")
+    with pytest.raises(TaskInvalid) as unset:
+        TaskCatalog(root, DEFAULT, store).load("fix-mean")
+    assert str(unset.value) == message  # nothing to probe: the same answer either way
+
+
+def test_allow_listed_names_load_and_every_name_in_a_value_must_be_allowed(
+    root: Path, store: SnapshotStore
+) -> None:
+    _with_table(root, "verifier.env", "${OK_NAME}")
+    TaskCatalog(root, DEFAULT, store, allowed_env=("OK_NAME",)).load("fix-mean")
+    _with_table(root, "solution.env", "${OK_NAME:-${SECRET}}")
+    with pytest.raises(TaskInvalid, match=r"solution.env.KEY"):
+        TaskCatalog(root, DEFAULT, store, allowed_env=("OK_NAME",)).load("fix-mean")
+
+
+@pytest.mark.parametrize(
+    ("links", "bad"),
+    [
+        ({"tests/a": "b", "tests/b": "a"}, "tests/a is a link loop"),
+        ({"tests/self": "self"}, "tests/self is a link loop"),
+        ({"environment/app/up": ".."}, "environment/app/up is a link loop"),
+        ({"environment/app/here": "."}, "environment/app/here is a link loop"),
+        ({"tests/sub": "../tests"}, "tests/sub is a link loop"),
+    ],
+)
+def test_link_loops_are_refused_at_load(
+    root: Path, store: SnapshotStore, links: dict[str, str], bad: str
+) -> None:
+    for link, target in links.items():
+        (root / "fix-mean" / link).symlink_to(target)
+    with pytest.raises(TaskInvalid, match=bad):
+        TaskCatalog(root, DEFAULT, store).load("fix-mean")
+
+
+def test_a_link_in_a_middle_segment_of_the_name_is_refused(
+    root: Path, store: SnapshotStore, tmp_path: Path
+) -> None:
+    (root / "group").mkdir()
+    shutil.copytree(root / "fix-mean", tmp_path / "elsewhere" / "fix-mean")
+    (root / "alias").symlink_to(tmp_path / "elsewhere")
+    shutil.copytree(root / "fix-mean", root / "group" / "fix-mean")
+    catalog = TaskCatalog(root, DEFAULT, store)
+    assert catalog.load("group/fix-mean").name == "group/fix-mean"
+    with pytest.raises(TaskPathRejected, match="link"):
+        catalog.load("alias/fix-mean")
+
+
+def test_each_load_is_its_own_snapshot_that_later_changes_do_not_reach(
+    root: Path, store: SnapshotStore
+) -> None:
+    catalog = TaskCatalog(root, DEFAULT, store)
+    first = catalog.load("fix-mean")
+    assert first.path != root / "fix-mean" and first.path.name == "fix-mean"
+    assert first.path.is_relative_to(store.root)
+    before = (first.path / "tests" / "test.sh").read_text()
+    (root / "fix-mean" / "tests" / "test.sh").write_text("echo changed\n")
+    assert (first.path / "tests" / "test.sh").read_text() == before
+    second = catalog.load("fix-mean")
+    assert (second.path / "tests" / "test.sh").read_text() == "echo changed\n"
+    catalog.release(first)
+    assert not first.path.exists() and second.path.exists()
+
+
+def test_a_snapshot_store_removes_what_a_dead_server_left(tmp_path: Path) -> None:
+    dead = tmp_path / ".rl360-task-snapshots-999999999-deadbeef"
+    (dead / "x").mkdir(parents=True)
+    (dead / "owner").write_text(f"{socket.gethostname()} 999999999.12345")
+    elsewhere = tmp_path / ".rl360-task-snapshots-999999999-cafef00d"
+    elsewhere.mkdir()
+    (elsewhere / "owner").write_text("another-host 999999999.12345")
+    live = SnapshotStore(tmp_path)
+    assert live.removed_at_start == 1 and not dead.exists() and elsewhere.exists()
+    assert SnapshotStore(tmp_path).removed_at_start == 0 and live.root.exists()
+
+
+def test_a_task_dir_swapped_for_a_link_to_the_host_during_loads_never_yields_a_host_byte(
+    root: Path, store: SnapshotStore, tmp_path: Path
+) -> None:
+    """A thread swaps the task (and, in turn, its tests dir and one file) for links to a host
+    canary while the catalog loads it; every load is a full snapshot of the real task or a 4xx."""
+    canary = "HOST-CANARY-5e1f"
+    host = tmp_path / "host"
+    shutil.copytree(root / "fix-mean", host / "fix-mean")
+    for path in (host / "fix-mean").rglob("*"):
+        if path.is_file():
+            path.write_text(canary)
+    real = root / "fix-mean"
+    swaps = [  # (what is swapped, where the real one waits meanwhile, the host link put in its place)
+        (real, root / "fix-mean.real", host / "fix-mean"),
+        (real / "tests", real / "tests.real", host / "fix-mean" / "tests"),
+        (
+            real / "tests" / "test.sh",
+            real / "tests" / "test.sh.real",
+            host / "fix-mean" / "tests" / "test.sh",
+        ),
+        (real / "task.toml", real / "task.toml.real", host / "fix-mean" / "task.toml"),
+    ]
+    stop = threading.Event()
+
+    def swapper() -> None:
+        while not stop.is_set():
+            for link, keep, target in swaps:
+                with contextlib.suppress(OSError):
+                    os.rename(link, keep)
+                    os.symlink(target, link)
+                    os.unlink(link)
+                    os.rename(keep, link)
+
+    catalog = TaskCatalog(root, DEFAULT, store)
+    thread = threading.Thread(target=swapper, daemon=True)
+    thread.start()
+    outcomes: dict[str, int] = {}
+    try:
+        deadline = time.monotonic() + 5
+        for _ in range(150):
+            if time.monotonic() > deadline:
+                break
+            for name in ("fix-mean",):
+                try:
+                    info = catalog.load(name)
+                except (TaskInvalid, TaskNotFound, TaskPathRejected) as exc:
+                    outcomes[type(exc).__name__] = outcomes.get(type(exc).__name__, 0) + 1
+                    continue
+                files = [p for p in info.path.rglob("*") if p.is_file() and not p.is_symlink()]
+                assert all(canary not in p.read_text() for p in files), name
+                assert not [p for p in info.path.rglob("*") if p.is_symlink()]
+                outcomes["loaded"] = outcomes.get("loaded", 0) + 1
+                catalog.release(info)
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert outcomes.get("loaded", 0) > 0 and len(outcomes) > 1, outcomes  # both sides of the race were hit
+
+
+def test_an_unchanged_tree_is_not_parsed_again_and_a_changed_one_is(
+    root: Path, store: SnapshotStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rl360_ext.harbor.catalog as catalog_module
+
+    parsed: list[Path] = []
+    real_task = catalog_module.Task
+
+    def counting(path: Path) -> object:
+        parsed.append(path)
+        return real_task(path)
+
+    monkeypatch.setattr(catalog_module, "Task", counting)
+    catalog = TaskCatalog(root, DEFAULT, store)
+    first, second = catalog.load("fix-mean"), catalog.load("fix-mean")
+    assert len(parsed) == 1 and first.path != second.path and second.image_group == first.image_group
+    toml = root / "fix-mean" / "task.toml"
+    toml.write_text(toml.read_text() + "\n[verifier.env]\nX = '${SECRET}'\n")
+    with pytest.raises(TaskInvalid, match=r"verifier\.env\.X"):
+        catalog.load("fix-mean")  # a changed tree is checked again, never served from before
+
+
+@pytest.mark.parametrize(
+    ("limits", "why"),
+    [
+        (SnapshotLimits(max_entries=3), "more than 3 files and directories"),
+        (SnapshotLimits(max_bytes=100), "larger than 100 bytes"),
+        (SnapshotLimits(max_depth=1), "nested deeper than 1 directories"),
+    ],
+)
+def test_a_snapshot_is_capped(root: Path, tmp_path: Path, limits: SnapshotLimits, why: str) -> None:
+    catalog = TaskCatalog(root, DEFAULT, SnapshotStore(tmp_path / "capped", limits))
+    with pytest.raises(TaskInvalid, match=why):
+        catalog.load("fix-mean")
+    assert list((tmp_path / "capped").glob("*/*")) == [next((tmp_path / "capped").glob("*/owner"))]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    value=st.lists(
+        st.text(st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="'"), max_size=3)
+        | st.sampled_from(["${", "}", "$", ":-", "{"]),
+        max_size=6,
+    ).map("".join),
+    table=st.sampled_from(sorted(ENV_TABLES)),
+)
+def test_any_env_value_is_refused_exactly_when_it_holds_a_template(
+    tmp_path_factory: pytest.TempPathFactory, value: str, table: str
+) -> None:
+    root = tmp_path_factory.mktemp("tasks")
+    shutil.copytree(example_tasks_root() / "fix-mean", root / "fix-mean")
+    if table.startswith("steps"):
+        (root / "fix-mean" / "steps" / "s1" / "tests").mkdir(parents=True)
+        (root / "fix-mean" / "steps" / "s1" / "tests" / "test.sh").write_text("true\n")
+        (root / "fix-mean" / "steps" / "s1" / "instruction.md").write_text("x\n")
+    _with_table(root, table, value)
+    catalog = TaskCatalog(root, DEFAULT, SnapshotStore(root.parent / "trials"))
+    if "${" in value:
+        with pytest.raises(TaskInvalid, match=re.escape(f"{table}.KEY uses a ${{...}} template")):
+            catalog.load("fix-mean")
+    else:
+        with contextlib.suppress(TaskInvalid):  # Harbor may refuse a header value for reasons of its own
+            catalog.load("fix-mean")

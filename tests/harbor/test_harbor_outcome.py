@@ -198,7 +198,7 @@ def test_malformed_reward_json_is_not_a_reward(tmp_path: Path, payload: str) -> 
 @given(
     st.dictionaries(
         st.text(min_size=1, max_size=8),
-        st.floats(allow_nan=False, allow_infinity=False, width=32) | st.integers(-1000, 1000),
+        st.floats(-1000, 1000, width=32) | st.integers(-1000, 1000),  # the default reward range
         min_size=1,
         max_size=4,
     )
@@ -236,3 +236,16 @@ def test_a_judge_failure_keeps_no_reward_even_with_a_fallback_reward_file(
     assert (result.reward, result.rewards, result.reward_source) == (None, None, None)
     assert (result.failure_cause, result.attempt_class) == ("judge_failure", "infra:judge_failure")
     assert "judge failed" in (result.exception_message or "")
+
+
+@pytest.mark.parametrize("graded", [{"reward": int("9" * 400)}, {"reward": True}, {"reward": 1e308}])
+def test_rewards_harbor_graded_outside_the_rule_are_no_reward_never_an_error(
+    tmp_path: Path, graded: dict[str, float]
+) -> None:
+    harbor_result = make_result(
+        tmp_path, graded=graded, written=json.dumps(graded), written_name="reward.json"
+    )
+    result = outcome.classify(harbor_result, tmp_path)
+    assert (result.reward, result.reward_source) == (None, None)
+    assert result.attempt_class is not None and result.attempt_class.startswith("infra:")
+    assert result.failure_cause != "harbor_internal_error"

@@ -76,6 +76,11 @@ def settings(tmp_path: Path, **values: object) -> ServerSettings:
         ({"capacity_cpus": 4.0}, "--capacity-memory-mb"),
         ({"env_kwarg": ("novalue",)}, "--env-kwarg"),
         ({"nodes": " , "}, "--nodes"),
+        ({"reward_min": 1.0, "reward_max": 1.0}, "--reward-min"),
+        ({"reward_max": float("inf")}, "--reward-max"),
+        ({"allow_env": ("OK", "NOT-A-NAME")}, "--allow-env"),
+        ({"max_body_bytes": 0}, "--max-body-bytes"),
+        ({"header_timeout_s": 0.0}, "--header-timeout-s"),
     ],
 )
 def test_bad_settings_name_the_flag(tmp_path: Path, values: dict[str, object], flag: str) -> None:
