@@ -206,7 +206,7 @@ async def test_the_sandbox_is_an_unprivileged_user_in_its_own_namespaces(env: Bw
     assert (await out("grep ' /proc/sys ' /proc/self/mountinfo | cut -d' ' -f6")).startswith("ro")
     assert "unshare failed" in await out("unshare --user --map-root-user true 2>&1")
     assert await out("stat -c %u /app/seed.txt") == "1000"  # uploads belong to the sandbox user
-    assert os.stat(env.sandbox_dir / "app" / "seed.txt").st_uid == 65534
+    assert os.stat(env.files_dir / "app" / "seed.txt").st_uid == 65534
 
 
 @pytest.mark.parametrize("limits", ["cgroup", "watchdog"])
