@@ -388,6 +388,8 @@ class BwrapEnvironment(BaseEnvironment):
             os.close(nofollow.open_dir(self.files_dir, relative, create=True, owner=self.owner))
         for name in _LOG_DIRS:
             os.close(nofollow.open_dir(self.files_dir, PurePosixPath(name), create=True, owner=self.owner))
+        workdir_root, workdir = self._host_path(self.workdir)  # a workdir inside a writable dir
+        os.close(nofollow.open_dir(workdir_root, workdir, create=True, owner=self.owner))
         with nofollow.opened_dir(self.files_dir, PurePosixPath(SCRATCH_DIR.strip("/"))) as tmp_fd:
             os.fchmod(tmp_fd, 0o1777)
 
@@ -884,16 +886,42 @@ class BwrapEnvironment(BaseEnvironment):
         await asyncio.to_thread(self._download_dir, source_dir, Path(target_dir), keep)
 
 
-class _Capture:
-    """One output pipe of a command, read as the command writes it: keeps the first and the last
-    `cap / 2` bytes and counts what it drops in between, so a command that prints gigabytes costs
-    the host reading time, never memory. Used as a context manager around the command."""
+class HeadTail:
+    """At most `cap` bytes of a stream: its first and last `cap / 2` bytes, and how many bytes
+    between them were dropped."""
 
     def __init__(self, cap: int) -> None:
         self._half = max(1, cap // 2)
         self._head = bytearray()
         self._tail = bytearray()
-        self._dropped = 0
+        self.dropped = 0
+
+    def add(self, chunk: bytes) -> None:
+        room = self._half - len(self._head)
+        if room > 0:
+            self._head += chunk[:room]
+            chunk = chunk[room:]
+        if len(chunk) >= self._half:
+            self.dropped += len(self._tail) + len(chunk) - self._half
+            self._tail = bytearray(chunk[-self._half :])
+        elif chunk:
+            self._tail += chunk
+            if (excess := len(self._tail) - self._half) > 0:
+                self.dropped += excess
+                del self._tail[:excess]
+
+    def text(self) -> str:
+        gap = f"\n[... {self.dropped} bytes of output dropped ...]\n".encode() if self.dropped else b""
+        return bytes(self._head + gap + self._tail).decode(errors="replace")
+
+
+class _Capture:
+    """One output pipe of a command, read as the command writes it into a `HeadTail`, so a
+    command that prints gigabytes costs the host reading time, never memory. Used as a context
+    manager around the command."""
+
+    def __init__(self, cap: int) -> None:
+        self.kept = HeadTail(cap)
         self._read_fd, self.write_fd = os.pipe()
         with contextlib.suppress(OSError):
             fcntl.fcntl(self._read_fd, _F_SETPIPE_SZ, _PIPE_BYTES)
@@ -921,23 +949,9 @@ class _Capture:
         except BlockingIOError:
             return
         if chunk:
-            self._keep(chunk)
+            self.kept.add(chunk)
         else:
             self._loop.remove_reader(self._read_fd)
-
-    def _keep(self, chunk: bytes) -> None:
-        room = self._half - len(self._head)
-        if room > 0:
-            self._head += chunk[:room]
-            chunk = chunk[room:]
-        if len(chunk) >= self._half:
-            self._dropped += len(self._tail) + len(chunk) - self._half
-            self._tail = bytearray(chunk[-self._half :])
-        elif chunk:
-            self._tail += chunk
-            if (excess := len(self._tail) - self._half) > 0:
-                self._dropped += excess
-                del self._tail[:excess]
 
     def text(self) -> str:
         """What was kept, after reading what the command left in the pipe when it exited (a few
@@ -949,9 +963,8 @@ class _Capture:
                 break
             if not chunk:
                 break
-            self._keep(chunk)
-        gap = f"\n[... {self._dropped} bytes of output dropped ...]\n".encode() if self._dropped else b""
-        return bytes(self._head + gap + self._tail).decode(errors="replace")
+            self.kept.add(chunk)
+        return self.kept.text()
 
     def close(self) -> None:
         self.started()
