@@ -250,3 +250,36 @@ async def test_end_phase_between_phases_keeps_the_disk_cap(tmp_path: Path) -> No
         assert result.stdout.split()[0] == "kept" and result.stdout.split()[1] != "0"
     finally:
         await env.stop(delete=True)
+
+
+SYSCALLS = r"""python3 -c '
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+for name, nr in (("bpf", 321), ("perf_event_open", 298), ("io_uring_setup", 425), ("getpid", 39)):
+    result = libc.syscall(nr, 0, 0, 0, 0, 0)
+    print(name, os.strerror(ctypes.get_errno()) if result < 0 else "ok")
+print(next(l for l in open("/proc/self/status") if l.startswith("Seccomp:")).split()[1])
+'"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the probe uses x86_64 syscall numbers")
+@pytest.mark.parametrize("enabled", [True, False])
+async def test_the_seccomp_filter_refuses_bpf_perf_and_io_uring(tmp_path: Path, enabled: bool) -> None:
+    env = await _started(make_env(tmp_path, seccomp=enabled))
+    try:
+        command = (await env.exec(SYSCALLS)).stdout.split("\n")
+        holder = Path(f"/proc/{env._init_pid}/status").read_text()
+    finally:
+        await env.stop(delete=True)
+    refused = "Operation not permitted"
+    if enabled:
+        assert command[:5] == [
+            f"bpf {refused}",
+            f"perf_event_open {refused}",
+            f"io_uring_setup {refused}",
+            "getpid ok",
+            "2",
+        ], command
+        assert "Seccomp:\t2" in holder  # bwrap's --seccomp: the holder, and so its children
+    else:  # without the filter the kernel looks at the (NULL) arguments first
+        assert command[1:3] == ["perf_event_open Bad address", "io_uring_setup Bad address"], command

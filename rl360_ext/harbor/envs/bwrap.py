@@ -64,9 +64,14 @@ Design (the sandboxed code is hostile: the policy wrote it)
   and cgroup is tagged with its server's pid and start time; `clean_stale` (run when a server
   starts) removes those whose server is gone (after a SIGKILL).
 
+- Kernel surface: with `seccomp` (the default) every sandbox process runs under
+  `rl360_ext.harbor.envs.seccomp`'s filter: bpf, perf_event_open and io_uring fail with EPERM
+  (bwrap `--seccomp` for the holder; the host-side process that enters the sandbox loads it
+  before it execs, so every command inherits it).
+
 Not promised: CPU time beyond the reservation's quota; the sandboxed code shares the host kernel
-(no seccomp filter) and sees the host's /usr. The tmpfs is memory: in cgroup mode its pages count
-against the sandbox's memory reservation.
+(the seccomp filter refuses only the calls above) and sees the host's /usr. The tmpfs is memory:
+in cgroup mode its pages count against the sandbox's memory reservation.
 """
 
 from __future__ import annotations
@@ -94,7 +99,7 @@ from harbor.models.task.config import NetworkMode
 from harbor.utils.path_filter import filter_paths_by_patterns
 from pydantic import Field
 
-from rl360_ext.harbor.envs import nofollow
+from rl360_ext.harbor.envs import nofollow, seccomp
 from rl360_ext.harbor.envs.limits import (
     SandboxLimits,
     clean_stale_cgroups,
@@ -183,6 +188,9 @@ class BwrapOptions(EnvironmentOptions):
     )
     max_inodes: int = Field(
         default=65_536, ge=64, description="Files and directories the sandbox may create."
+    )
+    seccomp: bool = Field(
+        default=True, description="Refuse bpf, perf_event_open and io_uring in the sandbox (seccomp)."
     )
     max_output_kb: int = Field(
         default=1024, ge=1, description="Output kept per command and stream (its head and tail)."
@@ -307,7 +315,7 @@ class BwrapEnvironment(BaseEnvironment):
             f"{sandbox_path} is not in a writable sandbox directory ({', '.join(_WRITABLE_DIRS)})"
         )
 
-    def _bwrap_argv(self, info_fd: int) -> list[str]:
+    def _bwrap_argv(self, info_fd: int, seccomp_fd: int | None) -> list[str]:
         uid = self.options.sandbox_uid
         argv = [
             "/usr/bin/env",
@@ -359,6 +367,8 @@ class BwrapEnvironment(BaseEnvironment):
             "--info-fd",
             str(info_fd),
         ]
+        if seccomp_fd is not None:
+            argv += ["--seccomp", str(seccomp_fd)]
         return [*argv, "--", "/bin/sh", "-c", "echo ready; exec sleep infinity"]
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -411,6 +421,11 @@ class BwrapEnvironment(BaseEnvironment):
                 "slirp4netns is not installed (apt-get install slirp4netns): the bwrap environment "
                 "never gives a sandbox the host's network namespace"
             )
+        if self.options.seccomp:
+            try:
+                seccomp.prepare()
+            except seccomp.SeccompUnsupported as exc:
+                raise SandboxBuildFailedError(f"{exc}; run with --env-kwarg seccomp=false") from exc
         await asyncio.to_thread(self._make_dirs)
         app_seed = self.environment_dir / "app"
         if app_seed.is_dir() and not app_seed.is_symlink():
@@ -440,19 +455,26 @@ class BwrapEnvironment(BaseEnvironment):
 
     async def _launch(self) -> None:
         read_fd, write_fd = os.pipe()
+        filter_fd = None
+        if self.options.seccomp:
+            filter_fd = os.memfd_create("rl360-seccomp")
+            os.write(filter_fd, seccomp.program())
+            os.lseek(filter_fd, 0, os.SEEK_SET)
+        passed = (write_fd,) if filter_fd is None else (write_fd, filter_fd)
         try:
             self._holder = await asyncio.create_subprocess_exec(
-                *self._limits.wrap(self._bwrap_argv(write_fd)),
+                *self._limits.wrap(self._bwrap_argv(write_fd, filter_fd)),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
-                pass_fds=(write_fd,),
+                pass_fds=passed,
                 start_new_session=True,
                 env={"PATH": SANDBOX_PATH},
                 cwd="/",
             )
         finally:
-            os.close(write_fd)
+            for fd in passed:
+                os.close(fd)
         info = asyncio.StreamReader()
         transport, _ = await asyncio.get_running_loop().connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(info), os.fdopen(read_fd, "rb", 0)
@@ -762,6 +784,9 @@ class BwrapEnvironment(BaseEnvironment):
                     cwd="/",  # the server's cwd would reach the sandbox as PWD
                     pass_fds=(env_file.fileno(),),
                     start_new_session=True,
+                    # the host-side process loads the filter before it execs nsenter: the command
+                    # and everything it starts inherit it
+                    preexec_fn=seccomp.install if self.options.seccomp else None,
                 )
             finally:
                 out.started()
