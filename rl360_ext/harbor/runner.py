@@ -154,6 +154,8 @@ class TrialRunner:
         self.peak_running = 0
         self.shutting_down = False
         self._inflight: dict[str, set[asyncio.Task[outcome.Outcome]]] = defaultdict(set)
+        if self.environment.name == "bwrap":
+            bwrap.BwrapEnvironment.check_server_options(self.environment.kwargs)
         settings.trials_dir.mkdir(parents=True, exist_ok=True)
         self.cleaned_at_start = self._clean_stale()
 

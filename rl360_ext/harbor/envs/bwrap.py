@@ -258,6 +258,17 @@ class BwrapEnvironment(BaseEnvironment):
     def type() -> str:
         return "bwrap"
 
+    @classmethod
+    def check_server_options(cls, kwargs: dict[str, Any]) -> None:
+        """Refuse, when a server starts, options no trial could run with: a ValueError naming
+        the option (a bad value, or network allowed where slirp4netns is missing)."""
+        options = cls.parse_options(kwargs)
+        if isinstance(options, BwrapOptions) and options.allow_network and slirp4netns_executable() is None:
+            raise ValueError(
+                "--env-kwarg allow_network=true needs slirp4netns (apt-get install slirp4netns): "
+                "the bwrap environment never gives a sandbox the host's network namespace"
+            )
+
     @property
     def capabilities(self) -> EnvironmentCapabilities:
         # mounted=False: nothing of the trial directory is visible in the sandbox; Harbor copies
