@@ -16,7 +16,7 @@ from harbor.environments.base import SandboxBuildFailedError
 from harbor.models.task.config import NetworkMode
 
 from integration_tests.harbor.conftest import make_env
-from rl360_ext.harbor.envs import bwrap
+from rl360_ext.harbor.envs import bwrap, seccomp
 from rl360_ext.harbor.envs.bwrap import BwrapEnvironment
 from rl360_ext.harbor.envs.limits import cgroups_usable, pids_in_namespace
 
@@ -263,23 +263,22 @@ print(next(l for l in open("/proc/self/status") if l.startswith("Seccomp:")).spl
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the probe uses x86_64 syscall numbers")
-@pytest.mark.parametrize("enabled", [True, False])
-async def test_the_seccomp_filter_refuses_bpf_perf_and_io_uring(tmp_path: Path, enabled: bool) -> None:
-    env = await _started(make_env(tmp_path, seccomp=enabled))
+@pytest.mark.parametrize("loader", ["perl", "preexec", "off"])
+async def test_the_seccomp_filter_refuses_bpf_perf_and_io_uring(
+    tmp_path: Path, loader: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if loader == "preexec":  # a host without Perl: the server process loads it after fork
+        monkeypatch.setattr(seccomp, "exec_prefix", lambda: None)
+    env = await _started(make_env(tmp_path, seccomp=loader != "off"))
     try:
         command = (await env.exec(SYSCALLS)).stdout.split("\n")
         holder = Path(f"/proc/{env._init_pid}/status").read_text()
     finally:
         await env.stop(delete=True)
     refused = "Operation not permitted"
-    if enabled:
-        assert command[:5] == [
-            f"bpf {refused}",
-            f"perf_event_open {refused}",
-            f"io_uring_setup {refused}",
-            "getpid ok",
-            "2",
-        ], command
-        assert "Seccomp:\t2" in holder  # bwrap's --seccomp: the holder, and so its children
-    else:  # without the filter the kernel looks at the (NULL) arguments first
+    if loader == "off":  # without the filter the kernel looks at the (NULL) arguments first
         assert command[1:3] == ["perf_event_open Bad address", "io_uring_setup Bad address"], command
+        return
+    expected = [f"bpf {refused}", f"perf_event_open {refused}", f"io_uring_setup {refused}", "getpid ok", "2"]
+    assert command[:5] == expected, command
+    assert "Seccomp:\t2" in holder  # bwrap's --seccomp: the holder, and so its children

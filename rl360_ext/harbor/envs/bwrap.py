@@ -67,7 +67,7 @@ Design (the sandboxed code is hostile: the policy wrote it)
 - Kernel surface: with `seccomp` (the default) every sandbox process runs under
   `rl360_ext.harbor.envs.seccomp`'s filter: bpf, perf_event_open and io_uring fail with EPERM
   (bwrap `--seccomp` for the holder; the host-side process that enters the sandbox loads it
-  before it execs, so every command inherits it).
+  before it execs nsenter, so every command inherits it).
 
 Not promised: CPU time beyond the reservation's quota; the sandboxed code shares the host kernel
 (the seccomp filter refuses only the calls above) and sees the host's /usr. The tmpfs is memory:
@@ -709,14 +709,18 @@ class BwrapEnvironment(BaseEnvironment):
 
     # -- commands -------------------------------------------------------------------------------
 
-    def _enter_argv(self, inner: Sequence[str], cwd: str, env_fd: int) -> list[str]:
+    def _enter_argv(
+        self, inner: Sequence[str], cwd: str, env_fd: int, prefix: Sequence[str] = ()
+    ) -> list[str]:
         """argv that runs `inner` in the sandbox as its user, in `cwd`, with exactly the
-        environment in `env_fd` (NUL-separated KEY=VALUE entries, applied only inside)."""
+        environment in `env_fd` (NUL-separated KEY=VALUE entries, applied only inside); `prefix`
+        runs first, on the host side (the seccomp loader)."""
         if self._init_pid is None or self._stopped:
             raise RuntimeError(f"sandbox {self.session_id} is not running")
         uid = self.options.sandbox_uid
         return self._limits.wrap(
             [
+                *prefix,
                 "/usr/bin/nsenter",
                 f"--target={self._init_pid}",
                 "--mount",
@@ -782,12 +786,13 @@ class BwrapEnvironment(BaseEnvironment):
         daemon it left still holds its output (as `docker exec` does)."""
         entries = b"".join(f"{key}={value}".encode() + b"\0" for key, value in self._process_env(env).items())
         cap = self.options.max_output_kb * 1024
+        loader = seccomp.exec_prefix() if self.options.seccomp else None
         with tempfile.TemporaryFile() as env_file, _Capture(cap) as out, _Capture(cap) as err:
             env_file.write(entries)
             env_file.seek(0)
             try:
                 process = await asyncio.create_subprocess_exec(
-                    *self._enter_argv(inner, cwd, env_file.fileno()),
+                    *self._enter_argv(inner, cwd, env_file.fileno(), loader or ()),
                     stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
                     stdout=out.write_fd,
                     stderr=err.write_fd,
@@ -795,9 +800,9 @@ class BwrapEnvironment(BaseEnvironment):
                     cwd="/",  # the server's cwd would reach the sandbox as PWD
                     pass_fds=(env_file.fileno(),),
                     start_new_session=True,
-                    # the host-side process loads the filter before it execs nsenter: the command
-                    # and everything it starts inherit it
-                    preexec_fn=seccomp.install if self.options.seccomp else None,
+                    # the host-side process loads the filter before it execs nsenter (the loader
+                    # prefix, else this hook): the command and everything it starts inherit it
+                    preexec_fn=seccomp.install if self.options.seccomp and loader is None else None,
                 )
             finally:
                 out.started()
