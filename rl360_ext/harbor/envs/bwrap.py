@@ -244,6 +244,7 @@ class BwrapEnvironment(BaseEnvironment):
         self._grading = False
         self._slirp: asyncio.subprocess.Process | None = None
         self._slirp_exit_fd: int | None = None
+        self._slirp_log: _Capture | None = None  # its stderr, read as it comes (bounded)
         super().__init__(*args, **kwargs)
         if self._host_mounts:
             raise ValueError("the bwrap environment binds no host directories; remove the mounts")
@@ -527,9 +528,14 @@ class BwrapEnvironment(BaseEnvironment):
         host loopback refused; then unreachable routes for link-local and the host's own
         addresses. It exits when `_slirp_exit_fd` closes (or this process dies)."""
         uid = self.options.sandbox_uid
+        try:
+            blocked_networks = self._blocked_networks()
+        except (OSError, ValueError) as exc:
+            raise SandboxBuildFailedError(f"cannot list the host's addresses to block: {exc}") from exc
         net_fd = os.open(f"/proc/{self._init_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         ready_r, ready_w = os.pipe()
         exit_r, exit_w = os.pipe()
+        self._slirp_log = log = _Capture(8192)
         try:
             user_fd = fcntl.ioctl(net_fd, _NS_GET_USERNS)
             try:
@@ -551,7 +557,7 @@ class BwrapEnvironment(BaseEnvironment):
                     "tap0",
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.DEVNULL,
-                    stderr=asyncio.subprocess.PIPE,
+                    stderr=log.write_fd,
                     pass_fds=(ready_w, exit_r, user_fd, net_fd),
                     env={"PATH": SANDBOX_PATH},
                     cwd="/",
@@ -563,20 +569,18 @@ class BwrapEnvironment(BaseEnvironment):
             os.close(exit_w)
             raise
         finally:
+            log.started()
             for fd in (net_fd, ready_w, exit_r):
                 os.close(fd)
         self._slirp_exit_fd = exit_w
         try:
-            ready = await asyncio.wait_for(asyncio.to_thread(os.read, ready_r, 1), timeout=_READY_TIMEOUT_S)
+            ready = await _read_one_byte(ready_r, _READY_TIMEOUT_S)
         finally:
             os.close(ready_r)
         if ready != b"1":
-            stderr = b""
-            if self._slirp.stderr is not None:
-                with contextlib.suppress(TimeoutError):
-                    stderr = await asyncio.wait_for(self._slirp.stderr.read(4000), timeout=2.0)
-            raise SandboxBuildFailedError(f"slirp4netns failed: {stderr.decode(errors='replace').strip()}")
-        routes = "".join(f"route add unreachable {net}\n" for net in self._blocked_networks())
+            await self._stop_slirp()
+            raise SandboxBuildFailedError(f"slirp4netns failed: {log.text().strip()}")
+        routes = "".join(f"route add unreachable {net}\n" for net in blocked_networks)
         blocked = await asyncio.create_subprocess_exec(
             _NSENTER,
             f"--net=/proc/{self._init_pid}/ns/net",
@@ -592,6 +596,7 @@ class BwrapEnvironment(BaseEnvironment):
         )
         _, err = await blocked.communicate(routes.encode())
         if blocked.returncode != 0:
+            await self._stop_slirp()
             raise SandboxBuildFailedError(
                 f"cannot block link-local and host addresses: {err.decode(errors='replace')[-500:]}"
             )
@@ -614,6 +619,9 @@ class BwrapEnvironment(BaseEnvironment):
                     self._slirp.kill()
                 await self._slirp.wait()
             self._slirp = None
+        if self._slirp_log is not None:
+            self._slirp_log.close()
+            self._slirp_log = None
 
     def _pin_pidns(self) -> None:
         """Hold the new sandbox's PID namespace open, then let go of the previous one's.
@@ -1013,6 +1021,24 @@ class _Capture:
             self._open = False
             self._loop.remove_reader(self._read_fd)
             os.close(self._read_fd)
+
+
+async def _read_one_byte(fd: int, timeout_s: float) -> bytes:
+    """One byte from a pipe, b"" at end of file or after `timeout_s` (without a thread that
+    could stay blocked on it)."""
+    loop = asyncio.get_running_loop()
+    readable = loop.create_future()
+    os.set_blocking(fd, False)
+    loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(readable, timeout=timeout_s)
+    finally:
+        loop.remove_reader(fd)
+    try:
+        return os.read(fd, 1)
+    except BlockingIOError:
+        return b""
 
 
 def _host_addresses() -> set[str]:
