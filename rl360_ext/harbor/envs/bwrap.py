@@ -181,7 +181,11 @@ class BwrapOptions(EnvironmentOptions):
     max_copy_inodes: int = Field(
         default=10_000, ge=1, description="Files and directories copied out per download."
     )
-    max_copy_s: float = Field(default=10.0, gt=0, description="Seconds one download may copy for.")
+    max_copy_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds one download may copy for (a trial has three; keep 2x within --margin-s).",
+    )
     max_pids: int = Field(default=1024, ge=8, description="Processes and threads one sandbox may run.")
     disk_mb: int = Field(
         default=1024, ge=1, description="Size of the sandbox's tmpfs (all its writable dirs); RLIMIT_FSIZE."
