@@ -16,7 +16,8 @@ from harbor.models.task.config import EnvironmentConfig, NetworkMode
 from harbor.models.trial.paths import TrialPaths
 
 from integration_tests.components import bwrap_problem, skip_if_missing
-from rl360_ext.harbor.envs.bwrap import BwrapEnvironment
+from rl360_ext.harbor.envs.bwrap import FILES_DIR, BwrapEnvironment
+from rl360_ext.harbor.envs.limits import unmount
 from rl360_ext.util.procs import Service, free_port, rl360_argv, start_service
 
 _SANDBOX_ROOTS = Path(tempfile.gettempdir()) / f"rl360-test-sandboxes-{os.getpid()}"
@@ -66,6 +67,9 @@ def make_env(
 @pytest.fixture(scope="session", autouse=True)
 def _remove_sandbox_roots() -> Iterator[None]:
     yield
+    with contextlib.suppress(FileNotFoundError):  # a test that failed before stop() left its tmpfs
+        for mount_point in sorted(_SANDBOX_ROOTS.glob(f"*/*/{FILES_DIR}")):
+            unmount(mount_point)
     shutil.rmtree(_SANDBOX_ROOTS, ignore_errors=True)
 
 

@@ -22,7 +22,8 @@ from rl360_ext.harbor.envs.limits import cgroups_usable, pids_in_namespace
 
 pytestmark = pytest.mark.integration
 
-# Forks until refused, at most 2,000 times and 5 s; prints "<forked> <refused>". Children sleep.
+# Forks until refused, at most 2,000 times and 5 s; prints "<forked> <refused>". Children sleep
+# (as `sleep`: the watchdog sums resident memory, and 60 forked Pythons would look like 500 MB).
 FORK_BOMB = r"""python3 -c '
 import os, time
 forked = refused = 0
@@ -34,8 +35,7 @@ while forked + refused < 2000 and time.monotonic() < end:
         refused += 1
         continue
     if pid == 0:
-        time.sleep(60)
-        os._exit(0)
+        os.execv("/usr/bin/sleep", ["sleep", "60"])
     forked += 1
 print(forked, refused)
 '"""
@@ -71,12 +71,13 @@ def _nobody_connected(sock: socket.socket) -> bool:
 async def test_a_fork_bomb_stops_at_the_pids_limit_of_its_own_sandbox(tmp_path: Path, limits: str) -> None:
     if limits == "cgroup" and not cgroups_usable():
         pytest.skip("this process cannot create a limited child cgroup")
-    bomb = await _started(make_env(tmp_path / "bomb", limits=limits, max_pids=64))
-    neighbour = await _started(make_env(tmp_path / "neighbour", limits=limits, max_pids=64))
+    bomb = await _started(make_env(tmp_path / "bomb", memory_mb=1024, limits=limits, max_pids=64))
+    neighbour = await _started(make_env(tmp_path / "neighbour", memory_mb=1024, limits=limits, max_pids=64))
     try:
         assert bomb.pids_mode == ("cgroup+rlimit" if limits == "cgroup" else "rlimit")
         result = await bomb.exec(FORK_BOMB, timeout_sec=30)
         forked, refused = map(int, result.stdout.split())
+        print(f"fork bomb ({bomb.pids_mode}): {forked} forked, {refused} refused")
         assert refused > 0 and forked < 64, result
         assert bomb._pidns is not None and len(pids_in_namespace(bomb._pidns)) <= 64
         # the host, and a sandbox of the same host uid, still fork while the bomb's children live
@@ -206,6 +207,10 @@ async def test_a_public_task_is_refused_without_slirp4netns(
     env = make_env(tmp_path, network_mode=NetworkMode.PUBLIC, allow_network=True)
     with pytest.raises(SandboxBuildFailedError, match="slirp4netns is not installed"):
         await env.start(force_build=False)
+    failing = make_env(tmp_path / "failing", workdir="/usr/work")  # bwrap cannot chdir there
+    with pytest.raises(SandboxBuildFailedError, match="bubblewrap failed to start"):
+        await failing.start(force_build=False)
+    assert not failing.sandbox_dir.exists()  # a failed start unmounts and removes what it made
     offline = await _started(make_env(tmp_path / "offline", network_mode=NetworkMode.PUBLIC))
     try:  # a public task the server does not allow network runs offline, with loopback only
         interfaces = await offline.exec("python3 -c 'import socket; print(socket.if_nameindex())'")

@@ -425,6 +425,16 @@ class BwrapEnvironment(BaseEnvironment):
         shutil.rmtree(self.sandbox_dir, ignore_errors=True)
 
     async def start(self, force_build: bool) -> None:
+        """Start the sandbox; a start that fails tears down what it made (the tmpfs, the cgroup,
+        any process) before it raises."""
+        try:
+            await self._start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.stop(delete=True))
+            raise
+
+    async def _start(self) -> None:
         if bwrap_executable() is None:
             raise SandboxBuildFailedError("bubblewrap is not installed (apt-get install bubblewrap)")
         if os.geteuid() != 0:
