@@ -7,12 +7,17 @@ import contextlib
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from harbor.models.task.config import EnvironmentConfig, NetworkMode
+from harbor.models.trial.paths import TrialPaths
 
 from integration_tests.components import bwrap_problem, skip_if_missing
+from rl360_ext.harbor.envs.bwrap import FILES_DIR, BwrapEnvironment
+from rl360_ext.harbor.envs.limits import unmount
 from rl360_ext.util.procs import Service, free_port, rl360_argv, start_service
 
 _SANDBOX_ROOTS = Path(tempfile.gettempdir()) / f"rl360-test-sandboxes-{os.getpid()}"
@@ -28,9 +33,43 @@ def sandbox_root(tmp_path: Path) -> Path:
     return root
 
 
+def make_env(
+    tmp_path: Path,
+    *,
+    memory_mb: int | None = 256,
+    setup: str | None = None,
+    network_mode: NetworkMode = NetworkMode.NO_NETWORK,
+    workdir: str | None = None,
+    **options: object,
+) -> BwrapEnvironment:
+    """A bwrap environment for a one-file task (`/app/seed.txt`), not started yet; `options` are
+    BwrapOptions."""
+    environment_dir = tmp_path / "task" / "environment"
+    (environment_dir / "app").mkdir(parents=True)
+    (environment_dir / "app" / "seed.txt").write_text("seeded\n")
+    if setup is not None:
+        (environment_dir / "setup.sh").write_text(setup)
+    trial_paths = TrialPaths(tmp_path / "trial")
+    trial_paths.mkdir()
+    return BwrapEnvironment(
+        environment_dir=environment_dir,
+        environment_name="probe",
+        session_id=f"probe__{os.getpid()}__{uuid.uuid4().hex[:12]}",
+        trial_paths=trial_paths,
+        task_env_config=EnvironmentConfig(
+            network_mode=network_mode, cpus=1, memory_mb=memory_mb, workdir=workdir
+        ),
+        sandbox_root=str(sandbox_root(tmp_path)),
+        **options,
+    )
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _remove_sandbox_roots() -> Iterator[None]:
     yield
+    with contextlib.suppress(FileNotFoundError):  # a test that failed before stop() left its tmpfs
+        for mount_point in sorted(_SANDBOX_ROOTS.glob(f"*/*/{FILES_DIR}")):
+            unmount(mount_point)
     shutil.rmtree(_SANDBOX_ROOTS, ignore_errors=True)
 
 

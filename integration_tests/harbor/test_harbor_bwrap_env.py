@@ -10,35 +10,12 @@ from pathlib import Path
 
 import pytest
 from harbor.environments.base import SandboxBuildFailedError
-from harbor.models.task.config import EnvironmentConfig, NetworkMode
-from harbor.models.trial.paths import TrialPaths
 
-from integration_tests.harbor.conftest import sandbox_root
+from integration_tests.harbor.conftest import make_env
 from rl360_ext.harbor.envs.bwrap import BwrapEnvironment, MemoryLimitExceededError
 from rl360_ext.harbor.envs.limits import cgroups_usable, pids_in_namespace
 
 pytestmark = pytest.mark.integration
-
-
-def make_env(
-    tmp_path: Path, *, memory_mb: int | None = 256, setup: str | None = None, **options: object
-) -> BwrapEnvironment:
-    environment_dir = tmp_path / "task" / "environment"
-    (environment_dir / "app").mkdir(parents=True)
-    (environment_dir / "app" / "seed.txt").write_text("seeded\n")
-    if setup is not None:
-        (environment_dir / "setup.sh").write_text(setup)
-    trial_paths = TrialPaths(tmp_path / "trial")
-    trial_paths.mkdir()
-    return BwrapEnvironment(
-        environment_dir=environment_dir,
-        environment_name="probe",
-        session_id=f"probe__{os.getpid()}__{len(os.listdir(tmp_path))}",
-        trial_paths=trial_paths,
-        task_env_config=EnvironmentConfig(network_mode=NetworkMode.NO_NETWORK, cpus=1, memory_mb=memory_mb),
-        sandbox_root=str(sandbox_root(tmp_path)),
-        **options,
-    )
 
 
 @pytest.fixture
@@ -206,7 +183,7 @@ async def test_the_sandbox_is_an_unprivileged_user_in_its_own_namespaces(env: Bw
     assert (await out("grep ' /proc/sys ' /proc/self/mountinfo | cut -d' ' -f6")).startswith("ro")
     assert "unshare failed" in await out("unshare --user --map-root-user true 2>&1")
     assert await out("stat -c %u /app/seed.txt") == "1000"  # uploads belong to the sandbox user
-    assert os.stat(env.sandbox_dir / "app" / "seed.txt").st_uid == 65534
+    assert os.stat(env.files_dir / "app" / "seed.txt").st_uid == 65534
 
 
 @pytest.mark.parametrize("limits", ["cgroup", "watchdog"])

@@ -33,8 +33,8 @@ CANARY_MODULE = "rl360_attack_canary"
 class Harbor:
     """A real `rl360 harbor serve` on loopback, with a bearer token read from a file."""
 
-    def __init__(self, log_dir: Path, args: list[str], env: dict[str, str]) -> None:
-        self.port = free_port()
+    def __init__(self, log_dir: Path, args: list[str], env: dict[str, str], port: int | None = None) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.trials = log_dir / "trials"
         argv = rl360_argv(
@@ -96,13 +96,20 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def listener() -> Iterator[int]:
-    """A host loopback port the sandbox must not reach."""
+def listener_socket() -> Iterator[socket.socket]:
+    """A host loopback canary the sandbox must not reach: never accepted, so a connection that
+    got through would wait in its backlog."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen()
-    yield sock.getsockname()[1]
+    sock.setblocking(False)
+    yield sock
     sock.close()
+
+
+@pytest.fixture(scope="module")
+def listener(listener_socket: socket.socket) -> int:
+    return listener_socket.getsockname()[1]
 
 
 PROBE = r"""
@@ -198,6 +205,41 @@ def harbor(tmp_path_factory: pytest.TempPathFactory, host: Path, listener: int) 
     (escape_app / "environment" / "app").symlink_to(host / "dir")
     escape_setup = make_task(root, "link-setup", "true\n", "echo 0 > /logs/verifier/reward.txt\n")
     (escape_setup / "environment" / "setup.sh").symlink_to(host / "victim.txt")
+    # 8. (issue 26) the agent hands the verifier code: a .pth in its HOME's user site that makes
+    # every python exit 0, and an extra test module that `unittest discover` imports
+    make_task(
+        root,
+        "plant-user-site",
+        "site=$(python3 -m site --user-site) && mkdir -p $site\n"
+        "echo 'import os; os._exit(0)' > $site/zz-pass.pth\n",
+        "if python3 /tests/check.py; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n",
+    )
+    planted_test = make_task(
+        root,
+        "plant-tests",
+        'printf \'import os\\nopen("/logs/verifier/reward.txt", "w").write("1")\\nos._exit(0)\\n\' '
+        "> /tests/test_aaa.py\n",
+        "cd /tests && if python3 -m unittest discover -s /tests -p 'test_*.py'; then echo 1; else echo 0; fi "
+        "> /logs/verifier/reward.txt\n",
+    )
+    (planted_test / "tests" / "test_mean.py").write_text(
+        "import sys, unittest\nsys.path.insert(0, '/app')\nfrom stats import mean\n\n"
+        "class Mean(unittest.TestCase):\n"
+        "    def test_mean(self):\n        self.assertEqual(mean([1, 2, 3]), 2)\n"
+    )
+    # 9. (issue 26) a public task probes the host's loopback: the server itself and a canary
+    harbor_port = free_port()
+    public = make_task(
+        root,
+        "public-probe",
+        f"for port in {harbor_port} {listener}; do\n"
+        '  if timeout 3 bash -c "echo > /dev/tcp/127.0.0.1/$port" 2>/dev/null; then echo reached $port; '
+        "else echo unreachable $port; fi\ndone > /app/net.txt\n"
+        "readlink /proc/self/ns/net >> /app/net.txt\n",
+        "cat /app/net.txt; echo 0 > /logs/verifier/reward.txt\n",
+    )
+    toml = public / "task.toml"
+    toml.write_text(toml.read_text().replace('network_mode = "no-network"', 'network_mode = "public"'))
     # 6. a module that must never be imported because a client named it
     modules = tmp_path_factory.mktemp("modules")
     (modules / f"{CANARY_MODULE}.py").write_text(
@@ -217,13 +259,14 @@ def harbor(tmp_path_factory: pytest.TempPathFactory, host: Path, listener: int) 
                 "--default-agent",
                 "oracle",
             ),
-            *("--env-kwarg", f"sandbox_root={sandboxes}", *BUDGET_FLAGS),
+            *("--env-kwarg", f"sandbox_root={sandboxes}", "--env-kwarg", "allow_network=true", *BUDGET_FLAGS),
         ],
         env={
             "RL360_HARBOR_TOKEN": ENV_TOKEN,
             "AWS_SECRET_ACCESS_KEY": CLOUD_SECRET,
             "PYTHONPATH": os.pathsep.join([str(modules), *sys.path]),
         },
+        port=harbor_port,
     )
     yield server
     server.stop()
@@ -305,3 +348,25 @@ def test_6_agents_come_only_from_the_server_s_list(harbor: Harbor, host: Path) -
     )  # the operator's own agent
     health = httpx.get(harbor.url + "/health", headers=harbor.headers, timeout=10).json()
     assert health["agents"] == ["nop", "oracle", "quiet", "terminus-2"] and health["agent"] == "oracle"
+
+
+@pytest.mark.parametrize("task", ["plant-user-site", "plant-tests"])
+def test_8_what_the_agent_plants_outside_its_work_product_never_runs_in_the_verifier(
+    harbor: Harbor, task: str
+) -> None:
+    result = harbor.run({"task": task})  # the agent left /app/stats.py wrong: the answer is 0
+    assert (result["reward"], result["reward_source"]) == (0.0, "verifier"), result
+
+
+def test_9_a_public_task_gets_egress_only_and_never_the_host_loopback(
+    harbor: Harbor, listener: int, listener_socket: socket.socket
+) -> None:
+    if shutil.which("slirp4netns") is None:
+        pytest.skip("slirp4netns is not installed")
+    result = harbor.run({"task": "public-probe"})
+    assert result["reward"] == 0.0, result
+    stdout = (harbor.trial_dir(result) / "verifier" / "test-stdout.txt").read_text().split("\n")
+    assert stdout[:2] == [f"unreachable {harbor.port}", f"unreachable {listener}"], stdout
+    assert stdout[2] != os.readlink("/proc/self/ns/net")  # its own network namespace
+    with pytest.raises(BlockingIOError):
+        listener_socket.accept()  # nothing ever connected to the canary

@@ -6,7 +6,9 @@ reservations) no longer than the deadline allows, split what is left into phase 
 Harbor's TrialConfig (agent/verifier/environment timeouts = those budgets, the reservation and
 placement handed to the environment), run `Trial.create(...).run()`, and classify the result
 through `rl360_ext.harbor.outcome`. Between the agent phase and the verifier it has the
-environment kill every process the agent left (`end_phase`, when the environment has one).
+environment kill every process the agent left and empty what the verifier reads besides the
+agent's work product (`end_phase`, when the environment has one: /logs/verifier, /tests,
+/solution, and the environment's own HOME and tmp).
 `flush(instance_id)` cancels every queued or running attempt of a session server instance;
 Harbor stops their sandboxes on cancellation; `shutdown` refuses new attempts and cancels all
 (each answers `failure_cause: cancelled`). Refused requests raise `rl360_ext.harbor.errors`
@@ -63,7 +65,10 @@ from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.harbor_exceptions import AGENT_TIMEOUT_ERROR
 
 FLUSH_WAIT_S = 60.0
-VERIFIER_DIR = str(EnvironmentPaths().verifier_dir)  # emptied, with no agent process left, before grading
+_PATHS = EnvironmentPaths()
+# emptied, with no agent process left, before grading: the verifier's output, the task's tests
+# (uploaded again whole, so nothing the agent added there stays) and the oracle's solution
+GRADING_CLEARS = tuple(str(path) for path in (_PATHS.verifier_dir, _PATHS.tests_dir, _PATHS.solution_dir))
 # An agent that ran out of its budget is cut off by us, not judged: skip grading, keep no reward.
 _ERROR_POLICY = {AGENT_TIMEOUT_ERROR: ErrorPolicyOverride(should_grade=False, has_valid_reward=False)}
 _log = logging.getLogger(__name__)
@@ -156,6 +161,8 @@ class TrialRunner:
         self.peak_running = 0
         self.shutting_down = False
         self._inflight: dict[str, set[asyncio.Task[outcome.Outcome]]] = defaultdict(set)
+        if self.environment.name == "bwrap":
+            bwrap.BwrapEnvironment.check_server_options(self.environment.kwargs)
         settings.trials_dir.mkdir(parents=True, exist_ok=True)
         self.cleaned_at_start = self._clean_stale()
 
@@ -399,7 +406,9 @@ class TrialRunner:
                 trial = await Trial.create(config)
                 trial.add_hook(TrialEvent.ENVIRONMENT_START, self._on_sandbox_start)
                 trial.add_hook(TrialEvent.AGENT_END, _phase_ender(trial))
-                trial.add_hook(TrialEvent.VERIFICATION_START, _phase_ender(trial, VERIFIER_DIR))
+                trial.add_hook(
+                    TrialEvent.VERIFICATION_START, _phase_ender(trial, *GRADING_CLEARS, grading=True)
+                )
                 result = outcome.classify(await trial.run(), trial_dir, self.settings.reward_range)
         except TimeoutError as exc:
             if not scope.expired():
@@ -470,15 +479,15 @@ class TrialRunner:
         self.catalog.snapshots.close()
 
 
-def _phase_ender(trial: Trial, *clear: str) -> Any:
+def _phase_ender(trial: Trial, *clear: str, grading: bool = False) -> Any:
     """A hook that has the trial's environment kill what the last phase left running and empty
-    the sandbox directories `clear`."""
+    the sandbox directories `clear` (and, before `grading`, its own HOME and tmp)."""
 
     async def end_phase(event: TrialHookEvent) -> None:
         environment = getattr(trial, "agent_environment", None)
         ender = getattr(environment, "end_phase", None)
         if ender is not None:
-            await ender(clear)
+            await ender(clear, grading=grading)
 
     return end_phase
 

@@ -126,9 +126,31 @@ def test_a_copy_out_stops_at_its_file_and_byte_budget(tmp_path: Path) -> None:
     root = sandbox(tmp_path)
     for number in range(10):
         (root / f"f{number}").write_bytes(b"x" * 100)
-    budget = nofollow.CopyBudget(max_file_bytes=1000, max_total_bytes=450, max_files=8)
+    budget = nofollow.CopyBudget(max_file_bytes=1000, max_total_bytes=450, max_inodes=8)
     with nofollow.opened_dir(root) as fd:
         nofollow.copy_tree_out(fd, tmp_path / "out", budget)
     assert len(os.listdir(tmp_path / "out")) == 4 and budget.copied_bytes == 400
-    assert "more than 8 entries" in budget.skipped[0]  # 2 names not even listed
+    assert "more than the 8 entries left" in budget.skipped[0]  # 2 names not even listed
     assert len(budget.skipped) == 1 + 4  # and 4 over the byte budget
+
+
+def test_a_copy_out_counts_directories_as_inodes(tmp_path: Path) -> None:
+    root = sandbox(tmp_path)
+    for number in range(30):
+        (root / f"d{number:02}" / "sub").mkdir(parents=True)
+    budget = nofollow.CopyBudget(max_inodes=10)
+    with nofollow.opened_dir(root) as fd:
+        nofollow.copy_tree_out(fd, tmp_path / "out", budget)
+    created = list((tmp_path / "out").rglob("*"))
+    assert len(created) == budget.copied_inodes == 10  # empty directories count like files
+    assert budget.skipped
+
+
+def test_a_copy_out_stops_at_its_time_budget(tmp_path: Path) -> None:
+    root = sandbox(tmp_path)
+    for number in range(5):
+        (root / f"f{number}").write_text("x")
+    budget = nofollow.CopyBudget(max_seconds=0.0)
+    with nofollow.opened_dir(root) as fd:
+        nofollow.copy_tree_out(fd, tmp_path / "out", budget)
+    assert os.listdir(tmp_path / "out") == [] and "time budget" in budget.skipped[0]

@@ -24,23 +24,35 @@ Design (the sandboxed code is hostile: the policy wrote it)
   Each command runs in its own host process group, killed on timeout or cancellation.
 - `end_phase` kills every process of the sandbox (the holder is PID 1 of its namespace: the
   kernel kills the rest and no fork survives), empties the directories it is given and starts
-  a fresh holder over the same directories. The /run server calls it when the agent phase ends
-  and again, emptying /logs/verifier, when the verifier starts, so nothing an agent left
-  running or planted there can touch the verifier's files.
+  a fresh holder (fresh namespaces of every kind) over the same directories. The /run server
+  calls it when the agent phase ends and again with `grading=True` when the verifier starts,
+  emptying /logs/verifier, /tests and /solution: grading also empties /tmp (HOME) except a
+  workdir inside it, and every later command runs with PYTHONNOUSERSITE=1. What the agent can
+  hand the verifier is its work product only: the workdir (/app by default), /logs/agent and
+  /logs/artifacts; no process, no file in HOME, /tmp, /tests or /solution, no namespace state.
 - Filesystem: host /usr read-only (with the /bin, /lib, /lib64, /sbin links), a curated read-only
   /etc, a private /proc and /dev. Writable: /app, /logs (with /logs/agent, /logs/verifier,
-  /logs/artifacts), /tests, /solution, /tmp and the task's workdir; each is a per-trial host
-  directory owned by `sandbox_uid`. No trial directory is bind-mounted: Harbor downloads the
-  log directories through `download_dir`, which copies regular files only (capped), opened
-  with O_NOFOLLOW one component at a time (`rl360_ext.harbor.envs.nofollow`). Uploads replace
-  what is in the way and never write through a link.
+  /logs/artifacts), /tests, /solution, /tmp and the task's workdir; each is a directory owned by
+  `sandbox_uid` on the sandbox's own tmpfs (host-mounted under its sandbox dir, `disk_mb` bytes
+  and `max_inodes` inodes at most, nosuid, nodev), so a full disk is the sandbox's alone. No
+  trial directory is bind-mounted: Harbor downloads the log directories through
+  `download_dir`, which copies regular files and directories only (capped in bytes, inodes and
+  seconds), opened with O_NOFOLLOW one component at a time (`rl360_ext.harbor.envs.nofollow`).
+  Uploads replace what is in the way and never write through a link.
 - Network: none (a private network namespace with loopback only). A task whose
-  `[environment] network_mode` is "public" gets the host network only when the server allows it
-  (`allow_network=true`); otherwise it runs offline. "allowlist" is rejected (not enforceable).
+  `[environment] network_mode` is "public" gets egress only when the server allows it
+  (`allow_network=true`): its own network namespace, NATed by `slirp4netns` (run as the
+  sandbox's unprivileged uid, `--disable-host-loopback`), with unreachable routes for
+  link-local 169.254.0.0/16 and every address of the host's own interfaces; never the host's
+  namespace. Without slirp4netns such a task is refused at start. Without `allow_network` it
+  runs offline. "allowlist" is rejected (not enforceable).
 - Limits: the trial's reservation (task `cpus`/`memory_mb`, or the server's overrides) is
   enforced by `rl360_ext.harbor.envs.limits` (a child cgroup, else a watchdog). A hit memory
   limit makes the next `exec` raise `MemoryLimitExceededError`, which Harbor's error policy
-  treats as "do not grade, no valid reward".
+  treats as "do not grade, no valid reward". Every command runs under RLIMIT_NPROC
+  (`max_pids`, counted in the sandbox's own user namespace, plus the cgroup's pids.max where
+  there is a pids controller) and RLIMIT_FSIZE (`disk_mb`). A command's stdout and stderr are
+  pipes read while it runs; at most `max_output_kb` of each is kept (its head and tail).
 - Environment definition: there is no image to build. `environment/app/` (if present) is copied
   into /app, then `environment/setup.sh` (if present) runs inside the sandbox as the sandbox
   user with the task's env and network policy; a non-zero exit fails the start
@@ -52,14 +64,22 @@ Design (the sandboxed code is hostile: the policy wrote it)
   and cgroup is tagged with its server's pid and start time; `clean_stale` (run when a server
   starts) removes those whose server is gone (after a SIGKILL).
 
-Not promised: CPU time beyond the reservation's quota, disk space, inodes, PIDs without a
-cgroup; the sandboxed code shares the host kernel (no seccomp filter) and sees the host's /usr.
+- Kernel surface: with `seccomp` (the default) every sandbox process runs under
+  `rl360_ext.harbor.envs.seccomp`'s filter: bpf, perf_event_open and io_uring fail with EPERM
+  (bwrap `--seccomp` for the holder; the host-side process that enters the sandbox loads it
+  before it execs nsenter, so every command inherits it).
+
+Not promised: CPU time beyond the reservation's quota; the sandboxed code shares the host kernel
+(the seccomp filter refuses only the calls above) and sees the host's /usr. The tmpfs is memory:
+in cgroup mode its pages count against the sandbox's memory reservation.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import ipaddress
 import json
 import logging
 import os
@@ -79,14 +99,17 @@ from harbor.models.task.config import NetworkMode
 from harbor.utils.path_filter import filter_paths_by_patterns
 from pydantic import Field
 
-from rl360_ext.harbor.envs import nofollow
+from rl360_ext.harbor.envs import nofollow, seccomp
 from rl360_ext.harbor.envs.limits import (
     SandboxLimits,
     clean_stale_cgroups,
     make_limits,
+    mount_tmpfs,
     owner_alive,
     owner_tag,
     pids_in_namespace,
+    rlimit_argv,
+    unmount,
 )
 
 IMPORT_PATH = "rl360_ext.harbor.envs.bwrap:BwrapEnvironment"
@@ -94,7 +117,9 @@ SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SANDBOX_UID = 1000  # the sandbox user inside its user namespace
 DEFAULT_HOST_UID = 65534  # the unprivileged host uid the sandbox runs as (nobody)
 OWNER_FILE = ".rl360-owner"  # in each sandbox dir (host-only): the tag of the server that made it
-_WRITABLE_DIRS = ("/app", "/logs", "/tests", "/solution", "/tmp")
+FILES_DIR = "fs"  # in each sandbox dir: the mount point of the sandbox's tmpfs
+SCRATCH_DIR = "/tmp"  # the sandbox's HOME and tmp: emptied before grading
+_WRITABLE_DIRS = ("/app", "/logs", "/tests", "/solution", SCRATCH_DIR)
 _LOG_DIRS = ("logs/agent", "logs/verifier", "logs/artifacts")
 _ETC_FILES = (
     "passwd",
@@ -127,6 +152,12 @@ _ENV_LOADER = (
 )
 _READY_TIMEOUT_S = 30.0
 _SETUP_SCRIPT_CAP = 1 << 20
+_PIPE_BYTES = 1 << 20  # asked-for pipe buffer of a command's stdout/stderr (fewer wake-ups)
+_F_SETPIPE_SZ = 1031
+_NS_GET_USERNS = 0xB701  # ioctl on a namespace fd: the user namespace that owns it
+_IP = "/usr/sbin/ip"
+_NSENTER = "/usr/bin/nsenter"
+_LINK_LOCAL = ("169.254.0.0/16",)
 _log = logging.getLogger(__name__)
 
 
@@ -147,11 +178,35 @@ class BwrapOptions(EnvironmentOptions):
     )
     max_file_mb: int = Field(default=64, ge=1, description="Largest file copied out of a sandbox.")
     max_copy_mb: int = Field(default=256, ge=1, description="Bytes copied out of a sandbox per download.")
-    max_copy_files: int = Field(default=10_000, ge=1, description="Files copied out per download.")
+    max_copy_inodes: int = Field(
+        default=10_000, ge=1, description="Files and directories copied out per download."
+    )
+    max_copy_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds one download may copy for (a trial has three; keep 2x within --margin-s).",
+    )
+    max_pids: int = Field(default=1024, ge=8, description="Processes and threads one sandbox may run.")
+    disk_mb: int = Field(
+        default=1024, ge=1, description="Size of the sandbox's tmpfs (all its writable dirs); RLIMIT_FSIZE."
+    )
+    max_inodes: int = Field(
+        default=65_536, ge=64, description="Files and directories the sandbox may create."
+    )
+    seccomp: bool = Field(
+        default=True, description="Refuse bpf, perf_event_open and io_uring in the sandbox (seccomp)."
+    )
+    max_output_kb: int = Field(
+        default=1024, ge=1, description="Output kept per command and stream (its head and tail)."
+    )
 
 
 def bwrap_executable() -> str | None:
     return shutil.which("bwrap")
+
+
+def slirp4netns_executable() -> str | None:
+    return shutil.which("slirp4netns", path=SANDBOX_PATH)
 
 
 def default_sandbox_root() -> Path:
@@ -172,6 +227,8 @@ def clean_stale(sandbox_root: Path | None = None) -> list[str]:
             except (OSError, ValueError):
                 continue
             if not owner_alive(tag):
+                with contextlib.suppress(OSError):
+                    unmount(Path(entry.path) / FILES_DIR)
                 shutil.rmtree(entry.path, ignore_errors=True)
                 removed.append(entry.path)
     return removed
@@ -188,11 +245,16 @@ class BwrapEnvironment(BaseEnvironment):
         self._pidns_fd: int | None = None  # keeps the namespace (and so its inode number) alive
         self._limits: SandboxLimits = SandboxLimits()
         self._stopped = False
+        self._grading = False
+        self._slirp: asyncio.subprocess.Process | None = None
+        self._slirp_exit_fd: int | None = None
+        self._slirp_log: _Capture | None = None  # its stderr, read as it comes (bounded)
         super().__init__(*args, **kwargs)
         if self._host_mounts:
             raise ValueError("the bwrap environment binds no host directories; remove the mounts")
         root = Path(self.options.sandbox_root) if self.options.sandbox_root else default_sandbox_root()
         self.sandbox_dir = root / self.session_id
+        self.files_dir = self.sandbox_dir / FILES_DIR
         self.workdir = self.task_env_config.workdir or "/app"
         uid = self.options.sandbox_uid
         self.owner: nofollow.Owner = (uid, uid)
@@ -200,6 +262,17 @@ class BwrapEnvironment(BaseEnvironment):
     @staticmethod
     def type() -> str:
         return "bwrap"
+
+    @classmethod
+    def check_server_options(cls, kwargs: dict[str, Any]) -> None:
+        """Refuse, when a server starts, options no trial could run with: a ValueError naming
+        the option (a bad value, or network allowed where slirp4netns is missing)."""
+        options = cls.parse_options(kwargs)
+        if isinstance(options, BwrapOptions) and options.allow_network and slirp4netns_executable() is None:
+            raise ValueError(
+                "--env-kwarg allow_network=true needs slirp4netns (apt-get install slirp4netns): "
+                "the bwrap environment never gives a sandbox the host's network namespace"
+            )
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
@@ -228,6 +301,11 @@ class BwrapEnvironment(BaseEnvironment):
         return self._limits.mode
 
     @property
+    def pids_mode(self) -> str:
+        """How the process limit applies: "cgroup+rlimit" or "rlimit" (see limits.py)."""
+        return self._limits.pids_mode
+
+    @property
     def network_enabled(self) -> bool:
         return self.options.allow_network and self.network_policy.network_mode == NetworkMode.PUBLIC
 
@@ -235,10 +313,10 @@ class BwrapEnvironment(BaseEnvironment):
 
     def _writable_mounts(self) -> list[tuple[PurePosixPath, Path]]:
         """(sandbox path, host path) of every writable mount, deepest first."""
-        mounts = {PurePosixPath(d): self.sandbox_dir / d.strip("/") for d in _WRITABLE_DIRS}
+        mounts = {PurePosixPath(d): self.files_dir / d.strip("/") for d in _WRITABLE_DIRS}
         workdir = PurePosixPath(self.workdir)
         if not any(workdir == m or m in workdir.parents for m in mounts):
-            mounts[workdir] = self.sandbox_dir / "workdir"
+            mounts[workdir] = self.files_dir / "workdir"
         return sorted(mounts.items(), key=lambda item: len(item[0].parts), reverse=True)
 
     def _host_path(self, sandbox_path: str) -> tuple[Path, PurePosixPath]:
@@ -253,7 +331,7 @@ class BwrapEnvironment(BaseEnvironment):
             f"{sandbox_path} is not in a writable sandbox directory ({', '.join(_WRITABLE_DIRS)})"
         )
 
-    def _bwrap_argv(self, info_fd: int) -> list[str]:
+    def _bwrap_argv(self, info_fd: int, seccomp_fd: int | None) -> list[str]:
         uid = self.options.sandbox_uid
         argv = [
             "/usr/bin/env",
@@ -282,8 +360,6 @@ class BwrapEnvironment(BaseEnvironment):
             "/usr",
             "/usr",
         ]
-        if self.network_enabled:
-            argv.append("--share-net")
         for link in ("bin", "lib", "lib64", "sbin"):
             host = Path("/") / link
             if host.is_symlink():
@@ -307,6 +383,8 @@ class BwrapEnvironment(BaseEnvironment):
             "--info-fd",
             str(info_fd),
         ]
+        if seccomp_fd is not None:
+            argv += ["--seccomp", str(seccomp_fd)]
         return [*argv, "--", "/bin/sh", "-c", "echo ready; exec sleep infinity"]
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -320,34 +398,71 @@ class BwrapEnvironment(BaseEnvironment):
                     f"{self.options.sandbox_uid} and must reach sandbox_root {self.sandbox_dir.parent}"
                 )
         if self.sandbox_dir.exists():
-            shutil.rmtree(self.sandbox_dir, ignore_errors=True)
+            self._remove_dirs()
         self.sandbox_dir.mkdir(mode=0o711)
         (self.sandbox_dir / OWNER_FILE).write_text(owner_tag())
+        self.files_dir.mkdir(mode=0o711)
+        try:
+            mount_tmpfs(self.files_dir, self.options.disk_mb * 2**20, self.options.max_inodes)
+        except OSError as exc:
+            raise SandboxBuildFailedError(
+                f"{exc}; the bwrap environment caps each sandbox's disk with its own tmpfs (needs root "
+                "with CAP_SYS_ADMIN in the host's mount namespace)"
+            ) from exc
         for _, source in self._writable_mounts():
-            relative = PurePosixPath(source.relative_to(self.sandbox_dir).as_posix())
-            os.close(nofollow.open_dir(self.sandbox_dir, relative, create=True, owner=self.owner))
+            relative = PurePosixPath(source.relative_to(self.files_dir).as_posix())
+            os.close(nofollow.open_dir(self.files_dir, relative, create=True, owner=self.owner))
         for name in _LOG_DIRS:
-            os.close(nofollow.open_dir(self.sandbox_dir, PurePosixPath(name), create=True, owner=self.owner))
-        with nofollow.opened_dir(self.sandbox_dir, PurePosixPath("tmp")) as tmp_fd:
+            os.close(nofollow.open_dir(self.files_dir, PurePosixPath(name), create=True, owner=self.owner))
+        workdir_root, workdir = self._host_path(self.workdir)  # a workdir inside a writable dir
+        os.close(nofollow.open_dir(workdir_root, workdir, create=True, owner=self.owner))
+        with nofollow.opened_dir(self.files_dir, PurePosixPath(SCRATCH_DIR.strip("/"))) as tmp_fd:
             os.fchmod(tmp_fd, 0o1777)
 
+    def _remove_dirs(self) -> None:
+        """Unmount the sandbox's tmpfs and remove its host directory."""
+        unmount(self.files_dir)
+        shutil.rmtree(self.sandbox_dir, ignore_errors=True)
+
     async def start(self, force_build: bool) -> None:
+        """Start the sandbox; a start that fails tears down what it made (the tmpfs, the cgroup,
+        any process) before it raises."""
+        try:
+            await self._start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.stop(delete=True))
+            raise
+
+    async def _start(self) -> None:
         if bwrap_executable() is None:
             raise SandboxBuildFailedError("bubblewrap is not installed (apt-get install bubblewrap)")
         if os.geteuid() != 0:
             raise SandboxBuildFailedError(
                 "the bwrap environment runs as root: it maps the sandbox to an unprivileged uid"
             )
+        if self.network_enabled and slirp4netns_executable() is None:
+            raise SandboxBuildFailedError(
+                "this task asks for network (network_mode public) and the server allows it, but "
+                "slirp4netns is not installed (apt-get install slirp4netns): the bwrap environment "
+                "never gives a sandbox the host's network namespace"
+            )
+        if self.options.seccomp:
+            try:
+                seccomp.prepare()
+            except seccomp.SeccompUnsupported as exc:
+                raise SandboxBuildFailedError(f"{exc}; run with --env-kwarg seccomp=false") from exc
         await asyncio.to_thread(self._make_dirs)
         app_seed = self.environment_dir / "app"
         if app_seed.is_dir() and not app_seed.is_symlink():
-            with nofollow.opened_dir(self.sandbox_dir, PurePosixPath("app")) as app_fd:
+            with nofollow.opened_dir(self.files_dir, PurePosixPath("app")) as app_fd:
                 await asyncio.to_thread(nofollow.copy_tree_in, app_seed, app_fd, owner=self.owner)
         self._limits = make_limits(
             self.options.limits,
             f"{owner_tag()}.{self.session_id}",
             self.task_env_config.cpus,
             self.task_env_config.memory_mb,
+            self.options.max_pids,
         )
         await self._launch()
         setup = self.environment_dir / "setup.sh"
@@ -366,19 +481,26 @@ class BwrapEnvironment(BaseEnvironment):
 
     async def _launch(self) -> None:
         read_fd, write_fd = os.pipe()
+        filter_fd = None
+        if self.options.seccomp:
+            filter_fd = os.memfd_create("rl360-seccomp")
+            os.write(filter_fd, seccomp.program())
+            os.lseek(filter_fd, 0, os.SEEK_SET)
+        passed = (write_fd,) if filter_fd is None else (write_fd, filter_fd)
         try:
             self._holder = await asyncio.create_subprocess_exec(
-                *self._limits.wrap(self._bwrap_argv(write_fd)),
+                *self._limits.wrap(self._bwrap_argv(write_fd, filter_fd)),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
-                pass_fds=(write_fd,),
+                pass_fds=passed,
                 start_new_session=True,
                 env={"PATH": SANDBOX_PATH},
                 cwd="/",
             )
         finally:
-            os.close(write_fd)
+            for fd in passed:
+                os.close(fd)
         info = asyncio.StreamReader()
         transport, _ = await asyncio.get_running_loop().connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(info), os.fdopen(read_fd, "rb", 0)
@@ -402,13 +524,118 @@ class BwrapEnvironment(BaseEnvironment):
         self._pidns = int(started["pid-namespace"])
         self._pin_pidns()
         self._limits.attach(self._pidns)
+        if self.network_enabled:
+            await self._start_slirp()
         self.logger.debug(
-            "sandbox %s up: pid %s, limits %s, node %s",
+            "sandbox %s up: pid %s, limits %s, pids %s, network %s, node %s",
             self.session_id,
             self._init_pid,
             self._limits.mode,
+            self._limits.pids_mode,
+            "slirp4netns" if self.network_enabled else "none",
             self.options.node_label,
         )
+
+    async def _start_slirp(self) -> None:
+        """NAT egress for the sandbox's own network namespace: slirp4netns, run as the sandbox's
+        unprivileged host uid inside the user namespace that owns the network namespace, with
+        host loopback refused; then unreachable routes for link-local and the host's own
+        addresses. It exits when `_slirp_exit_fd` closes (or this process dies)."""
+        uid = self.options.sandbox_uid
+        try:
+            blocked_networks = self._blocked_networks()
+        except (OSError, ValueError) as exc:
+            raise SandboxBuildFailedError(f"cannot list the host's addresses to block: {exc}") from exc
+        net_fd = os.open(f"/proc/{self._init_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        ready_r, ready_w = os.pipe()
+        exit_r, exit_w = os.pipe()
+        self._slirp_log = log = _Capture(8192)
+        try:
+            user_fd = fcntl.ioctl(net_fd, _NS_GET_USERNS)
+            try:
+                self._slirp = await asyncio.create_subprocess_exec(
+                    "/usr/bin/setpriv",
+                    f"--reuid={uid}",
+                    f"--regid={uid}",
+                    "--clear-groups",
+                    "--",
+                    slirp4netns_executable() or "slirp4netns",
+                    "--configure",
+                    "--mtu=65520",
+                    "--disable-host-loopback",
+                    f"--ready-fd={ready_w}",
+                    f"--exit-fd={exit_r}",
+                    f"--userns-path=/proc/self/fd/{user_fd}",
+                    "--netns-type=path",
+                    f"/proc/self/fd/{net_fd}",
+                    "tap0",
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=log.write_fd,
+                    pass_fds=(ready_w, exit_r, user_fd, net_fd),
+                    env={"PATH": SANDBOX_PATH},
+                    cwd="/",
+                    start_new_session=True,
+                )
+            finally:
+                os.close(user_fd)
+        except BaseException:
+            os.close(exit_w)
+            raise
+        finally:
+            log.started()
+            for fd in (net_fd, ready_w, exit_r):
+                os.close(fd)
+        self._slirp_exit_fd = exit_w
+        try:
+            ready = await _read_one_byte(ready_r, _READY_TIMEOUT_S)
+        finally:
+            os.close(ready_r)
+        if ready != b"1":
+            await self._stop_slirp()
+            raise SandboxBuildFailedError(f"slirp4netns failed: {log.text().strip()}")
+        routes = "".join(f"route add unreachable {net}\n" for net in blocked_networks)
+        blocked = await asyncio.create_subprocess_exec(
+            _NSENTER,
+            f"--net=/proc/{self._init_pid}/ns/net",
+            "--",
+            _IP,
+            "-batch",
+            "-",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            env={"PATH": SANDBOX_PATH},
+            cwd="/",
+        )
+        _, err = await blocked.communicate(routes.encode())
+        if blocked.returncode != 0:
+            await self._stop_slirp()
+            raise SandboxBuildFailedError(
+                f"cannot block link-local and host addresses: {err.decode(errors='replace')[-500:]}"
+            )
+
+    @staticmethod
+    def _blocked_networks() -> list[str]:
+        """Link-local, and every IPv4 address of the host's own interfaces (slirp4netns would
+        otherwise connect to them from the host's namespace)."""
+        return [*_LINK_LOCAL, *(f"{address}/32" for address in sorted(_host_addresses()))]
+
+    async def _stop_slirp(self) -> None:
+        if self._slirp_exit_fd is not None:
+            os.close(self._slirp_exit_fd)
+            self._slirp_exit_fd = None
+        if self._slirp is not None:
+            try:
+                await asyncio.wait_for(self._slirp.wait(), timeout=2.0)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self._slirp.kill()
+                await self._slirp.wait()
+            self._slirp = None
+        if self._slirp_log is not None:
+            self._slirp_log.close()
+            self._slirp_log = None
 
     def _pin_pidns(self) -> None:
         """Hold the new sandbox's PID namespace open, then let go of the previous one's.
@@ -449,25 +676,40 @@ class BwrapEnvironment(BaseEnvironment):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._holder.wait(), timeout=10.0)
         await asyncio.to_thread(self._reap)
+        await self._stop_slirp()
         self._init_pid = self._holder = None
 
-    async def end_phase(self, clear: Sequence[str] = ()) -> None:
+    async def end_phase(self, clear: Sequence[str] = (), *, grading: bool = False) -> None:
         """Kill every process the sandbox runs, empty the sandbox directories in `clear`, and
-        start a fresh holder over the same files: what one phase left running (an agent's
-        background writer) or left behind in the next phase's directories cannot reach it."""
+        start a fresh holder (fresh namespaces) over the same files: what one phase left running
+        (an agent's background writer) or left behind in the next phase's directories cannot
+        reach it. With `grading` (the verifier is next), HOME and tmp (/tmp, but for a workdir
+        inside it) are emptied as well, and every later command runs with PYTHONNOUSERSITE=1."""
         if self._stopped or self._init_pid is None:
             return
         await self._kill_sandbox()
         self._limits.detach()
         for sandbox_path in clear:
             await asyncio.to_thread(self._empty, sandbox_path)
+        if grading:
+            self._grading = True
+            await asyncio.to_thread(self._empty, SCRATCH_DIR, self._work_in_scratch())
         await self._launch()
 
-    def _empty(self, sandbox_path: str) -> None:
+    def _work_in_scratch(self) -> str | None:
+        """The top-level name under /tmp that holds the workdir, if the workdir is inside /tmp."""
+        relative = PurePosixPath(self.workdir).relative_to("/")
+        scratch = PurePosixPath(SCRATCH_DIR).relative_to("/")
+        if scratch in relative.parents:
+            return relative.relative_to(scratch).parts[0]
+        return None
+
+    def _empty(self, sandbox_path: str, keep: str | None = None) -> None:
         root, relative = self._host_path(sandbox_path)
         with nofollow.opened_dir(root, relative, create=True, owner=self.owner) as fd:
             for name in os.listdir(fd):
-                nofollow.remove_entry(fd, name)
+                if name != keep:
+                    nofollow.remove_entry(fd, name)
 
     async def stop(self, delete: bool) -> None:
         if self._stopped:
@@ -477,7 +719,7 @@ class BwrapEnvironment(BaseEnvironment):
         self._limits.close()
         self._unpin_pidns()
         if delete:
-            await asyncio.to_thread(shutil.rmtree, self.sandbox_dir, True)
+            await asyncio.to_thread(self._remove_dirs)
 
     def _reap(self) -> None:
         self._limits.kill_all()
@@ -489,14 +731,18 @@ class BwrapEnvironment(BaseEnvironment):
 
     # -- commands -------------------------------------------------------------------------------
 
-    def _enter_argv(self, inner: Sequence[str], cwd: str, env_fd: int) -> list[str]:
+    def _enter_argv(
+        self, inner: Sequence[str], cwd: str, env_fd: int, prefix: Sequence[str] = ()
+    ) -> list[str]:
         """argv that runs `inner` in the sandbox as its user, in `cwd`, with exactly the
-        environment in `env_fd` (NUL-separated KEY=VALUE entries, applied only inside)."""
+        environment in `env_fd` (NUL-separated KEY=VALUE entries, applied only inside); `prefix`
+        runs first, on the host side (the seccomp loader)."""
         if self._init_pid is None or self._stopped:
             raise RuntimeError(f"sandbox {self.session_id} is not running")
         uid = self.options.sandbox_uid
         return self._limits.wrap(
             [
+                *prefix,
                 "/usr/bin/nsenter",
                 f"--target={self._init_pid}",
                 "--mount",
@@ -517,6 +763,7 @@ class BwrapEnvironment(BaseEnvironment):
                 "--user",
                 "--preserve-credentials",
                 "--",
+                *rlimit_argv(self.options.max_pids, self.options.disk_mb * 2**20),
                 "/usr/bin/setpriv",
                 "--no-new-privs",
                 "--",
@@ -537,11 +784,13 @@ class BwrapEnvironment(BaseEnvironment):
     def _process_env(self, env: dict[str, str] | None) -> dict[str, str]:
         """The environment a command sees inside the sandbox (never that of the host-side
         processes that enter it: those run with PATH only, so no task env reaches root)."""
+        grading = {"PYTHONNOUSERSITE": "1"} if self._grading else {}
         return {
             "PATH": SANDBOX_PATH,
-            "HOME": "/tmp",
+            "HOME": SCRATCH_DIR,
             "LANG": "C.UTF-8",
             "TERM": "xterm-256color",
+            **grading,
             **(env or {}),
         }
 
@@ -554,26 +803,32 @@ class BwrapEnvironment(BaseEnvironment):
         stdin: bytes | None = None,
         timeout_sec: float | None = None,
     ) -> ExecResult:
-        """Run `inner` in the sandbox. Output goes to files, so a command that leaves a daemon
-        holding its stdout returns when the command itself exits (as `docker exec` does)."""
+        """Run `inner` in the sandbox. stdout and stderr are pipes read while the command runs,
+        at most `max_output_kb` kept of each; the command returns when it exits, even if a
+        daemon it left still holds its output (as `docker exec` does)."""
         entries = b"".join(f"{key}={value}".encode() + b"\0" for key, value in self._process_env(env).items())
-        with (
-            tempfile.TemporaryFile() as out,
-            tempfile.TemporaryFile() as err,
-            tempfile.TemporaryFile() as env_file,
-        ):
+        cap = self.options.max_output_kb * 1024
+        loader = seccomp.exec_prefix() if self.options.seccomp else None
+        with tempfile.TemporaryFile() as env_file, _Capture(cap) as out, _Capture(cap) as err:
             env_file.write(entries)
             env_file.seek(0)
-            process = await asyncio.create_subprocess_exec(
-                *self._enter_argv(inner, cwd, env_file.fileno()),
-                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                env={"PATH": SANDBOX_PATH},  # root runs nsenter: no task-chosen PATH, LD_PRELOAD, ...
-                cwd="/",  # the server's cwd would reach the sandbox as PWD
-                pass_fds=(env_file.fileno(),),
-                start_new_session=True,
-            )
+            try:
+                process = await asyncio.create_subprocess_exec(
+                    *self._enter_argv(inner, cwd, env_file.fileno(), loader or ()),
+                    stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                    stdout=out.write_fd,
+                    stderr=err.write_fd,
+                    env={"PATH": SANDBOX_PATH},  # root runs nsenter: no task-chosen PATH, LD_PRELOAD, ...
+                    cwd="/",  # the server's cwd would reach the sandbox as PWD
+                    pass_fds=(env_file.fileno(),),
+                    start_new_session=True,
+                    # the host-side process loads the filter before it execs nsenter (the loader
+                    # prefix, else this hook): the command and everything it starts inherit it
+                    preexec_fn=seccomp.install if self.options.seccomp and loader is None else None,
+                )
+            finally:
+                out.started()
+                err.started()
             try:
                 await asyncio.wait_for(self._feed_and_wait(process, stdin), timeout=timeout_sec)
             except BaseException:
@@ -582,7 +837,7 @@ class BwrapEnvironment(BaseEnvironment):
                 with contextlib.suppress(BaseException):
                     await asyncio.shield(process.wait())
                 raise
-            stdout, stderr = _read_back(out), _read_back(err)
+            stdout, stderr = out.text(), err.text()
         if self._limits.memory_exceeded():
             raise MemoryLimitExceededError(
                 f"sandbox {self.session_id} exceeded its memory reservation "
@@ -629,7 +884,8 @@ class BwrapEnvironment(BaseEnvironment):
         return nofollow.CopyBudget(
             max_file_bytes=self.options.max_file_mb * 2**20,
             max_total_bytes=self.options.max_copy_mb * 2**20,
-            max_files=self.options.max_copy_files,
+            max_inodes=self.options.max_copy_inodes,
+            max_seconds=self.options.max_copy_s,
         )
 
     def _upload_file(self, source: Path, target_path: str) -> None:
@@ -693,6 +949,121 @@ class BwrapEnvironment(BaseEnvironment):
         await asyncio.to_thread(self._download_dir, source_dir, Path(target_dir), keep)
 
 
-def _read_back(file: Any) -> str:
-    file.seek(0)
-    return file.read().decode(errors="replace")
+class HeadTail:
+    """At most `cap` bytes of a stream: its first and last `cap / 2` bytes, and how many bytes
+    between them were dropped."""
+
+    def __init__(self, cap: int) -> None:
+        self._half = max(1, cap // 2)
+        self._head = bytearray()
+        self._tail = bytearray()
+        self.dropped = 0
+
+    def add(self, chunk: bytes) -> None:
+        room = self._half - len(self._head)
+        if room > 0:
+            self._head += chunk[:room]
+            chunk = chunk[room:]
+        if len(chunk) >= self._half:
+            self.dropped += len(self._tail) + len(chunk) - self._half
+            self._tail = bytearray(chunk[-self._half :])
+        elif chunk:
+            self._tail += chunk
+            if (excess := len(self._tail) - self._half) > 0:
+                self.dropped += excess
+                del self._tail[:excess]
+
+    def text(self) -> str:
+        gap = f"\n[... {self.dropped} bytes of output dropped ...]\n".encode() if self.dropped else b""
+        return bytes(self._head + gap + self._tail).decode(errors="replace")
+
+
+class _Capture:
+    """One output pipe of a command, read as the command writes it into a `HeadTail`, so a
+    command that prints gigabytes costs the host reading time, never memory. Used as a context
+    manager around the command."""
+
+    def __init__(self, cap: int) -> None:
+        self.kept = HeadTail(cap)
+        self._read_fd, self.write_fd = os.pipe()
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(self._read_fd, _F_SETPIPE_SZ, _PIPE_BYTES)
+        os.set_blocking(self._read_fd, False)
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._read_fd, self._on_readable)
+        self._open = True
+
+    def __enter__(self) -> _Capture:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def started(self) -> None:
+        """The command has its copy of the write end (or failed to start): close ours, so the
+        pipe ends when the command and what it started close theirs."""
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
+
+    def _on_readable(self) -> None:
+        try:
+            chunk = os.read(self._read_fd, _PIPE_BYTES)
+        except BlockingIOError:
+            return
+        if chunk:
+            self.kept.add(chunk)
+        else:
+            self._loop.remove_reader(self._read_fd)
+
+    def text(self) -> str:
+        """What was kept, after reading what the command left in the pipe when it exited (a few
+        buffers at most: a daemon that still writes is not waited for)."""
+        for _ in range(4 if self._open else 0):
+            try:
+                chunk = os.read(self._read_fd, _PIPE_BYTES)
+            except OSError:  # BlockingIOError: nothing left now
+                break
+            if not chunk:
+                break
+            self.kept.add(chunk)
+        return self.kept.text()
+
+    def close(self) -> None:
+        self.started()
+        if self._open:
+            self._open = False
+            self._loop.remove_reader(self._read_fd)
+            os.close(self._read_fd)
+
+
+async def _read_one_byte(fd: int, timeout_s: float) -> bytes:
+    """One byte from a pipe, b"" at end of file or after `timeout_s` (without a thread that
+    could stay blocked on it)."""
+    loop = asyncio.get_running_loop()
+    readable = loop.create_future()
+    os.set_blocking(fd, False)
+    loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(readable, timeout=timeout_s)
+    finally:
+        loop.remove_reader(fd)
+    try:
+        return os.read(fd, 1)
+    except BlockingIOError:
+        return b""
+
+
+def _host_addresses() -> set[str]:
+    """Every non-loopback IPv4 address of this host's interfaces: the LOCAL /32 entries of its
+    routing trie (/proc/net/fib_trie, this process's network namespace)."""
+    found: set[str] = set()
+    previous = ""
+    for line in Path("/proc/net/fib_trie").read_text().splitlines():
+        text = line.strip()
+        if text.startswith("|-- "):
+            previous = text[4:]
+        elif text == "/32 host LOCAL" and previous:
+            found.add(previous)
+    return {address for address in found if not ipaddress.ip_address(address).is_loopback}

@@ -1,17 +1,25 @@
 """Resource limits for one local sandbox: a cgroup when this process may create one, else a watchdog.
 
-Owns enforcing a trial's reservation (cpus, memory) on the processes of one bubblewrap sandbox,
-noticing when the memory limit was hit, and killing every process of the sandbox. Two modes:
+Owns enforcing a trial's reservation (cpus, memory) and the sandbox's process and disk limits on
+one bubblewrap sandbox, noticing when the memory limit was hit, and killing every process of
+the sandbox. Two modes for cpus and memory:
 
 - cgroup (v1 or v2): a child cgroup of this process's own cgroup (never a sibling, so the
-  limits of whoever runs rl360 still apply) with a hard memory limit (swap included) and a CPU
-  quota of `cpus` cores. Processes join it before they exec (`wrap`), so every process of the
-  sandbox, including commands entered later, is counted. The kernel's OOM kill count says
-  whether the limit was hit.
+  limits of whoever runs rl360 still apply) with a hard memory limit (swap included), a CPU
+  quota of `cpus` cores and, where the pids controller is available, `pids.max`. Processes
+  join it before they exec (`wrap`), so every process of the sandbox, including commands
+  entered later, is counted. The kernel's OOM kill count says whether the limit was hit.
 - watchdog (no writable cgroup, e.g. an unprivileged container): CPU affinity to ceil(cpus)
   cores (`taskset`), and a poller that sums the resident memory of every process in the
   sandbox's PID namespace every `poll_s` and kills them all once the sum exceeds the limit.
   A fast allocation can overshoot the limit for up to one poll interval.
+
+Processes: every command also runs under RLIMIT_NPROC (`rlimit_argv`), set inside the
+sandbox's own user namespace. Since Linux 5.14 the kernel counts that limit per user namespace
+and uid, so it bounds each sandbox on its own (all sandboxes share one host uid), with or
+without a cgroup; `pids_mode` says whether the cgroup's `pids.max` applies as well.
+Disk: the sandbox's writable directories live on one size- and inode-capped tmpfs
+(`mount_tmpfs`), and every command runs under RLIMIT_FSIZE.
 
 Each sandbox cgroup is named `rl360-sbx.<server pid>.<server start time>.<sandbox>`, so a server
 that starts after another was SIGKILLed removes that server's leftovers (`clean_stale_cgroups`)
@@ -23,6 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import itertools
 import math
 import os
@@ -35,6 +45,9 @@ _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _JOIN_SCRIPT = (
     'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
 )
+PRLIMIT = "/usr/bin/prlimit"
+_MNT_DETACH = 2
+_MS_NOSUID, _MS_NODEV = 2, 4
 CGROUP_PREFIX = "rl360-sbx."  # + owner tag + "." + sandbox name: what clean_stale_cgroups looks for
 _cpu_cursor = itertools.count()
 
@@ -111,6 +124,12 @@ class SandboxLimits:
     """Base: no limits. Subclasses enforce; `mode` names what is enforced."""
 
     mode = "none"
+    pids_cgroup = False
+
+    @property
+    def pids_mode(self) -> str:
+        """How the process limit is enforced: "cgroup+rlimit" or "rlimit" (RLIMIT_NPROC only)."""
+        return "cgroup+rlimit" if self.pids_cgroup else "rlimit"
 
     def wrap(self, argv: list[str]) -> list[str]:
         """argv that puts the process under the limits before it execs `argv`."""
@@ -133,16 +152,19 @@ class SandboxLimits:
 
 
 class CgroupLimits(SandboxLimits):
-    """Memory and CPU limits through child cgroups (v1 memory+cpu, or v2 memory.max/cpu.max)."""
+    """Memory, CPU and process limits through child cgroups (v1 memory+cpu+pids, or v2
+    memory.max/cpu.max/pids.max)."""
 
-    def __init__(self, name: str, cpus: float | None, memory_mb: int | None) -> None:
+    def __init__(
+        self, name: str, cpus: float | None, memory_mb: int | None, pids_max: int | None = None
+    ) -> None:
         self._dirs: list[Path] = []
         own = _own_cgroup_paths()
         try:
             if (CGROUP_ROOT / "cgroup.controllers").exists() and "" in own:
-                self._setup_v2(CGROUP_ROOT / own[""].lstrip("/") / name, cpus, memory_mb)
+                self._setup_v2(CGROUP_ROOT / own[""].lstrip("/") / name, cpus, memory_mb, pids_max)
             elif "memory" in own and (CGROUP_ROOT / "memory").is_dir():
-                self._setup_v1(own, name, cpus, memory_mb)
+                self._setup_v1(own, name, cpus, memory_mb, pids_max)
             else:
                 raise OSError("no cgroup v2 hierarchy and no cgroup v1 memory controller")
         except BaseException:
@@ -154,7 +176,7 @@ class CgroupLimits(SandboxLimits):
         self._dirs.append(path)
         return path
 
-    def _setup_v2(self, path: Path, cpus: float | None, memory_mb: int | None) -> None:
+    def _setup_v2(self, path: Path, cpus: float | None, memory_mb: int | None, pids_max: int | None) -> None:
         parent_controls = (path.parent / "cgroup.subtree_control").read_text().split()
         if memory_mb is not None and "memory" not in parent_controls:
             raise OSError(f"the memory controller is not enabled for children of {path.parent}")
@@ -167,9 +189,14 @@ class CgroupLimits(SandboxLimits):
                 _write(group / "memory.swap.max", "0")
         if cpus is not None and "cpu" in parent_controls:
             _write(group / "cpu.max", f"{max(1000, int(cpus * 100_000))} 100000")
+        if pids_max is not None and "pids" in parent_controls:
+            _write(group / "pids.max", str(pids_max))
+            self.pids_cgroup = True
         self._procs = [group / "cgroup.procs"]
 
-    def _setup_v1(self, own: dict[str, str], name: str, cpus: float | None, memory_mb: int | None) -> None:
+    def _setup_v1(
+        self, own: dict[str, str], name: str, cpus: float | None, memory_mb: int | None, pids_max: int | None
+    ) -> None:
         memory = self._make(CGROUP_ROOT / "memory" / own["memory"].lstrip("/") / name)
         self.mode = "cgroup-v1"
         self._events = memory / "memory.oom_control"
@@ -184,6 +211,11 @@ class CgroupLimits(SandboxLimits):
             _write(cpu / "cpu.cfs_period_us", "100000")
             _write(cpu / "cpu.cfs_quota_us", str(max(1000, int(cpus * 100_000))))
             self._procs.append(cpu / "cgroup.procs")
+        if pids_max is not None and "pids" in own and (CGROUP_ROOT / "pids").is_dir():
+            pids = self._make(CGROUP_ROOT / "pids" / own["pids"].lstrip("/") / name)
+            _write(pids / "pids.max", str(pids_max))
+            self._procs.append(pids / "cgroup.procs")
+            self.pids_cgroup = True
 
     def wrap(self, argv: list[str]) -> list[str]:
         return [
@@ -301,14 +333,14 @@ def cgroups_usable() -> bool:
 
 
 def _cgroup_dirs() -> list[Path]:
-    """This process's own cgroup directories (v2, or the v1 memory and cpu controllers)."""
+    """This process's own cgroup directories (v2, or the v1 memory, cpu and pids controllers)."""
     own = _own_cgroup_paths()
     if (CGROUP_ROOT / "cgroup.controllers").exists() and "" in own:
         return [CGROUP_ROOT / own[""].lstrip("/")]
     dirs = []
     for controller, path in own.items():
-        if controller == "memory" or controller == "cpu" or controller.startswith("cpu,"):
-            mount = CGROUP_ROOT / ("memory" if controller == "memory" else "cpu")
+        if controller in ("memory", "pids") or controller == "cpu" or controller.startswith("cpu,"):
+            mount = CGROUP_ROOT / ("cpu" if controller.startswith("cpu") else controller)
             dirs.append(mount / path.lstrip("/"))
     return dirs
 
@@ -355,15 +387,54 @@ def clean_stale_cgroups(wait_s: float = 5.0) -> list[str]:
     return removed
 
 
-def make_limits(mode: str, name: str, cpus: float | None, memory_mb: int | None) -> SandboxLimits:
-    """Limits for one sandbox; `mode` is "auto", "cgroup" or "watchdog"."""
+def make_limits(
+    mode: str, name: str, cpus: float | None, memory_mb: int | None, pids_max: int | None = None
+) -> SandboxLimits:
+    """Limits for one sandbox; `mode` is "auto", "cgroup" or "watchdog" (no cgroup: the process
+    limit is then RLIMIT_NPROC alone)."""
     if mode not in ("auto", "cgroup", "watchdog"):
         raise ValueError(f"limits must be auto, cgroup or watchdog, got {mode!r}")
-    if mode == "watchdog" or (cpus is None and memory_mb is None):
+    if mode == "watchdog" or (cpus is None and memory_mb is None and pids_max is None):
         return WatchdogLimits(cpus, memory_mb)
     try:
-        return CgroupLimits(f"{CGROUP_PREFIX}{name}"[:200], cpus, memory_mb)
+        return CgroupLimits(f"{CGROUP_PREFIX}{name}"[:200], cpus, memory_mb, pids_max)
     except OSError:
         if mode == "cgroup":
             raise
         return WatchdogLimits(cpus, memory_mb)
+
+
+def rlimit_argv(pids_max: int, file_bytes: int) -> list[str]:
+    """argv prefix that execs the rest under RLIMIT_NPROC `pids_max` and RLIMIT_FSIZE `file_bytes`
+    (soft = hard: the sandbox cannot raise them). Run it inside the sandbox's user namespace,
+    where the kernel counts processes for this sandbox alone."""
+    return [PRLIMIT, f"--nproc={pids_max}:{pids_max}", f"--fsize={file_bytes}:{file_bytes}", "--"]
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def mount_tmpfs(path: Path, size_bytes: int, inodes: int) -> None:
+    """Mount a tmpfs of at most `size_bytes` and `inodes` (files and directories) at `path`,
+    nosuid and nodev, its root owned by root with mode 0711 (others may pass, not list).
+    Raises OSError."""
+    options = f"size={size_bytes},nr_inodes={inodes},mode=0711,uid=0,gid=0"
+    if _libc().mount(b"tmpfs", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, options.encode()) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"cannot mount a size-capped tmpfs at {path}: {os.strerror(errno)}")
+
+
+def is_mount_point(path: Path) -> bool:
+    try:
+        return os.path.ismount(path) and not path.is_symlink()
+    except OSError:
+        return False
+
+
+def unmount(path: Path) -> None:
+    """Detach the file system mounted at `path` (lazily: still-open files keep it until closed);
+    nothing happens when nothing is mounted there."""
+    if is_mount_point(path) and _libc().umount2(os.fsencode(path), _MNT_DETACH) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"cannot unmount {path}: {os.strerror(errno)}")

@@ -7,8 +7,8 @@ descriptor with `O_NOFOLLOW` (directories also `O_DIRECTORY`), files are created
 `O_CREAT | O_EXCL | O_NOFOLLOW` after whatever was in the way is removed (a planted link is
 replaced, never written through), and files are read only when `fstat` on the opened descriptor
 says they are regular, at most a byte cap. Copies out of a sandbox skip links, devices, FIFOs
-and sockets, and stop at a file, byte and depth budget. It does not own which sandbox paths
-exist or who may use them (`rl360_ext.harbor.envs.bwrap`).
+and sockets, and stop at an inode (files and directories alike), byte, depth and time budget.
+It does not own which sandbox paths exist or who may use them (`rl360_ext.harbor.envs.bwrap`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import errno
 import os
 import shutil
 import stat
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -41,15 +42,33 @@ class TooLarge(ValueError):
 
 @dataclass
 class CopyBudget:
-    """Caps for one copy out of a sandbox; what is over a cap is skipped and listed in `skipped`."""
+    """Caps for one copy out of a sandbox; what is over a cap is skipped and listed in `skipped`.
+    Every inode the copy creates on the host (files and directories) counts against
+    `max_inodes`; past `max_seconds` (from the budget's creation) nothing more is copied."""
 
     max_file_bytes: int = 64 * 2**20
     max_total_bytes: int = 256 * 2**20
-    max_files: int = 10_000
+    max_inodes: int = 10_000
     max_depth: int = 32
+    max_seconds: float = 10.0
     copied_bytes: int = 0
-    copied_files: int = 0
+    copied_inodes: int = 0
     skipped: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    def out_of_time(self) -> bool:
+        return time.monotonic() - self.started > self.max_seconds
+
+    def take_inode(self, rel: PurePosixPath, what: str) -> bool:
+        """Count one host inode for `rel`; False (and `rel` listed as skipped) past a cap."""
+        if self.out_of_time():
+            self.skipped.append(f"{rel}{what} (the copy's {self.max_seconds:g}s time budget is spent)")
+            return False
+        if self.copied_inodes >= self.max_inodes:
+            self.skipped.append(f"{rel}{what} (more than {self.max_inodes} files and directories)")
+            return False
+        self.copied_inodes += 1
+        return True
 
 
 def _parts(relative: PurePosixPath) -> list[str]:
@@ -200,12 +219,18 @@ def write_bytes(
     _write_from(dir_fd, name, writer, mode, owner)
 
 
-def _copy_fd(source_fd: int, target_fd: int, limit: int | None) -> int:
+class OutOfTime(TimeoutError):
+    """A copy ran past its time budget."""
+
+
+def _copy_fd(source_fd: int, target_fd: int, limit: int | None, budget: CopyBudget | None = None) -> int:
     copied = 0
     while chunk := os.read(source_fd, _CHUNK):
         copied += len(chunk)
         if limit is not None and copied > limit:
             raise TooLarge(f"more than {limit} bytes")
+        if budget is not None and budget.out_of_time():
+            raise OutOfTime(f"the copy's {budget.max_seconds:g}s time budget is spent")
         view = memoryview(chunk)
         while view:
             view = view[os.write(target_fd, view) :]
@@ -254,8 +279,9 @@ def copy_tree_out(
     dir_fd: int, target: Path, budget: CopyBudget, keep: Callable[[PurePosixPath], bool] | None = None
 ) -> None:
     """Copy the regular files and directories under the sandbox directory `dir_fd` to the host
-    directory `target`. Links, devices, FIFOs and sockets are skipped; files over the budget's
-    caps are skipped and listed in `budget.skipped`; `keep` filters relative paths."""
+    directory `target`. Links, devices, FIFOs and sockets are skipped; what is over the budget's
+    caps (size, inodes, depth, time) is skipped and listed in `budget.skipped`; `keep` filters
+    relative paths."""
     target_fd = _host_dir(target)
     try:
         _copy_out(dir_fd, target_fd, PurePosixPath(), budget, keep, 0)
@@ -271,11 +297,15 @@ def _copy_out(
     keep: Callable[[PurePosixPath], bool] | None,
     depth: int,
 ) -> None:
+    room = budget.max_inodes - budget.copied_inodes
     with os.scandir(dir_fd) as entries:  # lazily: a directory of millions of names is not listed
-        names = [entry.name for _, entry in zip(range(budget.max_files + 1), entries, strict=False)]
-    if len(names) > budget.max_files:
-        budget.skipped.append(f"{relative}/ (more than {budget.max_files} entries)")
-    for name in sorted(names[: budget.max_files]):
+        names = [entry.name for _, entry in zip(range(room + 1), entries, strict=False)]
+    if len(names) > room:
+        budget.skipped.append(f"{relative}/ (more than the {room} entries left of the inode budget)")
+    for name in sorted(names[:room]):
+        if budget.out_of_time():
+            budget.skipped.append(f"{relative}/ (the copy's {budget.max_seconds:g}s time budget is spent)")
+            return
         rel = relative / name
         try:
             info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -284,6 +314,8 @@ def _copy_out(
         if stat.S_ISDIR(info.st_mode):
             if depth + 1 > budget.max_depth:
                 budget.skipped.append(f"{rel}/ (deeper than {budget.max_depth})")
+                continue
+            if not budget.take_inode(rel, "/"):
                 continue
             try:
                 child = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
@@ -302,9 +334,6 @@ def _copy_out(
 
 
 def _copy_file_out(dir_fd: int, name: str, target_fd: int, rel: PurePosixPath, budget: CopyBudget) -> None:
-    if budget.copied_files >= budget.max_files:
-        budget.skipped.append(f"{rel} (more than {budget.max_files} files)")
-        return
     try:
         source_fd = open_regular(dir_fd, name)
     except OSError:
@@ -315,10 +344,12 @@ def _copy_file_out(dir_fd: int, name: str, target_fd: int, rel: PurePosixPath, b
         if size > limit:
             budget.skipped.append(f"{rel} ({size} bytes, over the cap)")
             return
+        if not budget.take_inode(rel, ""):
+            return
         copied: list[int] = []
 
         def writer(fd: int) -> None:
-            copied.append(_copy_fd(source_fd, fd, limit))
+            copied.append(_copy_fd(source_fd, fd, limit, budget))
 
         try:
             _write_from(target_fd, name, writer, 0o644, None)
@@ -326,7 +357,10 @@ def _copy_file_out(dir_fd: int, name: str, target_fd: int, rel: PurePosixPath, b
             remove_entry(target_fd, name)
             budget.skipped.append(f"{rel} (grew past the cap while copied)")
             return
-        budget.copied_files += 1
+        except OutOfTime as exc:
+            remove_entry(target_fd, name)
+            budget.skipped.append(f"{rel} ({exc})")
+            return
         budget.copied_bytes += sum(copied)
     finally:
         os.close(source_fd)
