@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_pool_places_serves_collects_and_deletes(engine) -> None:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         pool = SessionPool(
             2, engine.url, str(default_tokenizer_dir()), r3=True, host="127.0.0.1", actor_num_cpus=0.5

@@ -21,7 +21,9 @@ def local_ray(num_cpus: int | None = None) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
-    ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False)
+    ray.init(
+        address="local", num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False
+    )
     try:
         yield
     finally:
