@@ -35,12 +35,14 @@ import pytest
 from integration_tests.components import bwrap_problem, skip_if_missing
 from rl360_ext.local.fault_matrix import DEMO_AGENT
 from rl360_ext.local.services import start_engine, start_smg
+from rl360_ext.session.pool import ensure_ray
 from rl360_ext.util.procs import Service, free_port, start_service
 
 ROOT = Path(__file__).resolve().parents[2]
 HARBOR_PYTHON_ENV = "RL360_HARBOR_PYTHON"
 GENERATE = "rl360_ext.rollout.generate.generate"
 AGENT_MAX_TURNS = 2  # the demo agent's bound: at most this many model calls per attempt
+SESSION_SERVERS = 2  # the hook's SessionPool: one Ray actor (1 CPU) each
 
 pytestmark = pytest.mark.slow
 
@@ -72,9 +74,17 @@ def start_demo_harbor(python: str, logs: Path, *extra: str) -> Service:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Service]]:
+    import ray
+
+    from rl360_ext.rollout.generate import shutdown_session_pool
+
     skip_if_missing(bwrap_problem)
     python = _harbor_python()
     logs = tmp_path_factory.mktemp("miles-e2e")
+    # A Ray of this module's own, with a CPU per session server. The hook's pool calls ray.init()
+    # with no address, which joins whatever cluster Ray last recorded on this machine (another
+    # suite's, under another Python: "Version mismatch") instead of starting one.
+    ensure_ray(address="local", num_cpus=SESSION_SERVERS, include_dashboard=False, log_to_driver=False)
     engine = start_engine(logs)
     services = [engine]
     try:
@@ -82,11 +92,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Servic
         services.append(harbor := start_demo_harbor(python, logs))
         yield {"engine": engine, "gateway": gateway, "harbor": harbor}
     finally:
-        from rl360_ext.rollout.generate import shutdown_session_pool
-
         shutdown_session_pool()
         for service in reversed(services):
             service.stop()
+        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +113,8 @@ def miles_args(stack: dict[str, Service]) -> argparse.Namespace:
         "--custom-generate-function-path", GENERATE,
         "--custom-agent-function-path", "rl360_ext.rollout.agent.run",
         "--rl360-harbor-url", stack["harbor"].url,
-        "--rl360-session-servers", "2", "--rl360-deadline-s", "150", "--rl360-session-host", "127.0.0.1",
+        "--rl360-session-servers", str(SESSION_SERVERS), "--rl360-deadline-s", "150",
+        "--rl360-session-host", "127.0.0.1",
         "--dynamic-sampling-filter-path", "rl360_ext.rollout.filters.check_valid_reward_nonzero_std",
         "--custom-reward-post-process-path", "rl360_ext.rollout.rewards.valid_group_advantages",
     ]  # fmt: skip
