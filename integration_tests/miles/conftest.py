@@ -2,9 +2,10 @@
 
 Owns the switch (no MILES_SRC: every test here is skipped with that reason; MILES_SRC set but
 Miles' modules do not import in this interpreter: skipped with the import error, or an error under
-`run.sh`, which sets RL360_MILES_STRICT=1), puts MILES_SRC on `sys.path` (Miles is not on PyPI and
-is not installed into the scratch venv), and builds the real Miles objects the tests feed to the
-hooks: `Sample`s, minimal argument namespaces, Miles' single-process ParallelState. It does not
+`run.sh`, which sets RL360_MILES_STRICT=1), puts MILES_SRC on `sys.path` (Miles is not on PyPI:
+the scratch venv has it installed editable from a checkout, but the tests run the one named here,
+and refuse a `miles` imported from anywhere else), and builds the real Miles objects the tests
+feed to the hooks: `Sample`s, minimal argument namespaces, Miles' single-process ParallelState. It does not
 re-implement any Miles code path: tests call Miles' own functions.
 """
 
@@ -36,14 +37,17 @@ def _check_checkout(src: Path) -> None:
         )
 
 
-def _import_error() -> str | None:
-    """Why Miles' modules the tests need do not import here, or None."""
+def _import_error(src: Path) -> str | None:
+    """Why Miles' modules the tests need do not import here from `src`, or None."""
     try:
         import miles.rollout.filter_hub.base_types
         import miles.utils.misc
-        import miles.utils.types  # noqa: F401
+        import miles.utils.types
     except ImportError as error:
         return f"{type(error).__name__}: {error}"
+    imported = Path(miles.__file__).resolve()
+    if src not in imported.parents:
+        return f"miles is imported from {imported.parent}, not from {MILES_SRC_ENV}={src}"
     return None
 
 
@@ -57,7 +61,7 @@ def _skip_reason() -> str | None:
     _check_checkout(src)
     if str(src) not in sys.path:
         sys.path.append(str(src))
-    error = _import_error()
+    error = _import_error(src)
     if error is None:
         return None
     message = (

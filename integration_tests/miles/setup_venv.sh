@@ -2,17 +2,21 @@
 # Builds the scratch virtualenv in which Miles' modules import on a CPU machine, with rl360-ext
 # installed from this repo, for integration_tests/miles/ and tests/recipes/ (run.sh runs them).
 #
+#   MILES_SRC     the radixark/miles checkout to install (required; editable, without its dependencies)
 #   MILES_VENV    where to build it (default /tmp/miles-venv; outside the repo)
 #   MILES_PYTHON  a Python 3.11 interpreter (Miles' CI is 3.11; default: python3.11 on PATH or pyenv's)
 #   MILES_TORCH   the torch requirement (default torch==2.13.0: a CPU wheel where pip finds one locally;
 #                 elsewhere PyPI's torch is a multi-GB CUDA build: point pip at a CPU index instead)
 #
-# Miles itself is not installed (it is not on PyPI): conftest puts MILES_SRC on sys.path, and
-# tests/recipes/ puts MEGATRON_SRC there too. Every package below is pinned to the version tested;
-# docs/miles.md says why each one is needed.
+# Miles itself (not on PyPI) is installed from MILES_SRC, editable and with --no-deps (its
+# requirements are GPU builds; the import-time ones are pinned below), so that `import miles` works
+# in this venv outside the suite too (rl360 bench sessions, a REPL). tests/recipes/ puts
+# MEGATRON_SRC on sys.path. Every package below is pinned to the version tested; the README here
+# says why each one is needed.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="${MILES_VENV:-/tmp/miles-venv}"
+: "${MILES_SRC:?set MILES_SRC to a radixark/miles checkout (see integration_tests/miles/README.md)}"
 
 find_python() {
   local candidate
@@ -66,6 +70,8 @@ PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 # rl360-ext from this repo (core only: the harbor extra needs Python >= 3.12), the SMG gateway
 # binary for the end-to-end rollout test, and the test tools.
 "${PIP[@]}" -e "$ROOT" smg==1.13.0 pytest==9.2.0 pytest-asyncio==1.5.0 pytest-timeout==2.4.0 hypothesis==6.170.17
+
+bash "$(dirname "${BASH_SOURCE[0]}")/install_miles.sh"
 
 "$VENV/bin/python" -m pip freeze --disable-pip-version-check --exclude-editable > "$VENV/rl360-miles-freeze.txt"
 echo "setup_venv.sh: ready: $VENV (package list: $VENV/rl360-miles-freeze.txt)" >&2

@@ -5,10 +5,19 @@ Miles' `generate_and_rm_group` (the call the train rollout makes for every group
 `rl360_ext.rollout.generate.generate`. Behind it: the tiny CPU engine behind the real SMG gateway
 (policy manual), the hook's SessionPool (session servers as Ray actors) and the rl360 Harbor `/run`
 server (Python >= 3.12: it runs from the project's .venv, or RL360_HARBOR_PYTHON) with bubblewrap
-sandboxes and Harbor's terminus-2 agent talking to the session's OpenAI URL. The attempts then go
-through Miles' dynamic-filter call and its reward post-process call site, and Miles'
-`call_agent_abort_hook`. The tiny engine writes random text, so agents fail their tasks: a valid
-attempt is one whose verifier wrote 0.
+sandboxes and rl360's demo agent (the fault matrix's `BashToolAgent`) talking to the session's
+OpenAI URL. The attempts then go through Miles' dynamic-filter call and its reward post-process
+call site, and Miles' `call_agent_abort_hook`. The tiny engine writes random text, so agents fail
+their tasks: a valid attempt is one whose verifier wrote 0.
+
+The agent is the demo agent, not Harbor's terminus-2, because what these tests check is the rl360
+hooks inside Miles' rollout, not an agent: the demo agent makes exactly one model call per turn
+and stops after `AGENT_MAX_TURNS`, so an attempt's length is bounded by the engine's step time.
+terminus-2 re-asks within a turn, without bound, whenever a reply ends at the token limit
+("Output length exceeded"), which the tiny engine's random text nearly always does, so its
+attempts ran until the agent budget ended (an agent timeout, in 2 of 3 runs of this file and
+every run of test_stock_agentic_rm.py on a 2-core machine). terminus-2 through the session server
+is integration_tests/harbor/test_harbor_agents_e2e.py's subject.
 """
 
 from __future__ import annotations
@@ -24,12 +33,16 @@ from typing import Any
 import pytest
 
 from integration_tests.components import bwrap_problem, skip_if_missing
+from rl360_ext.local.fault_matrix import DEMO_AGENT
 from rl360_ext.local.services import start_engine, start_smg
+from rl360_ext.session.pool import ensure_ray
 from rl360_ext.util.procs import Service, free_port, start_service
 
 ROOT = Path(__file__).resolve().parents[2]
 HARBOR_PYTHON_ENV = "RL360_HARBOR_PYTHON"
 GENERATE = "rl360_ext.rollout.generate.generate"
+AGENT_MAX_TURNS = 2  # the demo agent's bound: at most this many model calls per attempt
+SESSION_SERVERS = 2  # the hook's SessionPool: one Ray actor (1 CPU) each
 
 pytestmark = pytest.mark.slow
 
@@ -46,35 +59,43 @@ def _harbor_python() -> str:
     return python
 
 
-def start_terminus_harbor(python: str, logs: Path, *extra: str) -> Service:
-    """rl360's Harbor /run server from a Python that has Harbor, running terminus-2 for 2 turns."""
+def start_demo_harbor(python: str, logs: Path, *extra: str) -> Service:
+    """rl360's Harbor /run server from a Python that has Harbor, running the demo agent for at most
+    `AGENT_MAX_TURNS` turns (one model call each)."""
     port = free_port()
     argv = [
         python, "-c", "from rl360_ext.cli import app; app()", "harbor", "serve",
         "--host", "127.0.0.1", "--port", str(port), "--trials-dir", str(logs / "trials"),
-        "--agent", "terminus-2", "--max-turns", "2", "--env-setup-s", "20", "--agent-setup-s", "20",
-        "--margin-s", "5", "--min-agent-s", "5", *extra,
+        "--agent", DEMO_AGENT, "--max-turns", str(AGENT_MAX_TURNS), "--env-setup-s", "20",
+        "--agent-setup-s", "20", "--margin-s", "5", "--min-agent-s", "5", *extra,
     ]  # fmt: skip
     return start_service("harbor", argv, port, logs, ready_timeout_s=90, stop_grace_s=30)
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Service]]:
+    import ray
+
+    from rl360_ext.rollout.generate import shutdown_session_pool
+
     skip_if_missing(bwrap_problem)
     python = _harbor_python()
     logs = tmp_path_factory.mktemp("miles-e2e")
+    # A Ray of this module's own, with a CPU per session server. The hook's pool calls ray.init()
+    # with no address, which joins whatever cluster Ray last recorded on this machine (another
+    # suite's, under another Python: "Version mismatch") instead of starting one.
+    ensure_ray(address="local", num_cpus=SESSION_SERVERS, include_dashboard=False, log_to_driver=False)
     engine = start_engine(logs)
     services = [engine]
     try:
         services.append(gateway := start_smg([engine.url], logs, policy="manual"))
-        services.append(harbor := start_terminus_harbor(python, logs))
+        services.append(harbor := start_demo_harbor(python, logs))
         yield {"engine": engine, "gateway": gateway, "harbor": harbor}
     finally:
-        from rl360_ext.rollout.generate import shutdown_session_pool
-
         shutdown_session_pool()
         for service in reversed(services):
             service.stop()
+        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +113,8 @@ def miles_args(stack: dict[str, Service]) -> argparse.Namespace:
         "--custom-generate-function-path", GENERATE,
         "--custom-agent-function-path", "rl360_ext.rollout.agent.run",
         "--rl360-harbor-url", stack["harbor"].url,
-        "--rl360-session-servers", "2", "--rl360-deadline-s", "150", "--rl360-session-host", "127.0.0.1",
+        "--rl360-session-servers", str(SESSION_SERVERS), "--rl360-deadline-s", "150",
+        "--rl360-session-host", "127.0.0.1",
         "--dynamic-sampling-filter-path", "rl360_ext.rollout.filters.check_valid_reward_nonzero_std",
         "--custom-reward-post-process-path", "rl360_ext.rollout.rewards.valid_group_advantages",
     ]  # fmt: skip
@@ -150,6 +172,7 @@ async def test_miles_rollout_with_rl360_generate_yields_trainable_attempts(
         assert sample.response_length > 0 and len(sample.tokens) > sample.response_length
         assert len(sample.loss_mask) == len(sample.rollout_log_probs) == sample.response_length
         assert sample.routing_key  # Miles set one per attempt for the manual policy
+        assert 1 <= sample.metadata["agent_metrics"]["turns"] <= AGENT_MAX_TURNS, sample.metadata
     for sample in failed:
         sample.validate()
         assert attempt_class(sample).startswith("infra:"), sample.metadata

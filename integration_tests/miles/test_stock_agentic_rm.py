@@ -4,8 +4,9 @@ Miles' own `generate_and_rm_group` runs its unmodified `agentic_tool_call.genera
 `--custom-agent-function-path rl360_ext.rollout.agent.run` and
 `--custom-rm-path rl360_ext.rollout.rewards.verifier_reward`, against real services: a real
 `rl360 session serve` in front of the tiny CPU engine (Miles' session server) and the rl360
-Harbor `/run` server (from the project's .venv, bubblewrap sandboxes, Harbor's terminus-2 agent
-driving the session URL, so every attempt records model turns). One group holds three attempts:
+Harbor `/run` server (from the project's .venv, bubblewrap sandboxes, rl360's demo agent driving
+the session URL, so every attempt records model turns: at most `AGENT_MAX_TURNS` model calls, one
+per turn; test_rollout_e2e.py says why not terminus-2). One group holds three attempts:
 a task whose verifier accepts any answer (valid, 1.0), a coding task random text cannot fix
 (valid, 0.0) and a task whose verifier crashes (infra). The group then goes through Miles'
 dynamic-filter call and its reward post-process call site with rl360's hooks. A fourth attempt
@@ -24,7 +25,7 @@ from typing import Any
 import pytest
 
 from integration_tests.components import bwrap_problem, skip_if_missing
-from integration_tests.miles.test_rollout_e2e import _harbor_python, start_terminus_harbor
+from integration_tests.miles.test_rollout_e2e import AGENT_MAX_TURNS, _harbor_python, start_demo_harbor
 from rl360_ext.local.services import start_engine
 from rl360_ext.util.procs import Service, free_port, rl360_argv, start_service
 
@@ -58,7 +59,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Servic
             "--host", "127.0.0.1", "--port", str(port),
         )  # fmt: skip
         services.append(session := start_service("session", session_argv, port, logs))
-        services.append(harbor := start_terminus_harbor(python, logs, "--tasks-root", str(tasks_root)))
+        services.append(harbor := start_demo_harbor(python, logs, "--tasks-root", str(tasks_root)))
         yield {"engine": engine, "session": session, "harbor": harbor}
     finally:
         for service in reversed(services):
@@ -150,8 +151,10 @@ async def test_stock_agentic_generate_counts_only_verifier_rewards(
         assert sample.reward == reward  # the verifier's, through the RM
         assert sample.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
         assert sample.response_length > 0 and any(sample.loss_mask) and not sample.remove_sample
+    for sample in group:
+        assert 1 <= sample.metadata["agent_metrics"]["turns"] <= AGENT_MAX_TURNS, sample.metadata
     infra.validate()
-    assert infra.response_length > 0, "terminus-2 made model calls before the verifier crashed"
+    assert infra.response_length > 0, "the agent made model calls before the verifier crashed"
     assert infra.metadata[ATTEMPT_CLASS] == "infra:verifier_crash", infra.metadata
     assert infra.reward is None and infra.remove_sample and not any(infra.loss_mask)
 
