@@ -90,7 +90,8 @@ def test_trainer_recomputes_a_real_merged_sample(log_dir) -> None:
     assert sources is not None and (sources != RoutingSource.PREFILL).any(), "rows of sampled tokens"
 
     config = ModelConfig(vocab_size=tokenizer.get_vocab_size())
-    trainer = Trainer(config, init_weights(config, SEED), TrainerConfig())
+    # the engine was never pushed to: its tokens carry SGLang's label "default", the seed weights
+    trainer = Trainer(config, init_weights(config, SEED), TrainerConfig(unversioned_as=0))
     prompt = len(sample.tokens) - sample.response_length
     replayed, tape = trainer.model.forward(np.asarray(sample.tokens), prompt, sample.rollout_routed_experts)
     assert np.array_equal(tape.used_routing, sample.rollout_routed_experts)
@@ -111,6 +112,7 @@ def test_trainer_recomputes_a_real_merged_sample(log_dir) -> None:
     assert metrics["train/valid_samples"] == 1 and metrics["train/masked_samples"] == 1
     assert metrics["train/routing_agreement"] == 1.0
     assert metrics["train/logprob_abs_diff_max"] <= 1e-6
+    assert metrics["train/parity_unscored_tokens"] == 0 and metrics["train/policy_lag_abs_diff_max"] == 0.0
     assert metrics["train/loss_scale"] == pytest.approx(1.0)
     assert all(
         not np.array_equal(before[name], trainer.weights[name])

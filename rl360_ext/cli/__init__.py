@@ -114,6 +114,11 @@ def demo(
         "one-step-off", help="Weight pushes: one-step-off (Miles' train_async) or in-flight (mid-rollout)."
     ),
     pause_mode: str = typer.Option("in_place", help="How engines pause for a push: in_place or retract."),
+    keep_old_actor: bool = typer.Option(
+        True,
+        help="Miles' --keep-old-actor: PPO's old log-probs from the weights that sampled each token "
+        "(--no-keep-old-actor: from the current weights, Miles' default).",
+    ),
     compare: str | None = typer.Option(
         None,
         help="'schedules': run one-step-off, in-flight in_place and in-flight retract, side by side. "
@@ -140,6 +145,7 @@ def demo(
         "harbor_replicas": harbor_replicas,
         "schedule": schedule,
         "pause_mode": pause_mode,
+        "keep_old_actor": keep_old_actor,
     }
     try:
         config = DemoConfig(

@@ -82,6 +82,7 @@ from rl360_ext.local.demo_plan import (
     allowed_weight_versions,
     attach_push,
     attempt_sampling_seed,
+    max_token_age,
     plan_step,
     pushed_version,
     schedule_events,
@@ -499,12 +500,16 @@ def train_line(step: int, metrics: dict[str, float], version: str) -> str:
     if not valid:
         return f"train step {step}: no valid sample in the kept groups; weights v{version} unchanged"
     return (
-        f"train step {step}: {valid} valid + {masked} masked samples; |Δ log p| mean "
-        f"{value('train/logprob_abs_diff_mean', '.1e')} max {value('train/logprob_abs_diff_max', '.1e')}, "
-        f"routing agreement {value('train/routing_agreement', '.3f')}, pg clip "
-        f"{value('train/pg_clipfrac', '.3f')}, TIS clip {value('train/tis_clipfrac', '.3f')}, grad norm "
-        f"{value('train/grad_norm', '.2f')}, loss scale {value('train/loss_scale', '.2f')}; "
-        f"{value('train/time_s', '.1f')} s -> weights v{version}"
+        f"train step {step}: {valid} valid + {masked} masked samples; mismatch at the sampling version: "
+        f"|Δ log p| mean {value('train/logprob_abs_diff_mean', '.1e')} max "
+        f"{value('train/logprob_abs_diff_max', '.1e')} (first token of a turn "
+        f"{value('train/logprob_abs_diff_first_token_mean', '.1e')}), routing agreement "
+        f"{value('train/routing_agreement', '.3f')}; policy lag: |Δ log p| mean "
+        f"{value('train/policy_lag_abs_diff_mean', '.1e')} max "
+        f"{value('train/policy_lag_abs_diff_max', '.1e')}, "
+        f"KL {value('train/policy_lag_kl', '.1e')}; pg clip {value('train/pg_clipfrac', '.3f')}, TIS clip "
+        f"{value('train/tis_clipfrac', '.3f')}, grad norm {value('train/grad_norm', '.2f')}, loss scale "
+        f"{value('train/loss_scale', '.2f')}; {value('train/time_s', '.1f')} s -> weights v{version}"
     )
 
 
@@ -532,6 +537,8 @@ def demo_policy(config: DemoConfig) -> DemoTrainer:
             decoupled_lr=config.head_lr,
             lr_warmup_steps=config.lr_warmup_steps,
             steps_per_rollout=config.steps_per_rollout,
+            keep_old_actor=config.keep_old_actor,
+            max_token_age=max_token_age(config.schedule, config.steps),
             **arm_rules(config.rules).trainer,
         ),
     )

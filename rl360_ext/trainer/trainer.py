@@ -6,10 +6,14 @@ Miles' Megatron actor does with one rollout (radixark/miles 31f1ca96,
 `miles/backends/megatron_utils/actor.py` -> `model.train`):
 
 1. build the train data (`data.train_data`, Miles' `convert_samples_to_train_data`);
-2. score every sample with the current weights, forward only (Miles' `compute_log_prob`, with R3
-   replaying `rollout_routed_experts` when on): these are the old log-probs of PPO and the
-   `train_log_probs` of TIS; compare them with the rollout's log-probs and the model's own top-k
-   with the replayed one (the trust metrics, before any update);
+2. score every sample, forward only (Miles' `compute_log_prob`, with R3 replaying
+   `rollout_routed_experts` when on), with the current weights and with each older version a
+   token was sampled by (`behaviour.VersionHistory`, the last `max_token_age + 1` versions):
+   with `keep_old_actor` (Miles' `--keep-old-actor`, which scores on `old_actor`) each token's
+   behaviour log-prob is PPO's old log-prob and TIS's `train_log_probs`, without it the current
+   weights' (Miles' default); then the two parity families before any update (`behaviour`:
+   mismatch at the sampling version against the rollout's log-probs and routing, policy lag of
+   the current weights against the sampling version);
 3. split the rollout into `steps_per_rollout` global batches (`--num-steps-per-rollout`) and each
    into micro-batches of `micro_batch_size`; per micro-batch: forward, Miles' policy loss
    (`loss.micro_batch_loss`: PPO-clip, TIS hook, pg-loss reducer hook, `loss_function`'s division
@@ -37,10 +41,19 @@ from typing import Any
 
 import numpy as np
 
+from rl360_ext.sglang.versions import UNVERSIONED
 from rl360_ext.tiny_engine.model import ModelConfig, init_weights, load_weights, save_weights
 from rl360_ext.tiny_engine.threads import limit_blas_threads
 from rl360_ext.train.staleness import sample_staleness_metrics
 from rl360_ext.trainer.backward import Tape, TrainModel
+from rl360_ext.trainer.behaviour import (
+    ParityTally,
+    SampleVersions,
+    VersionHistory,
+    sample_versions,
+    select_per_token,
+    turn_first_tokens,
+)
 from rl360_ext.trainer.data import TrainData, train_data
 from rl360_ext.trainer.loss import micro_batch_loss, reducer_coefficients, sum_of_sample_mean
 from rl360_ext.trainer.optim import AdamW
@@ -93,6 +106,19 @@ class TrainerConfig:
     """Samples per micro-batch (`--micro-batch-size`); None puts each global batch in one."""
     r3: bool = True
     """R3: MoE layers replay `rollout_routed_experts` (`--use-rollout-routing-replay`)."""
+    keep_old_actor: bool = False
+    """Miles' `--keep-old-actor`: PPO's old log-probs and TIS's train log-probs come from the
+    weights that sampled each token (its `token_version`), so the PPO ratio is pi_theta /
+    pi_behaviour; off, from the current weights (Miles' default). A trained token whose version
+    the trainer does not hold is then a ValueError."""
+    max_token_age: int = 1
+    """The oldest token age (trainer version - token version) the schedule may train on: the
+    trainer keeps the weights of the last `max_token_age + 1` versions, for `keep_old_actor` and
+    for the parity metrics (mismatch at the sampling version, policy lag) in both modes."""
+    unversioned_as: int | None = None
+    """The version assumed for a token that carries none (an engine never pushed to reports
+    SGLang's label "default", which has no number); None: such tokens are in neither parity
+    family (`train/parity_unscored_tokens`) and `keep_old_actor` refuses them."""
 
     def __post_init__(self) -> None:
         for name in ("lr", "adam_eps", "tis_clip", "decoupled_lr"):
@@ -115,6 +141,12 @@ class TrainerConfig:
             raise ValueError(f"lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
         if self.steps_per_rollout < 1:
             raise ValueError(f"steps_per_rollout must be >= 1, got {self.steps_per_rollout}")
+        if (
+            isinstance(self.max_token_age, bool)
+            or not isinstance(self.max_token_age, int)
+            or self.max_token_age < 0
+        ):
+            raise ValueError(f"max_token_age must be an integer >= 0, got {self.max_token_age!r}")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 or None, got {self.micro_batch_size}")
 
@@ -145,6 +177,13 @@ def load_function(path: str) -> Callable[..., Any]:
 class _Scored:
     log_probs: np.ndarray
     tape: Tape
+
+
+@dataclass
+class _Scores:
+    current: list[_Scored | None]  # the current weights' log-probs and tapes (None: invalid sample)
+    behaviour: list[np.ndarray]  # per token, the log-prob under the version that sampled it
+    metrics: dict[str, float]  # the mismatch and policy-lag families
 
 
 def _chunks(positions: Sequence[int], parts: int) -> list[list[int]]:
@@ -188,6 +227,7 @@ class Trainer:
         self.reducer_factory = (
             load_function(self.config.pg_loss_reducer_path) if self.config.pg_loss_reducer_path else None
         )
+        self.history = VersionHistory(self.config.max_token_age + 1)
         self.steps_done = 0
 
     @classmethod
@@ -207,42 +247,75 @@ class Trainer:
 
     # ---- scoring ------------------------------------------------------------------------------
 
-    def _forward(self, data: TrainData, i: int) -> _Scored:
+    def _forward(self, data: TrainData, i: int, model: TrainModel | None = None) -> _Scored:
         replay = None
         if self.config.r3 and data.rollout_routed_experts is not None:
             replay = data.rollout_routed_experts[i]
         first = data.total_lengths[i] - data.response_lengths[i]
-        log_probs, tape = self.model.forward(data.tokens[i], first, replay)
+        log_probs, tape = (model or self.model).forward(data.tokens[i], first, replay)
         return _Scored(log_probs, tape)
 
-    def score(self, data: TrainData) -> tuple[list[_Scored | None], dict[str, float]]:
-        """Forward-only pass over the valid samples and the trust metrics it yields (before any update)."""
-        scored: list[_Scored | None] = []
-        diffs: list[np.ndarray] = []
-        agree = rows = 0
+    def _numbered(self, versions: np.ndarray) -> np.ndarray:
+        """`versions` with UNVERSIONED read as `unversioned_as` when that is set."""
+        if self.config.unversioned_as is None:
+            return versions
+        return np.where(versions == UNVERSIONED, self.config.unversioned_as, versions)
+
+    def score(self, data: TrainData, versions: Sequence[SampleVersions], version: int) -> _Scores:
+        """Forward-only pass over the valid samples before any update: the current weights' log-probs
+        (with their tapes), each token's behaviour log-prob (the weights of the version that sampled
+        it, `behaviour.VersionHistory`; the current one where that version is not held) and the two
+        parity families (`behaviour.parity_metrics`)."""
+        tally = ParityTally()
+        current: list[_Scored | None] = []
+        behaviour: list[np.ndarray] = []
+        models: dict[int, TrainModel] = {version: self.model}
         for i, valid in enumerate(data.valid):
             if not valid:
-                scored.append(None)
+                current.append(None)
+                behaviour.append(np.zeros(data.response_lengths[i]))
                 continue
             item = self._forward(data, i)
-            scored.append(item)
-            mask = data.loss_masks[i] > 0
-            if data.rollout_log_probs is not None:
-                diffs.append(np.abs(item.log_probs - data.rollout_log_probs[i])[mask])
+            current.append(item)
+            prompt = data.total_lengths[i] - data.response_lengths[i]
+            response_versions = self._numbered(versions[i].token[prompt:])
+            row_versions = self._numbered(versions[i].row)
+            trained = data.loss_masks[i] > 0
             recorded = None if data.rollout_routed_experts is None else data.rollout_routed_experts[i]
+            wanted = set(np.unique(response_versions[trained]).tolist())
             if recorded is not None:
-                same = np.sort(item.tape.own_routing, axis=-1) == np.sort(np.asarray(recorded), axis=-1)
-                agree += int(same.all(axis=-1).sum())
-                rows += same.shape[0] * same.shape[1]
-        metrics: dict[str, float] = {}
-        if diffs:
-            flat = np.concatenate(diffs)
-            if flat.size:
-                metrics["train/logprob_abs_diff_mean"] = float(flat.mean())
-                metrics["train/logprob_abs_diff_max"] = float(flat.max())
-        if rows:
-            metrics["train/routing_agreement"] = agree / rows
-        return scored, metrics
+                wanted |= set(np.unique(row_versions).tolist())
+            by_version = {version: item}
+            for held in sorted(wanted - {version, UNVERSIONED}):
+                weights = self.history.get(held)
+                if weights is not None:
+                    model = models.setdefault(held, TrainModel(self.model_config, weights))
+                    by_version[held] = self._forward(data, i, model)
+            log_probs, known = select_per_token(
+                {held: s.log_probs for held, s in by_version.items()}, response_versions, item.log_probs
+            )
+            if self.config.keep_old_actor and (trained & ~known).any():
+                missing = sorted(set(response_versions[trained & ~known].tolist()))
+                raise ValueError(
+                    f"samples[{i}] has {int((trained & ~known).sum())} trained tokens of versions "
+                    f"{missing} (-1: unversioned) that the trainer does not hold (it holds "
+                    f"{self.history.versions}); keep_old_actor scores each token with the weights that "
+                    f"sampled it: raise max_token_age or give the sample its token versions"
+                )
+            behaviour.append(log_probs)
+            tally.add_sample(
+                current=item.log_probs,
+                behaviour=log_probs,
+                known=known,
+                trained=trained,
+                first=turn_first_tokens(data.loss_masks[i], prompt, versions[i].turn_output_start),
+                rollout=None if data.rollout_log_probs is None else data.rollout_log_probs[i],
+            )
+            if recorded is not None:
+                for held, s in by_version.items():
+                    rows = row_versions == held
+                    tally.add_routing(s.tape.own_routing[rows], np.asarray(recorded)[rows])
+        return _Scores(current, behaviour, tally.metrics())
 
     # ---- the step -----------------------------------------------------------------------------
 
@@ -271,12 +344,24 @@ class Trainer:
             metrics["train/loss_scale"] = 0.0
             metrics["train/time_s"] = time.perf_counter() - started
             return metrics
-        scored, trust = self.score(data)
-        metrics.update(trust)
-        trainer_scored = [
-            s.log_probs if s is not None else np.zeros(n)
-            for s, n in zip(scored, data.response_lengths, strict=True)
+        self.history.remember(version, self.weights)
+        token_versions = [
+            sample_versions(sample, len(tokens), f"samples[{i}]")
+            for i, (sample, tokens) in enumerate(zip(samples, data.tokens, strict=True))
         ]
+        scores = self.score(data, token_versions, version)
+        metrics.update(scores.metrics)
+        scored = scores.current
+        # Miles' compute_log_prob runs on `old_actor` under --keep-old-actor, on `actor` without it:
+        # those log-probs are both PPO's old log-probs and TIS's train_log_probs.
+        trainer_scored = (
+            scores.behaviour
+            if self.config.keep_old_actor
+            else [
+                s.log_probs if s is not None else np.zeros(n)
+                for s, n in zip(scored, data.response_lengths, strict=True)
+            ]
+        )
         old = data.rollout_log_probs if self.config.use_rollout_logprobs else trainer_scored
         if old is None:
             raise ValueError("use_rollout_logprobs needs rollout_log_probs on every sample")

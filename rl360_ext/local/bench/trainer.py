@@ -6,7 +6,11 @@ a merged sample would be (the last turn's routing covers every position, the sam
 the engine's log-probs, the rest is masked); then the trainer's recomputed log-probs against the
 engine's (|Δ log p| mean and max over sampled tokens) and the routing agreement (share of
 (token, layer) rows where the trainer's own top-k equals the engine's), with R3 replay on and
-off, for a float64 and a float32 engine. Then forward+backward tokens/s of the trainer at the
+off, for a float64 and a float32 engine. Then the two parity families through the trainer's own
+step under `keep_old_actor` (`rl360_ext.trainer.behaviour`): the conversation, sampled at version
+0, trains once (version 0 -> 1) and is scored again at version 1, so the mismatch (the trainer at
+the sampling version vs the engine) and the policy lag (one optimizer step, current vs sampling
+version on the same tokens) come out side by side. Then forward+backward tokens/s of the trainer at the
 demo's sample size and on one 60-turn, ~8K-token conversation. It does not assert anything.
 """
 
@@ -18,10 +22,12 @@ from typing import Any
 
 import numpy as np
 
+from rl360_ext.rollout.sample import Sample
 from rl360_ext.tiny_engine.engine import EngineConfig, TinyEngine
 from rl360_ext.tiny_engine.model import COMPUTE_DTYPES, init_weights
 from rl360_ext.tiny_engine.protocol import GenerateRequest, SamplingParams, decode_routed_experts
 from rl360_ext.trainer.backward import TrainModel
+from rl360_ext.trainer.trainer import Trainer, TrainerConfig
 from rl360_ext.util.progress import stage
 
 MISMATCH_TURNS = 6
@@ -88,6 +94,42 @@ def mismatch(dtype: str, seed: int = 0) -> dict[str, dict[str, float]]:
     return results
 
 
+PARITY_METRICS = (
+    "logprob_abs_diff_mean",
+    "logprob_abs_diff_max",
+    "logprob_abs_diff_first_token_mean",
+    "routing_agreement",
+    "policy_lag_abs_diff_mean",
+    "policy_lag_abs_diff_max",
+    "policy_lag_kl",
+)
+
+
+def parity_families(dtype: str, seed: int = 0, lr: float = 1e-3) -> dict[str, float]:
+    """Mismatch and policy lag from the trainer's step (keep_old_actor): the conversation sampled at
+    version 0 trains at version 0, then is scored at version 1 against the version 0 it came from."""
+    engine = TinyEngine(EngineConfig(seed=seed, dtype=dtype))
+    tokens, mask, recorded, routing = conversation(engine, seed)
+    sample = Sample(
+        group_index=0,
+        index=0,
+        tokens=tokens.tolist(),
+        response_length=len(tokens) - 1,
+        loss_mask=mask[1:].astype(int).tolist(),
+        rollout_log_probs=recorded[1:].tolist(),
+        rollout_routed_experts=routing.astype(np.int32),
+        weight_versions=["0"],
+    )
+    trainer = Trainer(
+        engine.model_config,
+        init_weights(engine.model_config, seed),
+        TrainerConfig(lr=lr, keep_old_actor=True, max_token_age=1),
+    )
+    trainer.train_step([sample], [1.0], policy_version=0)
+    metrics = trainer.train_step([sample], [1.0], policy_version=1)
+    return {name: metrics[f"train/{name}"] for name in PARITY_METRICS if f"train/{name}" in metrics}
+
+
 def throughput(lengths: list[int], seed: int = 0) -> dict[str, float]:
     """Forward+backward tokens/s of the trainer over sequences of `lengths` (own routing)."""
     engine_config = EngineConfig(seed=seed)
@@ -109,6 +151,10 @@ def collect() -> dict[str, Any]:
     for dtype in COMPUTE_DTYPES:
         stage(f"{MISMATCH_TURNS}-turn conversation on a {dtype} engine, trainer recompute")
         results["mismatch"][dtype] = mismatch(dtype)
+    results["parity"] = {}
+    for dtype in COMPUTE_DTYPES:
+        stage(f"mismatch vs policy lag through the train step (keep-old-actor), {dtype} engine")
+        results["parity"][dtype] = parity_families(dtype)
     stage(f"forward+backward, {DEMO_SAMPLES} demo-size samples of {DEMO_SAMPLE_TOKENS} tokens")
     results["demo_size"] = throughput([DEMO_SAMPLE_TOKENS] * DEMO_SAMPLES)
     long_tokens = LONG_TURNS * (LONG_TURN_PROMPT_TOKENS + LONG_TURN_OUTPUT_TOKENS)
@@ -138,6 +184,15 @@ def main(as_json: bool) -> None:
                 f"{row['logprob_abs_diff_max']:.2e}",
                 f"{row['routing_agreement']:.4f}",
             )
+    parity = Table(
+        "engine", "mismatch |Δ log p| mean", "max", "first token", "routing agreement",
+        "policy lag |Δ log p| mean", "max", "KL",
+        title="the trainer at the sampling version (mismatch) vs one optimizer step later (policy lag)",
+    )  # fmt: skip
+    for dtype, row in results["parity"].items():
+        formats = {name: ".4f" if name == "routing_agreement" else ".2e" for name in PARITY_METRICS}
+        cells = ["-" if name not in row else format(row[name], formats[name]) for name in PARITY_METRICS]
+        parity.add_row(dtype, *cells)
     speed = Table("workload", "tokens", "seconds", "tokens/s", title="forward+backward (one process)")
     for label, key in (
         (f"demo size ({DEMO_SAMPLES} x {DEMO_SAMPLE_TOKENS} tokens)", "demo_size"),
@@ -147,4 +202,5 @@ def main(as_json: bool) -> None:
         speed.add_row(label, f"{row['tokens']:,.0f}", f"{row['seconds']:.1f}", f"{row['tokens_per_s']:,.0f}")
     console = Console()
     console.print(table)
+    console.print(parity)
     console.print(speed)
