@@ -55,7 +55,7 @@ import signal
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,6 +102,7 @@ from rl360_ext.local.stack import (
 from rl360_ext.outcomes.provenance import DOMAIN, is_valid
 from rl360_ext.rollout.metrics import append_records
 from rl360_ext.trainer.trainer import TrainerConfig
+from rl360_ext.util.dotted import load_function
 from rl360_ext.util.procs import LOOPBACK
 
 GENERATE_PATH = "rl360_ext.rollout.generate.generate"
@@ -121,12 +122,9 @@ IN_FLIGHT_POLL_S = 0.05  # how often it reads their running-request counts meanw
 SPENT_DEADLINE_S = 0.001
 TRANSFORMERS_ADVISORY_ENV = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
 QUIZ_OPTIONS = "environment/app/options.txt"  # what the quiz agent's probe prints in the sandbox
-
-
-def load_function(path: str) -> Callable[..., Any]:
-    """A dotted `module.attr` path, the way Miles' `load_function` reads its hook flags."""
-    module, _, attr = path.rpartition(".")
-    return getattr(importlib.import_module(module), attr)
+# The recipe's loss flags (recipes/lib/rl360-common.sh: --eps-clip 0.2 --eps-clip-high 0.28, no
+# --eps-clip-c; --use-dynamic-global-batch-size, which the demo uses when it takes one step a rollout).
+RECIPE_LOSS = {"eps_clip": 0.2, "eps_clip_high": 0.28}
 
 
 def build_args(
@@ -537,6 +535,8 @@ def demo_policy(config: DemoConfig) -> DemoTrainer:
             decoupled_lr=config.head_lr,
             lr_warmup_steps=config.lr_warmup_steps,
             steps_per_rollout=config.steps_per_rollout,
+            use_dynamic_global_batch_size=config.steps_per_rollout == 1,
+            **RECIPE_LOSS,
             keep_old_actor=config.keep_old_actor,
             max_token_age=max_token_age(config.schedule, config.steps),
             **arm_rules(config.rules).trainer,

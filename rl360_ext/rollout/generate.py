@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import importlib
 import inspect
 import logging
 import threading
@@ -65,6 +64,7 @@ from rl360_ext.session.miles_sample import MilesSample, to_miles_sample
 from rl360_ext.sglang.versions import VERSIONS_KEY
 from rl360_ext.templates.drift import DRIFT_KEY
 from rl360_ext.train import reducers as reducers_module
+from rl360_ext.util.dotted import load_function
 
 logger = logging.getLogger(__name__)
 
@@ -262,10 +262,7 @@ def load_agent_function(
     if not path or path == DEFAULT_AGENT_FUNCTION:
         function: Callable[..., Awaitable[dict[str, Any] | None]] = agent_module.run
     else:
-        module, _, attr = path.rpartition(".")
-        if not module:
-            raise ValueError(f"--custom-agent-function-path must be module.function, got {path!r}")
-        function = getattr(importlib.import_module(module), attr)
+        function = load_function(path, "--custom-agent-function-path")
     if config is None or not _takes_config(function):
         return function
     return partial(function, rl360_config=config)
