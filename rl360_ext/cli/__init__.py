@@ -119,6 +119,9 @@ def demo(
         help="Miles' --keep-old-actor: PPO's old log-probs from the weights that sampled each token "
         "(--no-keep-old-actor: from the current weights, Miles' default).",
     ),
+    top_logprobs_num: int = typer.Option(
+        5, min=0, help="Top-k log-probs the engines return per generated token, for top-k parity (0: off)."
+    ),
     compare: str | None = typer.Option(
         None,
         help="'schedules': run one-step-off, in-flight in_place and in-flight retract, side by side. "
@@ -146,6 +149,7 @@ def demo(
         "schedule": schedule,
         "pause_mode": pause_mode,
         "keep_old_actor": keep_old_actor,
+        "top_logprobs_num": top_logprobs_num,
     }
     try:
         config = DemoConfig(

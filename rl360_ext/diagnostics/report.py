@@ -313,6 +313,9 @@ TRUST_TABLE = (
     ("|Δ log p| mean", "train/logprob_abs_diff_mean"),
     ("|Δ log p| max", "train/logprob_abs_diff_max"),
     ("first token", "train/logprob_abs_diff_first_token_mean"),
+    ("top-k KL", "train/topk_kl"),
+    ("top-k overlap", "train/topk_overlap"),
+    ("TV bound max", "train/tv_bound_max"),
     ("routing agreement", "train/routing_agreement"),
     ("lag |Δ log p| mean", "train/policy_lag_abs_diff_mean"),
     ("lag |Δ log p| max", "train/policy_lag_abs_diff_max"),
@@ -362,16 +365,19 @@ def _learning_section(run: Run) -> str:
 def _trust_section(run: Run) -> str:
     title = "Trust: the trainer against the sampler, every train step"
     caption = (
-        "Before each update, two families kept apart. <b>Mismatch</b>: the trainer at the weights that "
-        "sampled each token against the rollout's recorded log-probs, |Δ log p| over loss-masked-in "
-        "tokens of valid samples (mean, max, and the mean over each turn's first generated token), and "
-        "routing agreement (share of (token, layer) rows where the trainer's own top-k at the row's "
-        "version equals the replayed one). <b>Policy lag</b>: the current weights against the sampling "
-        "version on the same tokens (|Δ log p| mean and max, KL(behaviour || current) by Miles' "
-        "low_var_kl): the staleness PPO's ratio measures under --keep-old-actor. During the update: the "
-        "share of tokens PPO clipped and TIS clamped, the gradient norm before clipping, and the loss "
-        "scale (the gradient scale the pg-loss reducer applied relative to a mean over valid samples: "
-        "1.0 when nothing is masked, or when the reducer ignores masked samples)."
+        "Before each update, two families kept apart. <b>Mismatch</b>: the trainer at the weights "
+        "that sampled each token against the rollout's recorded log-probs, |Δ log p| over "
+        "loss-masked-in tokens of valid samples (mean, max, and the mean over each turn's first "
+        "generated token), routing agreement (share of (token, layer) rows where the trainer's "
+        "own top-k at the row's version equals the replayed one), and where the engine returned "
+        "its top-k log-probs the top-k KL (both directions, renormalised on the engine's top-k), "
+        "the top-k overlap and an upper bound on the total variation between the full "
+        "distributions. <b>Policy lag</b>: the current weights against the sampling version on "
+        "the same tokens (|Δ log p| mean and max, KL(behaviour || current) by Miles' low_var_kl): "
+        "the staleness PPO's ratio measures under --keep-old-actor. During the update: the share "
+        "of tokens PPO clipped and TIS clamped, the gradient norm before clipping, and the loss "
+        "scale (the gradient scale the pg-loss reducer applied relative to a mean over valid "
+        "samples: 1.0 when nothing is masked, or when the reducer ignores masked samples)."
     )
     if not run.train:
         return page.section("chart-trust", title, caption, page.no_data(NO_TRAIN))

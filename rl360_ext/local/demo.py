@@ -150,6 +150,7 @@ def build_args(
         "--rl360-deadline-s", str(config.deadline_s if deadline_s is None else deadline_s),
         "--rl360-task-key", "task",
         "--rl360-metrics-path", str(config.out / METRICS_FILE),
+        "--rl360-top-logprobs-num", str(config.top_logprobs_num),
     ]  # fmt: skip
     if client_margin_s is not None:
         flags += ["--rl360-client-margin-s", str(client_margin_s)]
@@ -501,7 +502,9 @@ def train_line(step: int, metrics: dict[str, float], version: str) -> str:
         f"train step {step}: {valid} valid + {masked} masked samples; mismatch at the sampling version: "
         f"|Δ log p| mean {value('train/logprob_abs_diff_mean', '.1e')} max "
         f"{value('train/logprob_abs_diff_max', '.1e')} (first token of a turn "
-        f"{value('train/logprob_abs_diff_first_token_mean', '.1e')}), routing agreement "
+        f"{value('train/logprob_abs_diff_first_token_mean', '.1e')}), top-k KL "
+        f"{value('train/topk_kl', '.1e')} overlap {value('train/topk_overlap', '.3f')} TV <= "
+        f"{value('train/tv_bound_max', '.1e')}, routing agreement "
         f"{value('train/routing_agreement', '.3f')}; policy lag: |Δ log p| mean "
         f"{value('train/policy_lag_abs_diff_mean', '.1e')} max "
         f"{value('train/policy_lag_abs_diff_max', '.1e')}, "

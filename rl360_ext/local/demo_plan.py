@@ -85,6 +85,7 @@ class DemoConfig:
     rules: str = RL360_RULES  # the A/B arm's reward and loss rules (`rl360_ext.local.arms.ARM_RULES`)
     seeded_sampling: bool = False  # every attempt's turns sample with `attempt_sampling_seed` (the A/B)
     keep_old_actor: bool = True  # Miles' --keep-old-actor: PPO's old policy is each token's sampler
+    top_logprobs_num: int = 5  # the engines' top-k log-probs kept per generated token (0: off)
 
     def __post_init__(self) -> None:
         minimums = {
@@ -97,6 +98,7 @@ class DemoConfig:
             "max_new_tokens": 1,
             "steps_per_rollout": 1,
             "lr_warmup_steps": 0,
+            "top_logprobs_num": 0,
         }
         for name, least in minimums.items():
             value = getattr(self, name)

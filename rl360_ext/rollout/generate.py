@@ -61,6 +61,7 @@ from rl360_ext.rollout.rewards import verifier_reward_value
 from rl360_ext.rollout.sample import GenerateFnInput, GenerateFnOutput, Sample
 from rl360_ext.session.merge import ABORTED, FAILED, MERGE_KEY, MergedSample
 from rl360_ext.session.miles_sample import MilesSample, to_miles_sample
+from rl360_ext.sglang.top_logprobs import TOP_LOGPROBS_KEY
 from rl360_ext.sglang.versions import VERSIONS_KEY
 from rl360_ext.templates.drift import DRIFT_KEY
 from rl360_ext.train import reducers as reducers_module
@@ -157,6 +158,8 @@ def _start_pool(key: SessionPoolConfig) -> PoolHandle:
     from rl360_ext.session.service import ServiceOptions, resolve_routing_shape
 
     options: dict[str, Any] = {"chat_template": key.chat_template} if key.chat_template else {}
+    if key.top_logprobs_num:
+        options["top_logprobs_num"] = key.top_logprobs_num
     shape = None
     if key.r3:
         resolved = resolve_routing_shape(
@@ -426,6 +429,8 @@ def finish_sample(
     if filled is not None:  # the converter's merge facts: what max_seq_len kept, as the wire says
         sample.metadata[MERGE_KEY] = filled.metadata[MERGE_KEY]
         sample.metadata[VERSIONS_KEY] = filled.metadata[VERSIONS_KEY]  # per-token policy versions
+        if TOP_LOGPROBS_KEY in filled.metadata:  # the engine's top-k per response token (opt-in)
+            sample.metadata[TOP_LOGPROBS_KEY] = filled.metadata[TOP_LOGPROBS_KEY]
     if attempt_class == VALID:
         sample.metadata[ATTEMPT_CLASS] = VALID
         sample.reward = reward

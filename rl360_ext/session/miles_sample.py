@@ -39,6 +39,7 @@ import numpy as np
 from rl360_ext.session.core import SESSION_KEY
 from rl360_ext.session.merge import MERGE_KEY, MergedSample
 from rl360_ext.session.policy_versions import to_lists
+from rl360_ext.sglang.top_logprobs import TOP_LOGPROBS_KEY
 from rl360_ext.sglang.versions import VERSIONS_KEY
 
 Decode = Callable[[Sequence[int]], str]
@@ -160,5 +161,20 @@ def to_miles_sample(
             **(metadata or {}),
             MERGE_KEY: merge_facts,
             VERSIONS_KEY: to_lists(sample.version_arrays(), n, len(turns)),
+            **top_logprobs_metadata(sample, prompt, n),
         },
     )
+
+
+def top_logprobs_metadata(sample: MergedSample, prompt: int, n: int) -> dict[str, Any]:
+    """`{TOP_LOGPROBS_KEY: {"ids", "logprobs"}}` over the response positions kept (lists, one row per
+    response token; rows of tokens the policy did not generate hold NO_TOKEN ids), or {} without
+    top-k log-probs."""
+    if sample.top_logprob_ids is None or sample.top_logprobs is None:
+        return {}
+    return {
+        TOP_LOGPROBS_KEY: {
+            "ids": sample.top_logprob_ids[prompt:n].tolist(),
+            "logprobs": sample.top_logprobs[prompt:n].astype(np.float64).tolist(),
+        }
+    }

@@ -26,6 +26,16 @@ response tokens of valid samples) whose version the trainer holds:
   `train/policy_lag_abs_diff_mean|max` and `train/policy_lag_kl` (Miles' `low_var_kl` estimator
   of KL(behaviour || current), `loss_hub/math_utils.py:compute_approx_kl`, mean over tokens).
 
+Beyond sampled tokens (mismatch family too), where the engine recorded its top-k log-probs per
+generated token (SGLang's `top_logprobs_num`, kept by the session server opt-in under
+`metadata[TOP_LOGPROBS_KEY]`, `rl360_ext.sglang.top_logprobs`), against the trainer's full
+distribution at the sampling version on the same position (`topk_parity`):
+`train/topk_kl` (KL over the engine's top-k support S, both distributions renormalised on S, both
+directions summed: KL(e||t) + KL(t||e); each direction also as `train/topk_kl_engine_trainer`,
+`train/topk_kl_trainer_engine`), `train/topk_overlap` (|S ∩ the trainer's own top-|S||/|S|) and
+`train/tv_bound`, `_max` (an upper bound on the total variation between the full distributions:
+1/2 (sum over S of |p_e - p_t| + the mass each puts outside S), computable from the top-k alone).
+
 Tokens whose version is unknown (no version arrays and no single numbered `weight_versions`
 label) or older than the history holds are in neither family: `train/parity_unscored_tokens`
 counts them. It does not run the loss (`loss.py`) or own the step (`trainer.py`).
@@ -39,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from rl360_ext.sglang.top_logprobs import NO_TOKEN, TOP_LOGPROBS_KEY
 from rl360_ext.sglang.versions import UNVERSIONED, VERSIONS_KEY, version_number
 from rl360_ext.train.staleness import parse_versions
 from rl360_ext.trainer.loss import LOG_RATIO_LIMIT
@@ -105,6 +116,64 @@ def sample_versions(sample: Any, n_tokens: int, where: str = "sample") -> Sample
     return SampleVersions(token, token[1:].copy())
 
 
+def sample_top_logprobs(
+    sample: Any, response_length: int, where: str = "sample"
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(ids int64 [response_length, k], logprobs float64 [response_length, k]) from
+    `metadata[TOP_LOGPROBS_KEY]`, or None when the sample has none; ValueError names a bad field."""
+    metadata = _field(sample, "metadata") or {}
+    raw = metadata.get(TOP_LOGPROBS_KEY) if isinstance(metadata, Mapping) else None
+    if raw is None:
+        return None
+    name = f"{where}.metadata[{TOP_LOGPROBS_KEY!r}]"
+    if not isinstance(raw, Mapping) or "ids" not in raw or "logprobs" not in raw:
+        raise ValueError(f"{name} must be a mapping with 'ids' and 'logprobs'")
+    try:
+        ids = np.asarray(raw["ids"], np.int64)
+        values = np.asarray(raw["logprobs"], np.float64)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{name} must hold two [response_length, k] number arrays ({error})") from None
+    if ids.ndim != 2 or ids.shape != values.shape or len(ids) != response_length:
+        raise ValueError(
+            f"{name} has ids {ids.shape} and logprobs {values.shape}; expected both [{response_length}, k]"
+        )
+    return ids, values
+
+
+def topk_parity(
+    engine_ids: np.ndarray, engine_logprobs: np.ndarray, trainer_probs: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Per row (a generated token): the top-k metrics of the module docstring, from the engine's
+    ids [rows, k] (NO_TOKEN slots ignored; a row needs one entry) and log-probs [rows, k], and the
+    trainer's full distribution [rows, vocab] at the same positions."""
+    rows = len(engine_ids)
+    present = engine_ids != NO_TOKEN
+    safe = np.where(present, engine_ids, 0)
+    p_engine = np.where(present, np.exp(engine_logprobs), 0.0)
+    p_trainer = np.where(present, np.take_along_axis(trainer_probs, safe, axis=1), 0.0)
+    tiny = np.finfo(np.float64).tiny
+    e = p_engine / np.maximum(p_engine.sum(axis=1, keepdims=True), tiny)
+    t = p_trainer / np.maximum(p_trainer.sum(axis=1, keepdims=True), tiny)
+    log_e, log_t = np.log(np.maximum(e, tiny)), np.log(np.maximum(t, tiny))
+    kl_et = np.where(present, e * (log_e - log_t), 0.0).sum(axis=1)
+    kl_te = np.where(present, t * (log_t - log_e), 0.0).sum(axis=1)
+    counts = present.sum(axis=1)
+    order = np.argsort(-trainer_probs, axis=1, kind="stable")
+    overlap = np.zeros(rows)
+    for row in range(rows):
+        own = order[row, : counts[row]]
+        overlap[row] = len(np.intersect1d(own, engine_ids[row][present[row]])) / max(counts[row], 1)
+    outside_e = np.clip(1.0 - p_engine.sum(axis=1), 0.0, 1.0)
+    outside_t = np.clip(1.0 - p_trainer.sum(axis=1), 0.0, 1.0)
+    tv = 0.5 * (np.abs(p_engine - p_trainer).sum(axis=1) + outside_e + outside_t)
+    return {
+        "kl_engine_trainer": kl_et,
+        "kl_trainer_engine": kl_te,
+        "overlap": overlap,
+        "tv_bound": np.minimum(tv, 1.0),
+    }
+
+
 def _label(span: Any) -> str | None:
     """A `weight_versions` entry: Miles' label string, or a session span with a `weight_version`."""
     if isinstance(span, Mapping):
@@ -161,6 +230,7 @@ class ParityTally:
     first_token: list[np.ndarray] = field(default_factory=list)
     lag: list[np.ndarray] = field(default_factory=list)
     lag_kl: list[np.ndarray] = field(default_factory=list)
+    topk: dict[str, list[np.ndarray]] = field(default_factory=dict)
     unscored: int = 0
     rows_agreeing: int = 0
     rows: int = 0
@@ -185,6 +255,14 @@ class ParityTally:
             self.first_token.append(first[scored])
         self.lag.append(np.abs(current - behaviour)[scored])
         self.lag_kl.append(low_var_kl(behaviour[scored], current[scored]))
+
+    def add_topk(
+        self, engine_ids: np.ndarray, engine_logprobs: np.ndarray, trainer_probs: np.ndarray
+    ) -> None:
+        """Generated tokens at one version: the engine's top-k rows against the trainer's distributions."""
+        keep = (engine_ids != NO_TOKEN).any(axis=1)
+        for name, values in topk_parity(engine_ids[keep], engine_logprobs[keep], trainer_probs[keep]).items():
+            self.topk.setdefault(name, []).append(values)
 
     def add_routing(self, own: np.ndarray, recorded: np.ndarray) -> None:
         """Rows (token, layer) of one sample at their own versions: the trainer's top-k vs recorded."""
@@ -218,4 +296,13 @@ def parity_metrics(tally: ParityTally) -> dict[str, float]:
         metrics["train/policy_lag_kl"] = float(kl.mean())
     if tally.rows:
         metrics["train/routing_agreement"] = tally.rows_agreeing / tally.rows
+    topk = {name: _flat(pieces) for name, pieces in tally.topk.items()}
+    if topk and topk["overlap"].size:
+        et, te = topk["kl_engine_trainer"], topk["kl_trainer_engine"]
+        metrics["train/topk_kl"] = float((et + te).mean())
+        metrics["train/topk_kl_engine_trainer"] = float(et.mean())
+        metrics["train/topk_kl_trainer_engine"] = float(te.mean())
+        metrics["train/topk_overlap"] = float(topk["overlap"].mean())
+        metrics["train/tv_bound"] = float(topk["tv_bound"].mean())
+        metrics["train/tv_bound_max"] = float(topk["tv_bound"].max())
     return metrics

@@ -51,6 +51,7 @@ from rl360_ext.trainer.behaviour import (
     ParityTally,
     SampleVersions,
     VersionHistory,
+    sample_top_logprobs,
     sample_versions,
     select_per_token,
     turn_first_tokens,
@@ -273,7 +274,9 @@ class Trainer:
             return versions
         return np.where(versions == UNVERSIONED, self.config.unversioned_as, versions)
 
-    def score(self, data: TrainData, versions: Sequence[SampleVersions], version: int) -> _Scores:
+    def score(
+        self, samples: Sequence[Any], data: TrainData, versions: Sequence[SampleVersions], version: int
+    ) -> _Scores:
         """Forward-only pass over the valid samples before any update: the current weights' log-probs
         (with their tapes), each token's behaviour log-prob (the weights of the version that sampled
         it, `behaviour.VersionHistory`; the current one where that version is not held) and the two
@@ -315,6 +318,11 @@ class Trainer:
                     f"sampled it: raise max_token_age or give the sample its token versions"
                 )
             behaviour.append(log_probs)
+            top = sample_top_logprobs(samples[i], data.response_lengths[i], f"samples[{i}]")
+            if top is not None:
+                for held, s in by_version.items():
+                    at = trained & known & (response_versions == held)
+                    tally.add_topk(top[0][at], top[1][at], s.tape.softmax[at])
             tally.add_sample(
                 current=item.log_probs,
                 behaviour=log_probs,
@@ -373,7 +381,7 @@ class Trainer:
             sample_versions(sample, len(tokens), f"samples[{i}]")
             for i, (sample, tokens) in enumerate(zip(samples, data.tokens, strict=True))
         ]
-        scores = self.score(data, token_versions, version)
+        scores = self.score(samples, data, token_versions, version)
         metrics.update(scores.metrics)
         scored = scores.current
         # Miles' compute_log_prob runs on `old_actor` under --keep-old-actor, on `actor` without it:

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rl360_ext.sglang.top_logprobs import NO_TOKEN, TOP_LOGPROBS_KEY
 from rl360_ext.sglang.versions import UNVERSIONED, VERSIONS_KEY
 from rl360_ext.trainer.backward import TrainModel
 from rl360_ext.trainer.behaviour import (
@@ -14,6 +15,7 @@ from rl360_ext.trainer.behaviour import (
     low_var_kl,
     sample_versions,
     select_per_token,
+    topk_parity,
     turn_first_tokens,
 )
 from rl360_ext.trainer.trainer import Trainer, TrainerConfig
@@ -181,3 +183,68 @@ def test_tokens_older_than_the_history_are_refused_or_left_unscored() -> None:
 def test_max_token_age_is_validated() -> None:
     with pytest.raises(ValueError, match="max_token_age"):
         TrainerConfig(max_token_age=-1)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    vocab=st.integers(2, 30),
+    k=st.integers(1, 8),
+    noise=st.floats(0, 3),
+)
+def test_topk_parity_bounds_the_true_total_variation(seed: int, vocab: int, k: int, noise: float) -> None:
+    """On random pairs of distributions: KL >= 0 (0 when equal), overlap in [0, 1], and the TV bound
+    from the engine's top-k alone is never below the exact total variation."""
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((3, vocab)) * 2
+    engine = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    shifted = logits + noise * rng.standard_normal((3, vocab))
+    trainer = np.exp(shifted) / np.exp(shifted).sum(axis=1, keepdims=True)
+    k = min(k, vocab)
+    ids = np.argsort(-engine, axis=1)[:, :k]
+    logprobs = np.log(np.take_along_axis(engine, ids, axis=1))
+    figures = topk_parity(ids, logprobs, trainer)
+    exact_tv = 0.5 * np.abs(engine - trainer).sum(axis=1)
+    assert (figures["tv_bound"] >= exact_tv - 1e-12).all()
+    assert (figures["kl_engine_trainer"] >= -1e-12).all() and (figures["kl_trainer_engine"] >= -1e-12).all()
+    assert ((figures["overlap"] >= 0) & (figures["overlap"] <= 1)).all()
+    same = topk_parity(ids, logprobs, engine)
+    np.testing.assert_allclose(same["kl_engine_trainer"], 0, atol=1e-12)
+    np.testing.assert_allclose(same["overlap"], 1)
+    outside = 1 - np.take_along_axis(engine, ids, axis=1).sum(axis=1)
+    np.testing.assert_allclose(same["tv_bound"], outside, atol=1e-12)  # only what lies outside S is unknown
+
+
+def _with_top_k(item, weights: dict, k: int, shift: float = 0.0):
+    """`item` with the engine's top-k rows (from `weights`, the sampling version) on its trained tokens."""
+    n, length = len(item.tokens), item.response_length
+    _, tape = TrainModel(SMALL, weights).forward(
+        np.asarray(item.tokens), n - length, np.asarray(item.rollout_routed_experts)
+    )
+    ids = np.argsort(-tape.softmax, axis=1)[:, :k]
+    values = np.log(np.take_along_axis(tape.softmax, ids, axis=1)) + shift * np.arange(k)
+    mask = np.asarray(item.loss_mask) > 0
+    item.metadata[TOP_LOGPROBS_KEY] = {
+        "ids": np.where(mask[:, None], ids, NO_TOKEN).tolist(),
+        "logprobs": np.where(mask[:, None], values, 0.0).tolist(),
+    }
+    return item
+
+
+def test_top_k_parity_is_measured_at_the_sampling_version() -> None:
+    w0, w1, _ = _two_versions()
+    samples = [_with_top_k(sample(w0, 60 + i), w0, 4) for i in range(4)]
+    keep = Trainer(SMALL, w1, TrainerConfig(keep_old_actor=True))
+    keep.history.remember(0, w0)
+    metrics = keep.train_step(samples, REWARDS, policy_version=1)
+    assert metrics["train/topk_kl"] <= 1e-9 and metrics["train/topk_overlap"] == 1.0
+    assert 0 <= metrics["train/tv_bound"] <= metrics["train/tv_bound_max"] <= 1
+    assert metrics["train/policy_lag_kl"] > 0  # the current weights moved; the parity did not
+    skewed = [_with_top_k(sample(w0, 60 + i), w0, 4, shift=-0.3) for i in range(4)]
+    other = Trainer(SMALL, w1, TrainerConfig(keep_old_actor=True))
+    other.history.remember(0, w0)
+    assert other.train_step(skewed, REWARDS, policy_version=1)["train/topk_kl"] > 1e-3
+    broken = sample(w0, 70)
+    broken.metadata[TOP_LOGPROBS_KEY] = {"ids": [[1]], "logprobs": [[-0.1]]}
+    with pytest.raises(ValueError, match=r"samples\[0\]\.metadata\['rl360_top_logprobs'\] has ids \(1, 1\)"):
+        other.train_step([broken], REWARDS[:1], policy_version=1)
