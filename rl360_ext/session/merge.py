@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from rl360_ext.session.policy_versions import TurnVersions, VersionArrays, version_arrays
-from rl360_ext.sglang.top_logprobs import empty_top_logprobs
 from rl360_ext.sglang.versions import UNVERSIONED, RoutingSource
 
 COMPLETED = "COMPLETED"
@@ -131,10 +130,11 @@ class MergedSample:
     turn_first_version: np.ndarray | None = None  # int32 [kept turns]
     turn_output_start: np.ndarray | None = None  # int32 [kept turns]: first output token's index
     turn_cached_tokens: np.ndarray | None = None  # int32 [kept turns]: first forward's cache hit
-    # SGLang's top-k log-probs per generated token (`rl360_ext.sglang.top_logprobs`), over every
-    # position: NO_TOKEN ids and 0 log-probs where no token was generated; None when not asked.
-    top_logprob_ids: np.ndarray | None = None  # int32 [n, k]
-    top_logprobs: np.ndarray | None = None  # float32 [n, k]
+    # SGLang's top-k log-probs (`rl360_ext.sglang.top_logprobs`): one row per generated token, the
+    # positions where loss_mask is 1, in order (NO_TOKEN slots where the engine had fewer than k);
+    # None when not asked.
+    top_logprob_ids: np.ndarray | None = None  # int32 [loss_mask.sum(), k]
+    top_logprobs: np.ndarray | None = None  # float32 [loss_mask.sum(), k]
 
     @property
     def response_length(self) -> int:
@@ -301,8 +301,9 @@ def merge(
 
 
 def _merge_top_logprobs(kept: list[TurnRecord]) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """Every position's top-k rows (input positions empty), or (None, None) when no turn has them;
-    a session whose turns disagree (some with, some without, or different k) is a MergeError."""
+    """The generated tokens' top-k rows, turn after turn (a later merge only appends rows), or
+    (None, None) when no turn has them; turns that disagree (some with, some without, or different
+    k) are a MergeError."""
     have = [t.output_top_ids is not None for t in kept]
     if not any(have):
         return None, None
@@ -312,15 +313,14 @@ def _merge_top_logprobs(kept: list[TurnRecord]) -> tuple[np.ndarray | None, np.n
     (k,) = widths
     ids, values = [], []
     for turn in kept:
-        empty_ids, empty_values = empty_top_logprobs(len(turn.input_ids), k)
         assert turn.output_top_ids is not None and turn.output_top_logprobs is not None
         if turn.output_top_ids.shape != (len(turn.output_ids), k) or turn.output_top_logprobs.shape != (
             len(turn.output_ids),
             k,
         ):
             raise MergeError(f"turn {turn.index}'s top-k log-probs do not have one row per output token")
-        ids += [empty_ids, turn.output_top_ids.astype(np.int32, copy=False)]
-        values += [empty_values, turn.output_top_logprobs.astype(np.float32, copy=False)]
+        ids.append(turn.output_top_ids.astype(np.int32, copy=False))
+        values.append(turn.output_top_logprobs.astype(np.float32, copy=False))
     return np.concatenate(ids), np.concatenate(values)
 
 

@@ -17,16 +17,18 @@ arrays are read-only numpy views on the buffer; the one exception below). Layout
     29      1     reserved (zero)
     30      2     u16 k of the top-k log-probs (0 without them; reserved zero before version 4)
     32      8     u64 metadata length in bytes (UTF-8 JSON)
-    40      24    reserved (zero)
+    40      8     u64 top-k rows: the generated tokens (loss_mask 1; 0 without top-k; reserved
+                  zero before version 4)
+    48      16    reserved (zero)
     64      ...   sections, each starting at a multiple of 64:
                   tokens int32[n_tokens], rollout_log_probs float32[n_tokens],
                   loss_mask uint8[n_tokens], then with routing routed_experts
                   [n_rows, layers, top_k] and routing_source uint8[n_rows] (`RoutingSource`),
                   then token_version int32[n_tokens], kv_version int32[n_tokens],
                   routing_version int32[n_rows] (with routing only), then with top-k log-probs
-                  top_logprob_ids int32[n_tokens, k] (-1 where no token was generated) and
-                  top_logprobs float32[n_tokens, k] (SGLang's `output_top_logprobs`, opt-in:
-                  `--top-logprobs-num`), metadata JSON (with
+                  top_logprob_ids int32[top rows, k] and top_logprobs float32[top rows, k], one
+                  row per generated token in order (SGLang's `output_top_logprobs`, opt-in:
+                  `--top-logprobs-num`; -1 ids where the engine gave fewer), metadata JSON (with
                   "turn_first_version", "turn_output_start", "turn_cached_tokens": int lists,
                   one per kept turn)
 
@@ -61,7 +63,7 @@ VERSION = 4
 READS = (1, 2, 3, 4)
 FLAG_ROUTING, FLAG_VERSIONS, FLAG_TOP_LOGPROBS = 1, 2, 4
 ALIGN = 64
-_HEADER = struct.Struct("<4sHHQQHHBxHQ24x")
+_HEADER = struct.Struct("<4sHHQQHHBxHQQ16x")
 HEADER_SIZE = _HEADER.size
 _ROUTING_DTYPES: dict[int, np.dtype] = {1: np.dtype(np.uint8), 2: np.dtype("<u2")}
 _ROUTING_CODES = {dtype: code for code, dtype in _ROUTING_DTYPES.items()}
@@ -136,9 +138,11 @@ def encode(sample: MergedSample, version: int = VERSION) -> bytes:
         if version < 4:
             raise WireFormatError(f"top-k log-probs need merged-sample format version 4, not {version}")
         k = int(top_ids.shape[1]) if top_ids.ndim == 2 else -1
-        if top_ids.shape != (n, k) or top_values.shape != (n, k) or not 0 < k < 2**16:
+        generated = int(np.count_nonzero(sample.loss_mask))
+        if top_ids.shape != (generated, k) or top_values.shape != (generated, k) or not 0 < k < 2**16:
             raise WireFormatError(
-                f"top_logprob_ids {top_ids.shape} and top_logprobs {top_values.shape} must both be [{n}, k]"
+                f"top_logprob_ids {top_ids.shape} and top_logprobs {top_values.shape} must both be "
+                f"[{generated} generated tokens, k]"
             )
     for name in ("loss_mask", "rollout_log_probs"):
         if len(getattr(sample, name)) != n:
@@ -175,7 +179,8 @@ def encode(sample: MergedSample, version: int = VERSION) -> bytes:
         arrays.append(np.ascontiguousarray(top_values, dtype="<f4"))
         flags |= FLAG_TOP_LOGPROBS
     meta = _meta_json(sample, per_turn)
-    header = _HEADER.pack(MAGIC, version, flags, n, rows, layers, top_k, code, k, len(meta))
+    top_rows = 0 if top_ids is None else len(top_ids)
+    header = _HEADER.pack(MAGIC, version, flags, n, rows, layers, top_k, code, k, len(meta), top_rows)
     parts: list[Any] = [header]
     offset = HEADER_SIZE
     for array in arrays:
@@ -189,7 +194,7 @@ def encode(sample: MergedSample, version: int = VERSION) -> bytes:
 
 
 def _layout(
-    version: int, n: int, rows: int, layers: int, top_k: int, code: int, k: int = 0
+    version: int, n: int, rows: int, layers: int, top_k: int, code: int, k: int = 0, top_rows: int = 0
 ) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
     """(name, dtype, shape) of each array section of a buffer, in order."""
     i4, u1 = np.dtype("<i4"), np.dtype(np.uint8)
@@ -204,7 +209,7 @@ def _layout(
             if version == 2:
                 layout.append(("routing_source", u1, (rows,)))
     if version >= 4 and k:
-        layout += [("top_logprob_ids", i4, (n, k)), ("top_logprobs", np.dtype("<f4"), (n, k))]
+        layout += [("top_logprob_ids", i4, (top_rows, k)), ("top_logprobs", np.dtype("<f4"), (top_rows, k))]
     return layout
 
 
@@ -213,7 +218,7 @@ def decode(buffer: bytes | bytearray | memoryview) -> MergedSample:
     view = memoryview(buffer).cast("B")
     if len(view) < HEADER_SIZE:
         raise WireFormatError(f"buffer has {len(view)} bytes, shorter than the {HEADER_SIZE}-byte header")
-    magic, version, flags, n, rows, layers, top_k, code, k, meta_len = _HEADER.unpack_from(view, 0)
+    magic, version, flags, n, rows, layers, top_k, code, k, meta_len, top_rows = _HEADER.unpack_from(view, 0)
     if magic != MAGIC:
         raise WireFormatError(f"buffer starts with {bytes(magic)!r}, not the merged-sample magic {MAGIC!r}")
     if version not in READS:
@@ -224,14 +229,14 @@ def decode(buffer: bytes | bytearray | memoryview) -> MergedSample:
     if code and code not in _ROUTING_DTYPES:
         raise WireFormatError(f"unknown routing dtype code {code}")
     if version < 4:
-        k = 0  # bytes 30-31 were reserved
+        k = top_rows = 0  # bytes 30-31 and 40-47 were reserved
     elif bool(flags & FLAG_TOP_LOGPROBS) != bool(k):
         raise WireFormatError(
             f"flags say top-k log-probs {'present' if k == 0 else 'absent'}, header k is {k}"
         )
     offset = HEADER_SIZE
     sections: dict[str, np.ndarray] = {}
-    for name, dtype, shape in _layout(version, n, rows, layers, top_k, code, k):
+    for name, dtype, shape in _layout(version, n, rows, layers, top_k, code, k, top_rows):
         offset = _aligned(offset)
         count = int(np.prod(shape))
         end = offset + count * dtype.itemsize

@@ -55,12 +55,16 @@ def _turn(index: int, start: int, inputs: int, outputs: int, k: int | None) -> T
     )
 
 
-def test_merge_keeps_top_k_rows_on_generated_positions_only() -> None:
+def test_merge_keeps_one_top_k_row_per_generated_token() -> None:
+    first = merge([_turn(0, 0, 3, 2, 2)])
     sample = merge([_turn(0, 0, 3, 2, 2), _turn(1, 5, 2, 3, 2)])
-    assert sample.top_logprob_ids is not None and sample.top_logprob_ids.shape == (10, 2)
-    generated = sample.top_logprob_ids[:, 0] != NO_TOKEN
-    assert np.array_equal(generated, sample.loss_mask.astype(bool))
-    assert sample.top_logprob_ids[3:5].tolist() == [[0, 1], [2, 3]]
+    assert sample.top_logprob_ids is not None and sample.top_logprob_ids.shape == (5, 2) == (
+        int(sample.loss_mask.sum()),
+        2,
+    )
+    assert sample.top_logprob_ids.tolist() == [[0, 1], [2, 3], [0, 1], [2, 3], [4, 5]]
+    assert first.top_logprob_ids is not None
+    assert np.array_equal(sample.top_logprob_ids[: len(first.top_logprob_ids)], first.top_logprob_ids)
     assert merge([_turn(0, 0, 3, 2, None)]).top_logprob_ids is None  # opt-in: none asked, none kept
     with pytest.raises(MergeError, match="disagree on top-k"):
         merge([_turn(0, 0, 3, 2, 2), _turn(1, 5, 2, 3, None)])
@@ -69,11 +73,13 @@ def test_merge_keeps_top_k_rows_on_generated_positions_only() -> None:
 @st.composite
 def topk_samples(draw: st.DrawFn) -> MergedSample:
     n, k = draw(st.integers(0, 30)), draw(st.integers(1, 6))
+    mask = draw(hnp.arrays(np.uint8, n, elements=st.integers(0, 1)))
+    rows = int(mask.sum())
     return MergedSample(
         "s",
         "COMPLETED",
         draw(hnp.arrays(np.int32, n)),
-        draw(hnp.arrays(np.uint8, n, elements=st.integers(0, 1))),
+        mask,
         draw(hnp.arrays(np.float32, n, elements=st.floats(-20, 0, width=32))),
         0,
         None,
@@ -81,8 +87,8 @@ def topk_samples(draw: st.DrawFn) -> MergedSample:
         [],
         [],
         {},
-        top_logprob_ids=draw(hnp.arrays(np.int32, (n, k), elements=st.integers(-1, 1000))),
-        top_logprobs=draw(hnp.arrays(np.float32, (n, k), elements=st.floats(-30, 0, width=32))),
+        top_logprob_ids=draw(hnp.arrays(np.int32, (rows, k), elements=st.integers(-1, 1000))),
+        top_logprobs=draw(hnp.arrays(np.float32, (rows, k), elements=st.floats(-30, 0, width=32))),
     )
 
 
@@ -139,6 +145,23 @@ async def test_session_asks_and_keeps_top_k_only_when_configured(make_core) -> N
             assert sample.top_logprob_ids is None
             continue
         generated = sample.loss_mask.astype(bool)
-        assert sample.top_logprob_ids.shape == (len(sample.tokens), k)
-        assert np.array_equal(sample.top_logprob_ids[generated, 0], sample.tokens[generated])
-        assert (sample.top_logprob_ids[~generated] == NO_TOKEN).all()
+        assert sample.top_logprob_ids.shape == (int(generated.sum()), k)
+        assert np.array_equal(sample.top_logprob_ids[:, 0], sample.tokens[generated])
+
+
+def test_miles_sample_cut_by_max_seq_len_keeps_the_rows_it_keeps() -> None:
+    sample = merge([_turn(0, 0, 3, 2, 2), _turn(1, 5, 2, 3, 2)])
+    miles = to_miles_sample(sample, lambda ids: "", max_seq_len=8)  # the second turn's output cut to 1
+    assert miles is not None
+    assert miles.metadata[TOP_LOGPROBS_KEY]["ids"] == [[0, 1], [2, 3], [NO_TOKEN] * 2, [NO_TOKEN] * 2, [0, 1]]
+    bad = MergedSample(
+        **{
+            **vars(sample),
+            "top_logprob_ids": sample.top_logprob_ids[:2],
+            "top_logprobs": sample.top_logprobs[:2],
+        }
+    )
+    with pytest.raises(ValueError, match="2 rows for 5 generated tokens"):
+        to_miles_sample(bad, lambda ids: "")
+    with pytest.raises(WireFormatError, match=r"must both be \[5 generated tokens, k\]"):
+        encode(bad)
