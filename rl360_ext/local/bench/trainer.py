@@ -23,16 +23,19 @@ from typing import Any
 import numpy as np
 
 from rl360_ext.rollout.sample import Sample
+from rl360_ext.sglang.top_logprobs import empty_top_logprobs, parse_output_top_logprobs
 from rl360_ext.tiny_engine.engine import EngineConfig, TinyEngine
 from rl360_ext.tiny_engine.model import COMPUTE_DTYPES, init_weights
 from rl360_ext.tiny_engine.protocol import GenerateRequest, SamplingParams, decode_routed_experts
 from rl360_ext.trainer.backward import TrainModel
+from rl360_ext.trainer.behaviour import topk_parity
 from rl360_ext.trainer.trainer import Trainer, TrainerConfig
 from rl360_ext.util.progress import stage
 
 MISMATCH_TURNS = 6
 MISMATCH_PROMPT_TOKENS = 60
 MISMATCH_OUTPUT_TOKENS = 24
+TOP_K = 5  # the engine's top-k log-probs per sampled token (top_logprobs_num)
 DEMO_SAMPLE_TOKENS = 200  # a demo attempt's merged sample: prompt, look turn, probe, answer
 DEMO_SAMPLES = 8
 LONG_TURNS = 60
@@ -40,11 +43,15 @@ LONG_TURN_PROMPT_TOKENS = 100
 LONG_TURN_OUTPUT_TOKENS = 30
 
 
-def conversation(engine: TinyEngine, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(tokens, sampled-position mask, engine log-probs at those positions, routing rows) of a chat."""
+def conversation(
+    engine: TinyEngine, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """(tokens, sampled-position mask, engine log-probs at those positions, routing rows, the
+    engine's top-k (ids, log-probs) per position, NO_TOKEN rows where nothing was sampled) of a chat."""
     rng = np.random.default_rng(seed)
     history: list[int] = []
     sampled: list[tuple[int, float]] = []
+    top_rows: dict[int, list[list[Any]]] = {}
     meta: dict[str, Any] = {}
     for turn in range(MISMATCH_TURNS):
         history += rng.integers(0, engine.vocab_size, MISMATCH_PROMPT_TOKENS).tolist()
@@ -57,12 +64,14 @@ def conversation(engine: TinyEngine, seed: int = 0) -> tuple[np.ndarray, np.ndar
                 sampling_seed=seed + turn,
             ),
             return_logprob=True,
+            top_logprobs_num=TOP_K,
             return_routed_experts=True,
         )
         body = engine.generate(request)
         meta = body["meta_info"]
-        for entry in meta["output_token_logprobs"]:
+        for entry, top in zip(meta["output_token_logprobs"], meta["output_top_logprobs"], strict=True):
             sampled.append((len(history), float(entry[0])))
+            top_rows[len(history)] = top
             history.append(int(entry[1]))
     cfg = engine.model_config
     routing = decode_routed_experts(meta["routed_experts"], cfg.layers, cfg.top_k)
@@ -72,23 +81,30 @@ def conversation(engine: TinyEngine, seed: int = 0) -> tuple[np.ndarray, np.ndar
     for position, logprob in sampled:
         mask[position] = True
         recorded[position] = logprob
-    return tokens, mask, recorded, routing
+    ids, values = empty_top_logprobs(len(tokens), TOP_K)
+    for position, top in top_rows.items():
+        ids[position], values[position] = parse_output_top_logprobs([top], 1, TOP_K)
+    return tokens, mask, recorded, routing, (ids, values)
 
 
 def mismatch(dtype: str, seed: int = 0) -> dict[str, dict[str, float]]:
     """|Δ log p| and routing agreement of the trainer (float64) against an engine in `dtype`."""
     engine = TinyEngine(EngineConfig(seed=seed, dtype=dtype))
-    tokens, mask, recorded, routing = conversation(engine, seed)
+    tokens, mask, recorded, routing, (top_ids, top_values) = conversation(engine, seed)
     model = TrainModel(engine.model_config, init_weights(engine.model_config, seed))
     results = {}
     for label, replay in (("r3_on", routing), ("r3_off", None)):
         log_probs, tape = model.forward(tokens, 1, replay)
         diff = np.abs(log_probs - recorded[1:])[mask[1:]]
         same = np.sort(tape.own_routing, axis=-1) == np.sort(routing, axis=-1)
+        sampled = mask[1:]
+        topk = topk_parity(top_ids[1:][sampled], top_values[1:][sampled], tape.softmax[sampled])
         results[label] = {
             "logprob_abs_diff_mean": float(diff.mean()),
             "logprob_abs_diff_max": float(diff.max()),
             "routing_agreement": float(same.all(axis=-1).mean()),
+            "topk_kl": float((topk["kl_engine_trainer"] + topk["kl_trainer_engine"]).mean()),
+            "tv_bound_max": float(topk["tv_bound"].max()),
             "sampled_tokens": int(mask.sum()),
         }
     return results
@@ -109,7 +125,7 @@ def parity_families(dtype: str, seed: int = 0, lr: float = 1e-3) -> dict[str, fl
     """Mismatch and policy lag from the trainer's step (keep_old_actor): the conversation sampled at
     version 0 trains at version 0, then is scored at version 1 against the version 0 it came from."""
     engine = TinyEngine(EngineConfig(seed=seed, dtype=dtype))
-    tokens, mask, recorded, routing = conversation(engine, seed)
+    tokens, mask, recorded, routing, _ = conversation(engine, seed)
     sample = Sample(
         group_index=0,
         index=0,
@@ -173,6 +189,7 @@ def main(as_json: bool) -> None:
 
     table = Table(
         "engine", "R3", "|Δ log p| mean", "|Δ log p| max", "routing agreement",
+        f"top-{TOP_K} KL", "TV bound max",
         title=f"reference trainer (float64) vs tiny engine, {MISMATCH_TURNS}-turn conversation",
     )  # fmt: skip
     for dtype, rows in results["mismatch"].items():
@@ -183,6 +200,8 @@ def main(as_json: bool) -> None:
                 f"{row['logprob_abs_diff_mean']:.2e}",
                 f"{row['logprob_abs_diff_max']:.2e}",
                 f"{row['routing_agreement']:.4f}",
+                f"{row['topk_kl']:.2e}",
+                f"{row['tv_bound_max']:.2e}",
             )
     parity = Table(
         "engine", "mismatch |Δ log p| mean", "max", "first token", "routing agreement",
