@@ -19,7 +19,11 @@ response tokens of valid samples) whose version the trainer holds:
   `--keep-old-actor`, here a mean over tokens), `train/logprob_abs_diff_first_token_mean` (the
   first generated token of each turn: `turn_output_start`, or where a run of loss-masked-in
   tokens starts when the sample has no turn positions) beside
-  `train/logprob_abs_diff_later_tokens_mean` (the rest), and `train/routing_agreement` (the
+  `train/logprob_abs_diff_later_tokens_mean` (the rest); split by the KV the sampler read,
+  `train/logprob_abs_diff_fresh_kv_max` and `train/logprob_abs_diff_stale_kv_max` over the
+  `train/stale_kv_tokens` whose context held KV older than the token's version (`kv_version`: an
+  in-flight push under `in_place` keeps it, so the sampler's forward mixed two versions, which
+  scoring at one version cannot reproduce); and `train/routing_agreement` (the
   trainer's own top-k at the row's version against the recorded routing; a row's version is
   `routing_version`, else the version of the token its forward sampled);
 - policy lag, the current weights against the sampling version on the same tokens:
@@ -90,6 +94,18 @@ class SampleVersions:
     token: np.ndarray  # int64 [n_tokens], UNVERSIONED where unknown
     row: np.ndarray  # int64 [n_tokens - 1], the version of the forward over each position
     turn_output_start: np.ndarray | None = None  # full-sequence index of each kept turn's first output
+    kv: np.ndarray | None = None  # int64 [n_tokens] `kv_version`, None without version arrays
+
+    def stale_context(self, prompt_length: int) -> np.ndarray | None:
+        """Per response token: True when a position before it holds KV (`kv_version`) older than
+        the token's own version, so the engine's forward that sampled it read stale KV (an in-flight
+        push under `in_place`); None without `kv_version`."""
+        if self.kv is None:
+            return None
+        known = np.where(self.kv == UNVERSIONED, np.iinfo(np.int64).max, self.kv)
+        oldest_before = np.concatenate([[np.iinfo(np.int64).max], np.minimum.accumulate(known)[:-1]])
+        token = self.token[prompt_length:]
+        return (token != UNVERSIONED) & (oldest_before[prompt_length:] < token)
 
 
 def sample_versions(sample: Any, n_tokens: int, where: str = "sample") -> SampleVersions:
@@ -106,7 +122,7 @@ def sample_versions(sample: Any, n_tokens: int, where: str = "sample") -> Sample
         if arrays.routing_version is not None:
             known = arrays.routing_version != UNVERSIONED
             row[known] = arrays.routing_version[known]
-        return SampleVersions(token, row, arrays.turn_output_start)
+        return SampleVersions(token, row, arrays.turn_output_start, arrays.kv_version)
     token = np.full(n_tokens, UNVERSIONED, np.int64)
     labels = {_label(span) for span in _field(sample, "weight_versions") or []}
     numbers = {version_number(label) for label in labels}
@@ -228,6 +244,7 @@ class ParityTally:
 
     mismatch: list[np.ndarray] = field(default_factory=list)
     first_token: list[np.ndarray] = field(default_factory=list)
+    stale_kv: list[np.ndarray] = field(default_factory=list)
     lag: list[np.ndarray] = field(default_factory=list)
     lag_kl: list[np.ndarray] = field(default_factory=list)
     topk: dict[str, list[np.ndarray]] = field(default_factory=dict)
@@ -244,15 +261,18 @@ class ParityTally:
         trained: np.ndarray,
         first: np.ndarray,
         rollout: np.ndarray | None,
+        stale: np.ndarray | None = None,
     ) -> None:
         """One sample's response tokens: current and behaviour log-probs, which found their version,
-        which train, which open a turn, and the engine's recorded log-probs (None: none recorded)."""
+        which train, which open a turn, the engine's recorded log-probs (None: none recorded), and
+        which read stale KV (`SampleVersions.stale_context`; None: not known, counted as fresh)."""
         scored = known & trained
         self.unscored += int((trained & ~known).sum())
         if rollout is not None:
             diff = np.abs(behaviour - rollout)
             self.mismatch.append(diff[scored])
             self.first_token.append(first[scored])
+            self.stale_kv.append((np.zeros(len(diff), bool) if stale is None else stale)[scored])
         self.lag.append(np.abs(current - behaviour)[scored])
         self.lag_kl.append(low_var_kl(behaviour[scored], current[scored]))
 
@@ -289,6 +309,12 @@ def parity_metrics(tally: ParityTally) -> dict[str, float]:
             metrics["train/logprob_abs_diff_first_token_mean"] = float(diff[first].mean())
         if (~first).any():
             metrics["train/logprob_abs_diff_later_tokens_mean"] = float(diff[~first].mean())
+        stale = _flat(tally.stale_kv, bool)
+        metrics["train/stale_kv_tokens"] = float(stale.sum())
+        if stale.any():
+            metrics["train/logprob_abs_diff_stale_kv_max"] = float(diff[stale].max())
+        if (~stale).any():
+            metrics["train/logprob_abs_diff_fresh_kv_max"] = float(diff[~stale].max())
     lag, kl = _flat(tally.lag), _flat(tally.lag_kl)
     if lag.size:
         metrics["train/policy_lag_abs_diff_mean"] = float(lag.mean())

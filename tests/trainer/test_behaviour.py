@@ -11,6 +11,7 @@ from rl360_ext.sglang.top_logprobs import NO_TOKEN, TOP_LOGPROBS_KEY
 from rl360_ext.sglang.versions import UNVERSIONED, VERSIONS_KEY
 from rl360_ext.trainer.backward import TrainModel
 from rl360_ext.trainer.behaviour import (
+    SampleVersions,
     VersionHistory,
     low_var_kl,
     sample_versions,
@@ -248,3 +249,30 @@ def test_top_k_parity_is_measured_at_the_sampling_version() -> None:
     broken.metadata[TOP_LOGPROBS_KEY] = {"ids": [[1]], "logprobs": [[-0.1]]}
     with pytest.raises(ValueError, match=r"samples\[0\]\.metadata\['rl360_top_logprobs'\] has ids \(1, 1\)"):
         other.train_step([broken], REWARDS[:1], policy_version=1)
+
+
+def test_stale_context_marks_tokens_that_read_older_kv() -> None:
+    versions = SampleVersions(
+        token=np.array([UNVERSIONED, UNVERSIONED, 0, 0, 1, 1]),
+        row=np.zeros(5, np.int64),
+        kv=np.array([0, UNVERSIONED, 0, 0, 1, 1]),
+    )
+    assert versions.stale_context(2).tolist() == [False, False, True, True]
+    fresh = SampleVersions(token=versions.token, row=versions.row, kv=np.array([UNVERSIONED, 1, 1, 1, 1, 1]))
+    assert fresh.stale_context(2).tolist() == [False, False, False, False]
+    assert SampleVersions(token=versions.token, row=versions.row).stale_context(2) is None
+
+
+def test_mismatch_is_split_by_the_kv_the_sampler_read() -> None:
+    w0, w1, _ = _two_versions()
+    samples = [_mixed(w0, w1, i, switch=2 + i) for i in range(4)]  # kv_version all 0: v1 tokens read v0 KV
+    trainer = Trainer(SMALL, w1, TrainerConfig(keep_old_actor=True))
+    trainer.history.remember(0, w0)
+    metrics = trainer.train_step(samples, REWARDS, policy_version=1)
+    trained_v1 = sum(
+        int(((np.asarray(s.loss_mask) > 0) & (np.arange(s.response_length) >= 2 + i)).sum())
+        for i, s in enumerate(samples)
+    )
+    assert metrics["train/stale_kv_tokens"] == trained_v1 > 0
+    assert metrics["train/logprob_abs_diff_fresh_kv_max"] <= 1e-9
+    assert metrics["train/logprob_abs_diff_stale_kv_max"] <= 1e-9  # recorded as recomputed: no real staleness
