@@ -20,10 +20,11 @@ response tokens of valid samples) whose version the trainer holds:
   first generated token of each turn: `turn_output_start`, or where a run of loss-masked-in
   tokens starts when the sample has no turn positions) beside
   `train/logprob_abs_diff_later_tokens_mean` (the rest); split by the KV the sampler read,
-  `train/logprob_abs_diff_fresh_kv_max` and `train/logprob_abs_diff_stale_kv_max` over the
-  `train/stale_kv_tokens` whose context held KV older than the token's version (`kv_version`: an
-  in-flight push under `in_place` keeps it, so the sampler's forward mixed two versions, which
-  scoring at one version cannot reproduce); and `train/routing_agreement` (the
+  `train/logprob_abs_diff_{fresh,stale,unknown}_kv_max` and `train/{fresh,stale,unknown}_kv_tokens`
+  (`KvContext` from `kv_version`: stale when the context held KV older than the token's version,
+  which an in-flight push under `in_place` keeps, so the sampler's forward mixed two versions and
+  scoring at one version cannot reproduce it; unknown when a context position's writer is not
+  known, a prefix-cache hit on another request's KV); and `train/routing_agreement` (the
   trainer's own top-k at the row's version against the recorded routing; a row's version is
   `routing_version`, else the version of the token its forward sampled);
 - policy lag, the current weights against the sampling version on the same tokens:
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any
 
 import numpy as np
@@ -61,6 +63,14 @@ from rl360_ext.trainer.loss import LOG_RATIO_LIMIT
 KL_CLAMP = 10.0  # Miles' low_var_kl clamps each token's estimate to [-10, 10]
 
 Weights = dict[str, np.ndarray]
+
+
+class KvContext(IntEnum):
+    """What KV the engine's forward that sampled a token read (from `kv_version`)."""
+
+    FRESH = 0  # every earlier position's KV written at the token's version or later
+    STALE = 1  # some earlier position's KV written at an older version
+    UNKNOWN = 2  # some earlier position's writer unknown (a cross-request prefix-cache hit)
 
 
 class VersionHistory:
@@ -96,16 +106,25 @@ class SampleVersions:
     turn_output_start: np.ndarray | None = None  # full-sequence index of each kept turn's first output
     kv: np.ndarray | None = None  # int64 [n_tokens] `kv_version`, None without version arrays
 
-    def stale_context(self, prompt_length: int) -> np.ndarray | None:
-        """Per response token: True when a position before it holds KV (`kv_version`) older than
-        the token's own version, so the engine's forward that sampled it read stale KV (an in-flight
-        push under `in_place`); None without `kv_version`."""
+    def context_kv(self, prompt_length: int) -> np.ndarray | None:
+        """Per response token, the KV its sampler read (`KvContext`): STALE when a position before it
+        holds KV (`kv_version`) older than the token's version (an in-flight push under `in_place`
+        keeps the old KV), else UNKNOWN when a position before it has no known writer (a prefix-cache
+        hit on KV another request wrote) or the token has no version, else FRESH; None without
+        `kv_version`."""
         if self.kv is None:
             return None
-        known = np.where(self.kv == UNVERSIONED, np.iinfo(np.int64).max, self.kv)
-        oldest_before = np.concatenate([[np.iinfo(np.int64).max], np.minimum.accumulate(known)[:-1]])
+        top = np.iinfo(np.int64).max
+        oldest_before = np.concatenate(
+            [[top], np.minimum.accumulate(np.where(self.kv == UNVERSIONED, top, self.kv))]
+        )
+        unknown_before = np.concatenate([[False], np.logical_or.accumulate(self.kv == UNVERSIONED)])
         token = self.token[prompt_length:]
-        return (token != UNVERSIONED) & (oldest_before[prompt_length:] < token)
+        oldest, unknown = oldest_before[prompt_length:-1], unknown_before[prompt_length:-1]
+        context = np.full(len(token), KvContext.FRESH, np.int8)
+        context[unknown | (token == UNVERSIONED)] = KvContext.UNKNOWN
+        context[(token != UNVERSIONED) & (oldest < token)] = KvContext.STALE
+        return context
 
 
 def sample_versions(sample: Any, n_tokens: int, where: str = "sample") -> SampleVersions:
@@ -244,7 +263,7 @@ class ParityTally:
 
     mismatch: list[np.ndarray] = field(default_factory=list)
     first_token: list[np.ndarray] = field(default_factory=list)
-    stale_kv: list[np.ndarray] = field(default_factory=list)
+    kv_context: list[np.ndarray] = field(default_factory=list)
     lag: list[np.ndarray] = field(default_factory=list)
     lag_kl: list[np.ndarray] = field(default_factory=list)
     topk: dict[str, list[np.ndarray]] = field(default_factory=dict)
@@ -261,18 +280,19 @@ class ParityTally:
         trained: np.ndarray,
         first: np.ndarray,
         rollout: np.ndarray | None,
-        stale: np.ndarray | None = None,
+        kv_context: np.ndarray | None = None,
     ) -> None:
         """One sample's response tokens: current and behaviour log-probs, which found their version,
         which train, which open a turn, the engine's recorded log-probs (None: none recorded), and
-        which read stale KV (`SampleVersions.stale_context`; None: not known, counted as fresh)."""
+        and the KV each one's sampler read (`SampleVersions.context_kv`; None: all UNKNOWN)."""
         scored = known & trained
         self.unscored += int((trained & ~known).sum())
         if rollout is not None:
             diff = np.abs(behaviour - rollout)
             self.mismatch.append(diff[scored])
             self.first_token.append(first[scored])
-            self.stale_kv.append((np.zeros(len(diff), bool) if stale is None else stale)[scored])
+            context = np.full(len(diff), KvContext.UNKNOWN, np.int8) if kv_context is None else kv_context
+            self.kv_context.append(context[scored])
         self.lag.append(np.abs(current - behaviour)[scored])
         self.lag_kl.append(low_var_kl(behaviour[scored], current[scored]))
 
@@ -309,12 +329,13 @@ def parity_metrics(tally: ParityTally) -> dict[str, float]:
             metrics["train/logprob_abs_diff_first_token_mean"] = float(diff[first].mean())
         if (~first).any():
             metrics["train/logprob_abs_diff_later_tokens_mean"] = float(diff[~first].mean())
-        stale = _flat(tally.stale_kv, bool)
-        metrics["train/stale_kv_tokens"] = float(stale.sum())
-        if stale.any():
-            metrics["train/logprob_abs_diff_stale_kv_max"] = float(diff[stale].max())
-        if (~stale).any():
-            metrics["train/logprob_abs_diff_fresh_kv_max"] = float(diff[~stale].max())
+        context = _flat(tally.kv_context, np.int8)
+        for kind in KvContext:
+            name = kind.name.lower()
+            hit = context == kind
+            metrics[f"train/{name}_kv_tokens"] = float(hit.sum())
+            if hit.any():
+                metrics[f"train/logprob_abs_diff_{name}_kv_max"] = float(diff[hit].max())
     lag, kl = _flat(tally.lag), _flat(tally.lag_kl)
     if lag.size:
         metrics["train/policy_lag_abs_diff_mean"] = float(lag.mean())

@@ -330,7 +330,7 @@ class Trainer:
                 trained=trained,
                 first=turn_first_tokens(data.loss_masks[i], prompt, versions[i].turn_output_start),
                 rollout=None if data.rollout_log_probs is None else data.rollout_log_probs[i],
-                stale=versions[i].stale_context(prompt),
+                kv_context=versions[i].context_kv(prompt),
             )
             if recorded is not None:
                 for held, s in by_version.items():

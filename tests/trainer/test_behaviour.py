@@ -11,6 +11,7 @@ from rl360_ext.sglang.top_logprobs import NO_TOKEN, TOP_LOGPROBS_KEY
 from rl360_ext.sglang.versions import UNVERSIONED, VERSIONS_KEY
 from rl360_ext.trainer.backward import TrainModel
 from rl360_ext.trainer.behaviour import (
+    KvContext,
     SampleVersions,
     VersionHistory,
     low_var_kl,
@@ -251,16 +252,16 @@ def test_top_k_parity_is_measured_at_the_sampling_version() -> None:
         other.train_step([broken], REWARDS[:1], policy_version=1)
 
 
-def test_stale_context_marks_tokens_that_read_older_kv() -> None:
-    versions = SampleVersions(
-        token=np.array([UNVERSIONED, UNVERSIONED, 0, 0, 1, 1]),
-        row=np.zeros(5, np.int64),
-        kv=np.array([0, UNVERSIONED, 0, 0, 1, 1]),
-    )
-    assert versions.stale_context(2).tolist() == [False, False, True, True]
-    fresh = SampleVersions(token=versions.token, row=versions.row, kv=np.array([UNVERSIONED, 1, 1, 1, 1, 1]))
-    assert fresh.stale_context(2).tolist() == [False, False, False, False]
-    assert SampleVersions(token=versions.token, row=versions.row).stale_context(2) is None
+def test_context_kv_tells_fresh_stale_and_unknown_kv_apart() -> None:
+    fresh, stale, unknown = KvContext.FRESH, KvContext.STALE, KvContext.UNKNOWN
+    token = np.array([UNVERSIONED, UNVERSIONED, 0, 0, 1, 1])
+    versions = SampleVersions(token=token, row=np.zeros(5, np.int64), kv=np.array([0, 0, 0, 0, 1, 1]))
+    assert versions.context_kv(2).tolist() == [fresh, fresh, stale, stale]
+    cached = SampleVersions(token=token, row=versions.row, kv=np.array([UNVERSIONED, 1, 0, 0, 1, 1]))
+    assert cached.context_kv(2).tolist() == [unknown, unknown, stale, stale]
+    current = SampleVersions(token=np.array([-1, -1, 1, 1, 1, -1]), row=versions.row, kv=np.ones(6, np.int64))
+    assert current.context_kv(2).tolist() == [fresh, fresh, fresh, unknown]
+    assert SampleVersions(token=token, row=versions.row).context_kv(2) is None
 
 
 def test_mismatch_is_split_by_the_kv_the_sampler_read() -> None:
@@ -274,5 +275,8 @@ def test_mismatch_is_split_by_the_kv_the_sampler_read() -> None:
         for i, s in enumerate(samples)
     )
     assert metrics["train/stale_kv_tokens"] == trained_v1 > 0
+    assert metrics["train/fresh_kv_tokens"] + trained_v1 == sum(
+        int((np.asarray(s.loss_mask) > 0).sum()) for s in samples
+    )
     assert metrics["train/logprob_abs_diff_fresh_kv_max"] <= 1e-9
     assert metrics["train/logprob_abs_diff_stale_kv_max"] <= 1e-9  # recorded as recomputed: no real staleness
