@@ -6,7 +6,9 @@ Checks: the merged sample carries a tool-output span with loss mask 0 between sa
 delta-R3 rows across turns; replaying those rows uses exactly the engine's experts and the
 trainer's own top-k agrees on every row; the recomputed log-probs equal the engine's float64
 log-probs of the same tokens to 1e-9, and the sampler's recorded ones (which the session stores as
-float32) to float32 rounding; a train step on it reports those trust metrics and moves the weights.
+float32) to float32 rounding; a train step on it reports those trust metrics and moves the weights,
+and the engine's top-4 log-probs per generated token (the session server's --top-logprobs-num)
+match the trainer's distribution at the sampling version (top-k KL <= 1e-9, overlap 1).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from integration_tests.session.conftest import (
 from rl360_ext.local.services import start_engine
 from rl360_ext.rollout.generate import fill_from_merged
 from rl360_ext.rollout.sample import Sample
+from rl360_ext.sglang.top_logprobs import TOP_LOGPROBS_KEY
 from rl360_ext.sglang.versions import RoutingSource
 from rl360_ext.tiny_engine.model import ModelConfig, init_weights
 from rl360_ext.tiny_engine.tokenizer import build_tokenizer
@@ -69,7 +72,9 @@ def _engine_logprobs(engine_url: str, tokens: list[int]) -> np.ndarray:
 
 def test_trainer_recomputes_a_real_merged_sample(log_dir) -> None:
     engine = start_engine(log_dir, "--seed", str(SEED), name="trainer-engine")
-    server = start_session_server(log_dir, engine.url, "--r3", name="trainer-session")
+    server = start_session_server(
+        log_dir, engine.url, "--r3", "--top-logprobs-num", "4", name="trainer-session"
+    )
     with running(engine, server):
         session_id, base_url = new_session(server)
         _conversation(base_url)
@@ -81,6 +86,8 @@ def test_trainer_recomputes_a_real_merged_sample(log_dir) -> None:
     sample = Sample(group_index=0, index=0)
     filled, why = fill_from_merged(sample, sample_wire, tokenizer.decode)
     assert filled and why is None
+    sample.metadata[TOP_LOGPROBS_KEY] = filled.metadata[TOP_LOGPROBS_KEY]  # as finish_sample copies it
+    assert len(sample.metadata[TOP_LOGPROBS_KEY]["ids"]) == sample.response_length
     mask = np.asarray(sample.loss_mask)
     edges = np.flatnonzero(np.diff(mask))
     assert sample_wire.metadata["session"]["forks"] == [] and len(sample_wire.turns) >= 2
@@ -90,7 +97,8 @@ def test_trainer_recomputes_a_real_merged_sample(log_dir) -> None:
     assert sources is not None and (sources != RoutingSource.PREFILL).any(), "rows of sampled tokens"
 
     config = ModelConfig(vocab_size=tokenizer.get_vocab_size())
-    trainer = Trainer(config, init_weights(config, SEED), TrainerConfig())
+    # the engine was never pushed to: its tokens carry SGLang's label "default", the seed weights
+    trainer = Trainer(config, init_weights(config, SEED), TrainerConfig(unversioned_as=0))
     prompt = len(sample.tokens) - sample.response_length
     replayed, tape = trainer.model.forward(np.asarray(sample.tokens), prompt, sample.rollout_routed_experts)
     assert np.array_equal(tape.used_routing, sample.rollout_routed_experts)
@@ -111,6 +119,8 @@ def test_trainer_recomputes_a_real_merged_sample(log_dir) -> None:
     assert metrics["train/valid_samples"] == 1 and metrics["train/masked_samples"] == 1
     assert metrics["train/routing_agreement"] == 1.0
     assert metrics["train/logprob_abs_diff_max"] <= 1e-6
+    assert metrics["train/parity_unscored_tokens"] == 0 and metrics["train/policy_lag_abs_diff_max"] == 0.0
+    assert metrics["train/topk_kl"] <= 1e-9 and metrics["train/topk_overlap"] == 1.0
     assert metrics["train/loss_scale"] == pytest.approx(1.0)
     assert all(
         not np.array_equal(before[name], trainer.weights[name])

@@ -114,6 +114,14 @@ def demo(
         "one-step-off", help="Weight pushes: one-step-off (Miles' train_async) or in-flight (mid-rollout)."
     ),
     pause_mode: str = typer.Option("in_place", help="How engines pause for a push: in_place or retract."),
+    keep_old_actor: bool = typer.Option(
+        True,
+        help="Miles' --keep-old-actor: PPO's old log-probs from the weights that sampled each token "
+        "(--no-keep-old-actor: from the current weights, Miles' default).",
+    ),
+    top_logprobs_num: int = typer.Option(
+        5, min=0, help="Top-k log-probs the engines return per generated token, for top-k parity (0: off)."
+    ),
     compare: str | None = typer.Option(
         None,
         help="'schedules': run one-step-off, in-flight in_place and in-flight retract, side by side. "
@@ -140,6 +148,8 @@ def demo(
         "harbor_replicas": harbor_replicas,
         "schedule": schedule,
         "pause_mode": pause_mode,
+        "keep_old_actor": keep_old_actor,
+        "top_logprobs_num": top_logprobs_num,
     }
     try:
         config = DemoConfig(

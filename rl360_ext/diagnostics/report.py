@@ -299,10 +299,27 @@ TRUST_FRACTIONS = (
     ("pg clipfrac", "#ef6c00", "train/pg_clipfrac"),
     ("TIS clipfrac", "#00838f", "train/tis_clipfrac"),
 )
+MISMATCH_SERIES = (
+    ("|Δ log p| mean", "#1565c0", "train/logprob_abs_diff_mean", False),
+    ("|Δ log p| max", "#d81b60", "train/logprob_abs_diff_max", True),
+    ("first token of a turn", "#2e7d32", "train/logprob_abs_diff_first_token_mean", False),
+)
+POLICY_LAG_SERIES = (
+    ("lag |Δ log p| mean", "#ef6c00", "train/policy_lag_abs_diff_mean", False),
+    ("lag |Δ log p| max", "#6a1b9a", "train/policy_lag_abs_diff_max", True),
+    ("lag KL", "#00838f", "train/policy_lag_kl", False),
+)
 TRUST_TABLE = (
     ("|Δ log p| mean", "train/logprob_abs_diff_mean"),
     ("|Δ log p| max", "train/logprob_abs_diff_max"),
+    ("first token", "train/logprob_abs_diff_first_token_mean"),
+    ("top-k KL", "train/topk_kl"),
+    ("top-k overlap", "train/topk_overlap"),
+    ("TV bound max", "train/tv_bound_max"),
     ("routing agreement", "train/routing_agreement"),
+    ("lag |Δ log p| mean", "train/policy_lag_abs_diff_mean"),
+    ("lag |Δ log p| max", "train/policy_lag_abs_diff_max"),
+    ("lag KL", "train/policy_lag_kl"),
     ("pg clipfrac", "train/pg_clipfrac"),
     ("TIS clipfrac", "train/tis_clipfrac"),
     ("grad norm", "train/grad_norm"),
@@ -348,29 +365,35 @@ def _learning_section(run: Run) -> str:
 def _trust_section(run: Run) -> str:
     title = "Trust: the trainer against the sampler, every train step"
     caption = (
-        "Before each update: |Δ log p| between the trainer's recomputed and the rollout's recorded "
-        "log-probs (loss-masked-in tokens of valid samples), routing agreement (share of (token, layer) "
-        "rows where the trainer's own top-k equals the replayed one). During it: the share of tokens "
-        "PPO clipped and TIS clamped, the gradient norm before clipping, and the loss scale (the "
-        "gradient scale the pg-loss reducer applied relative to a mean over valid samples: 1.0 when "
-        "nothing is masked, or when the reducer ignores masked samples)."
+        "Before each update, two families kept apart. <b>Mismatch</b>: the trainer at the weights "
+        "that sampled each token against the rollout's recorded log-probs, |Δ log p| over "
+        "loss-masked-in tokens of valid samples (mean, max, and the mean over each turn's first "
+        "generated token), routing agreement (share of (token, layer) rows where the trainer's "
+        "own top-k at the row's version equals the replayed one), and where the engine returned "
+        "its top-k log-probs the top-k KL (both directions, renormalised on the engine's top-k), "
+        "the top-k overlap and an upper bound on the total variation between the full "
+        "distributions. <b>Policy lag</b>: the current weights against the sampling version on "
+        "the same tokens (|Δ log p| mean and max, KL(behaviour || current) by Miles' low_var_kl): "
+        "the staleness PPO's ratio measures under --keep-old-actor. During the update: the share "
+        "of tokens PPO clipped and TIS clamped, the gradient norm before clipping, and the loss "
+        "scale (the gradient scale the pg-loss reducer applied relative to a mean over valid "
+        "samples: 1.0 when nothing is masked, or when the reducer ignores masked samples)."
     )
     if not run.train:
         return page.section("chart-trust", title, caption, page.no_data(NO_TRAIN))
     categories = [str(rid) for rid in run.step_ids]
     fractions = [Series(n, c, train_metric_series(run, m)) for n, c, m in TRUST_FRACTIONS]
     fractions = [s for s in fractions if any(v is not None for v in s.values)]
-    diffs = [
-        Series("|Δ log p| mean", "#1565c0", train_metric_series(run, "train/logprob_abs_diff_mean")),
-        Series("|Δ log p| max", "#d81b60", train_metric_series(run, "train/logprob_abs_diff_max"), True),
-    ]
     charts = ""
     if fractions:
         charts += line_chart(categories, fractions, x_label=STEP_AXIS, y_label="fraction", y_range=(0.0, 1.0))
         charts += legend(fractions)
-    if any(v is not None for s in diffs for v in s.values):
-        charts += line_chart(categories, diffs, x_label=STEP_AXIS, y_label="|Δ log p|")
-        charts += legend(diffs)
+    for family, label in ((MISMATCH_SERIES, "mismatch |Δ log p|"), (POLICY_LAG_SERIES, "policy lag")):
+        series = [Series(n, c, train_metric_series(run, m), dashed) for n, c, m, dashed in family]
+        series = [s for s in series if any(v is not None for v in s.values)]
+        if series:
+            charts += line_chart(categories, series, x_label=STEP_AXIS, y_label=label)
+            charts += legend(series)
     columns = [train_metric_series(run, metric) for _, metric in TRUST_TABLE]
     rows = [
         (str(rid), *(_optional(column[position]) for column in columns))

@@ -55,7 +55,7 @@ import signal
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +82,7 @@ from rl360_ext.local.demo_plan import (
     allowed_weight_versions,
     attach_push,
     attempt_sampling_seed,
+    max_token_age,
     plan_step,
     pushed_version,
     schedule_events,
@@ -102,6 +103,7 @@ from rl360_ext.outcomes.provenance import DOMAIN, is_valid
 from rl360_ext.rollout.metrics import append_records
 from rl360_ext.trainer.trainer import TrainerConfig
 from rl360_ext.util.console import make_console, print_table
+from rl360_ext.util.dotted import load_function
 from rl360_ext.util.procs import LOOPBACK
 
 GENERATE_PATH = "rl360_ext.rollout.generate.generate"
@@ -121,12 +123,9 @@ IN_FLIGHT_POLL_S = 0.05  # how often it reads their running-request counts meanw
 SPENT_DEADLINE_S = 0.001
 TRANSFORMERS_ADVISORY_ENV = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
 QUIZ_OPTIONS = "environment/app/options.txt"  # what the quiz agent's probe prints in the sandbox
-
-
-def load_function(path: str) -> Callable[..., Any]:
-    """A dotted `module.attr` path, the way Miles' `load_function` reads its hook flags."""
-    module, _, attr = path.rpartition(".")
-    return getattr(importlib.import_module(module), attr)
+# The recipe's loss flags (recipes/lib/rl360-common.sh: --eps-clip 0.2 --eps-clip-high 0.28, no
+# --eps-clip-c; --use-dynamic-global-batch-size, which the demo uses when it takes one step a rollout).
+RECIPE_LOSS = {"eps_clip": 0.2, "eps_clip_high": 0.28}
 
 
 def build_args(
@@ -152,6 +151,7 @@ def build_args(
         "--rl360-deadline-s", str(config.deadline_s if deadline_s is None else deadline_s),
         "--rl360-task-key", "task",
         "--rl360-metrics-path", str(config.out / METRICS_FILE),
+        "--rl360-top-logprobs-num", str(config.top_logprobs_num),
     ]  # fmt: skip
     if client_margin_s is not None:
         flags += ["--rl360-client-margin-s", str(client_margin_s)]
@@ -500,12 +500,18 @@ def train_line(step: int, metrics: dict[str, float], version: str) -> str:
     if not valid:
         return f"train step {step}: no valid sample in the kept groups; weights v{version} unchanged"
     return (
-        f"train step {step}: {valid} valid + {masked} masked samples; |Δ log p| mean "
-        f"{value('train/logprob_abs_diff_mean', '.1e')} max {value('train/logprob_abs_diff_max', '.1e')}, "
-        f"routing agreement {value('train/routing_agreement', '.3f')}, pg clip "
-        f"{value('train/pg_clipfrac', '.3f')}, TIS clip {value('train/tis_clipfrac', '.3f')}, grad norm "
-        f"{value('train/grad_norm', '.2f')}, loss scale {value('train/loss_scale', '.2f')}; "
-        f"{value('train/time_s', '.1f')} s -> weights v{version}"
+        f"train step {step}: {valid} valid + {masked} masked samples; mismatch at the sampling version: "
+        f"|Δ log p| mean {value('train/logprob_abs_diff_mean', '.1e')} max "
+        f"{value('train/logprob_abs_diff_max', '.1e')} (first token of a turn "
+        f"{value('train/logprob_abs_diff_first_token_mean', '.1e')}), top-k KL "
+        f"{value('train/topk_kl', '.1e')} overlap {value('train/topk_overlap', '.3f')} TV <= "
+        f"{value('train/tv_bound_max', '.1e')}, routing agreement "
+        f"{value('train/routing_agreement', '.3f')}; policy lag: |Δ log p| mean "
+        f"{value('train/policy_lag_abs_diff_mean', '.1e')} max "
+        f"{value('train/policy_lag_abs_diff_max', '.1e')}, "
+        f"KL {value('train/policy_lag_kl', '.1e')}; pg clip {value('train/pg_clipfrac', '.3f')}, TIS clip "
+        f"{value('train/tis_clipfrac', '.3f')}, grad norm {value('train/grad_norm', '.2f')}, loss scale "
+        f"{value('train/loss_scale', '.2f')}; {value('train/time_s', '.1f')} s -> weights v{version}"
     )
 
 
@@ -533,6 +539,10 @@ def demo_policy(config: DemoConfig) -> DemoTrainer:
             decoupled_lr=config.head_lr,
             lr_warmup_steps=config.lr_warmup_steps,
             steps_per_rollout=config.steps_per_rollout,
+            use_dynamic_global_batch_size=config.steps_per_rollout == 1,
+            **RECIPE_LOSS,
+            keep_old_actor=config.keep_old_actor,
+            max_token_age=max_token_age(config.schedule, config.steps),
             **arm_rules(config.rules).trainer,
         ),
     )

@@ -84,6 +84,8 @@ class DemoConfig:
     pause_mode: str = "in_place"  # how engines pause for a push (PAUSE_MODES)
     rules: str = RL360_RULES  # the A/B arm's reward and loss rules (`rl360_ext.local.arms.ARM_RULES`)
     seeded_sampling: bool = False  # every attempt's turns sample with `attempt_sampling_seed` (the A/B)
+    keep_old_actor: bool = True  # Miles' --keep-old-actor: PPO's old policy is each token's sampler
+    top_logprobs_num: int = 5  # the engines' top-k log-probs kept per generated token (0: off)
 
     def __post_init__(self) -> None:
         minimums = {
@@ -96,6 +98,7 @@ class DemoConfig:
             "max_new_tokens": 1,
             "steps_per_rollout": 1,
             "lr_warmup_steps": 0,
+            "top_logprobs_num": 0,
         }
         for name, least in minimums.items():
             value = getattr(self, name)
@@ -259,6 +262,17 @@ def versions_per_rollout(schedule: list[Event]) -> dict[int, list[str]]:
             for step in in_flight:
                 versions[step].append(current)
     return versions
+
+
+def max_token_age(schedule: str, steps: int) -> int:
+    """The oldest token age a train step sees under `schedule` over `steps` steps: step k trains
+    from the weights pushed as `pushed_version(k - 1)` (version k) on tokens of its rollout's
+    versions (`versions_per_rollout`)."""
+    per_rollout = versions_per_rollout(schedule_events(schedule, steps))
+    return max(
+        (step - min(int(v) for v in versions) for step, versions in per_rollout.items() if step < steps),
+        default=0,
+    )
 
 
 def allowed_weight_versions(schedule: str, step: int, steps: int) -> list[str]:

@@ -122,10 +122,17 @@ class SessionPoolConfig:
         "Session servers' chat template: unset (the tokenizer's), 'fixed', or a template file.", None
     )
     r3: bool | None = _doc("Record routing replay (default: --use-rollout-routing-replay).", None)
+    top_logprobs_num: int = _doc(
+        "Top-k log-probs per generated token the session servers ask (SGLang's top_logprobs_num) and "
+        "keep in the merged sample, for the trainer's top-k parity metrics; 0: none.",
+        0,
+    )
 
     def __post_init__(self) -> None:
         if self.session_servers < 1:
             raise ValueError(f"--rl360-session-servers must be >= 1, got {self.session_servers}")
+        if self.top_logprobs_num < 0:
+            raise ValueError(f"--rl360-top-logprobs-num must be >= 0, got {self.top_logprobs_num}")
 
     def resolved(self, args: Any) -> SessionPoolConfig:
         """Unset fields filled from Miles' own flags; a ValueError names the flag still missing."""

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import importlib
 import inspect
 import logging
 import threading
@@ -62,9 +61,11 @@ from rl360_ext.rollout.rewards import verifier_reward_value
 from rl360_ext.rollout.sample import GenerateFnInput, GenerateFnOutput, Sample
 from rl360_ext.session.merge import ABORTED, FAILED, MERGE_KEY, MergedSample
 from rl360_ext.session.miles_sample import MilesSample, to_miles_sample
+from rl360_ext.sglang.top_logprobs import TOP_LOGPROBS_KEY
 from rl360_ext.sglang.versions import VERSIONS_KEY
 from rl360_ext.templates.drift import DRIFT_KEY
 from rl360_ext.train import reducers as reducers_module
+from rl360_ext.util.dotted import load_function
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +158,8 @@ def _start_pool(key: SessionPoolConfig) -> PoolHandle:
     from rl360_ext.session.service import ServiceOptions, resolve_routing_shape
 
     options: dict[str, Any] = {"chat_template": key.chat_template} if key.chat_template else {}
+    if key.top_logprobs_num:
+        options["top_logprobs_num"] = key.top_logprobs_num
     shape = None
     if key.r3:
         resolved = resolve_routing_shape(
@@ -262,10 +265,7 @@ def load_agent_function(
     if not path or path == DEFAULT_AGENT_FUNCTION:
         function: Callable[..., Awaitable[dict[str, Any] | None]] = agent_module.run
     else:
-        module, _, attr = path.rpartition(".")
-        if not module:
-            raise ValueError(f"--custom-agent-function-path must be module.function, got {path!r}")
-        function = getattr(importlib.import_module(module), attr)
+        function = load_function(path, "--custom-agent-function-path")
     if config is None or not _takes_config(function):
         return function
     return partial(function, rl360_config=config)
@@ -429,6 +429,8 @@ def finish_sample(
     if filled is not None:  # the converter's merge facts: what max_seq_len kept, as the wire says
         sample.metadata[MERGE_KEY] = filled.metadata[MERGE_KEY]
         sample.metadata[VERSIONS_KEY] = filled.metadata[VERSIONS_KEY]  # per-token policy versions
+        if TOP_LOGPROBS_KEY in filled.metadata:  # the engine's top-k per response token (opt-in)
+            sample.metadata[TOP_LOGPROBS_KEY] = filled.metadata[TOP_LOGPROBS_KEY]
     if attempt_class == VALID:
         sample.metadata[ATTEMPT_CLASS] = VALID
         sample.reward = reward

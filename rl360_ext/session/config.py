@@ -46,6 +46,8 @@ class ServerConfig:
     instance is a lost session, not a typo."""
     samples_wire: Literal["v1", "v2"] = default_of("samples_wire")
     """What POST /samples answers: Miles' v1 wire (one sample) or v2 (one sample per branch)."""
+    top_logprobs_num: int = default_of("top_logprobs_num")
+    """Top-k log-probs asked per generated token and kept in the merged sample; 0: none."""
 
     def __post_init__(self) -> None:
         if self.history_mismatch not in HISTORY_MISMATCH_MODES:
@@ -54,5 +56,7 @@ class ServerConfig:
             raise ValueError("R3 needs the routing shape (layers, top_k, num_experts)")
         if self.samples_wire not in SAMPLES_WIRES:
             raise ValueError(f"samples_wire must be v1 or v2, got {self.samples_wire!r}")
+        if self.top_logprobs_num < 0:
+            raise ValueError(f"top_logprobs_num must be >= 0, got {self.top_logprobs_num}")
         if self.max_sessions < 1 or self.idle_ttl_s <= 0:
             raise ValueError("max_sessions must be >= 1 and idle_ttl_s > 0")

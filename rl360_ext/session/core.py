@@ -103,6 +103,7 @@ class Backend(Protocol):
         routed_experts_start_len: int = 0,
         rid: str | None = None,
         routing_key: str | None = None,
+        top_logprobs_num: int = 0,
     ) -> GenerateResult: ...
 
 
@@ -365,6 +366,7 @@ class SessionCore:
                 routed_experts_start_len=plan.segment.rows,
                 rid=f"{session.id}-{len(session.turns)}",
                 routing_key=session.routing_key,
+                top_logprobs_num=self.config.top_logprobs_num,
             )
         except EngineError as exc:
             raise self._turn_error(session, _engine_fault(exc)) from exc
@@ -399,6 +401,8 @@ class SessionCore:
             return "prompt_token_ids differ from the input_ids sent"
         if result.output_logprobs is None:
             return "no output_token_logprobs although return_logprob was set"
+        if self.config.top_logprobs_num and result.output_top_ids is None:
+            return f"no output_top_logprobs although top_logprobs_num={self.config.top_logprobs_num} was set"
         if result.finish_reason.type not in ("stop", "length", "abort"):
             return f"unknown finish_reason type {result.finish_reason.type!r}"
         if not self.config.r3:
@@ -440,6 +444,8 @@ class SessionCore:
             input_ids=np.asarray(plan.appended, dtype=np.int32),
             output_ids=np.asarray(output, dtype=np.int32),
             output_logprobs=np.asarray(result.output_logprobs, dtype=np.float32),
+            output_top_ids=result.output_top_ids,
+            output_top_logprobs=result.output_top_logprobs,
             finish_reason=result.finish_reason.type,
             finish_detail=result.finish_reason.to_json(),
             weight_version=result.weight_version,

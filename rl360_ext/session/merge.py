@@ -62,6 +62,8 @@ class TurnRecord:
     latency_s: float = 0.0
     routed_worker: str | None = None
     new_messages: int = 0
+    output_top_ids: np.ndarray | None = None  # int32 [output tokens, k], top_logprobs_num asked
+    output_top_logprobs: np.ndarray | None = None  # float32 [output tokens, k]
 
     @property
     def end(self) -> int:
@@ -128,6 +130,11 @@ class MergedSample:
     turn_first_version: np.ndarray | None = None  # int32 [kept turns]
     turn_output_start: np.ndarray | None = None  # int32 [kept turns]: first output token's index
     turn_cached_tokens: np.ndarray | None = None  # int32 [kept turns]: first forward's cache hit
+    # SGLang's top-k log-probs (`rl360_ext.sglang.top_logprobs`): one row per generated token, the
+    # positions where loss_mask is 1, in order (NO_TOKEN slots where the engine had fewer than k);
+    # None when not asked.
+    top_logprob_ids: np.ndarray | None = None  # int32 [loss_mask.sum(), k]
+    top_logprobs: np.ndarray | None = None  # float32 [loss_mask.sum(), k]
 
     @property
     def response_length(self) -> int:
@@ -159,6 +166,8 @@ class MergedSample:
             "turn_first_version": self.turn_first_version,
             "turn_output_start": self.turn_output_start,
             "turn_cached_tokens": self.turn_cached_tokens,
+            "top_logprob_ids": self.top_logprob_ids,
+            "top_logprobs": self.top_logprobs,
         }
 
     def _routing_source_or_prefill(self, rows: int) -> np.ndarray:
@@ -263,6 +272,7 @@ def merge(
         ]
     )
     routed = _merge_routing(kept, len(tokens), routing_tail_shape, routing_dtype)
+    top_ids, top_values = _merge_top_logprobs(kept)
     versions = version_arrays([t.versions() for t in kept], len(tokens), routed is not None)
     facts["r3_rows_from_prefill_fraction"] = prefill_fraction(versions.routing_source)
     facts["routing_bytes_in_sample"] = 0 if routed is None else int(routed.nbytes)
@@ -285,7 +295,33 @@ def merge(
         turn_first_version=versions.turn_first_version,
         turn_output_start=versions.turn_output_start,
         turn_cached_tokens=versions.turn_cached_tokens,
+        top_logprob_ids=top_ids,
+        top_logprobs=top_values,
     )
+
+
+def _merge_top_logprobs(kept: list[TurnRecord]) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The generated tokens' top-k rows, turn after turn (a later merge only appends rows), or
+    (None, None) when no turn has them; turns that disagree (some with, some without, or different
+    k) are a MergeError."""
+    have = [t.output_top_ids is not None for t in kept]
+    if not any(have):
+        return None, None
+    widths = {t.output_top_ids.shape[1] for t in kept if t.output_top_ids is not None}
+    if not all(have) or len(widths) != 1:
+        raise MergeError("turns disagree on top-k log-probs (some have none, or different k)")
+    (k,) = widths
+    ids, values = [], []
+    for turn in kept:
+        assert turn.output_top_ids is not None and turn.output_top_logprobs is not None
+        if turn.output_top_ids.shape != (len(turn.output_ids), k) or turn.output_top_logprobs.shape != (
+            len(turn.output_ids),
+            k,
+        ):
+            raise MergeError(f"turn {turn.index}'s top-k log-probs do not have one row per output token")
+        ids.append(turn.output_top_ids.astype(np.int32, copy=False))
+        values.append(turn.output_top_logprobs.astype(np.float32, copy=False))
+    return np.concatenate(ids), np.concatenate(values)
 
 
 def _merge_routing(

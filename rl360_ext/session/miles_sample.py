@@ -39,6 +39,7 @@ import numpy as np
 from rl360_ext.session.core import SESSION_KEY
 from rl360_ext.session.merge import MERGE_KEY, MergedSample
 from rl360_ext.session.policy_versions import to_lists
+from rl360_ext.sglang.top_logprobs import TOP_LOGPROBS_KEY, empty_top_logprobs
 from rl360_ext.sglang.versions import VERSIONS_KEY
 
 Decode = Callable[[Sequence[int]], str]
@@ -160,5 +161,24 @@ def to_miles_sample(
             **(metadata or {}),
             MERGE_KEY: merge_facts,
             VERSIONS_KEY: to_lists(sample.version_arrays(), n, len(turns)),
+            **top_logprobs_metadata(sample, prompt, n),
         },
     )
+
+
+def top_logprobs_metadata(sample: MergedSample, prompt: int, n: int) -> dict[str, Any]:
+    """`{TOP_LOGPROBS_KEY: {"ids", "logprobs"}}` over the response positions kept (lists, one row per
+    response token; rows of tokens the policy did not generate hold NO_TOKEN ids), or {} without
+    top-k log-probs."""
+    if sample.top_logprob_ids is None or sample.top_logprobs is None:
+        return {}
+    generated = np.flatnonzero(np.asarray(sample.loss_mask) > 0)
+    if len(generated) != len(sample.top_logprob_ids):
+        raise ValueError(
+            f"top_logprob_ids has {len(sample.top_logprob_ids)} rows for {len(generated)} generated tokens"
+        )
+    kept = (generated >= prompt) & (generated < n)
+    ids, values = empty_top_logprobs(n - prompt, sample.top_logprob_ids.shape[1])
+    ids[generated[kept] - prompt] = sample.top_logprob_ids[kept]
+    values[generated[kept] - prompt] = sample.top_logprobs[kept]
+    return {TOP_LOGPROBS_KEY: {"ids": ids.tolist(), "logprobs": values.astype(np.float64).tolist()}}

@@ -83,6 +83,10 @@ class ServiceOptions:
     samples_wire: str = "v1"
     """Miles' --use-session-server version POST /samples answers: v1 (one sample), v2 (one per branch)."""
 
+    top_logprobs_num: int = field(default=0, metadata={"min": 0})
+    """Top-k log-probs to ask per generated token (SGLang's top_logprobs_num) and keep in the merged
+    sample (wire version 4); 0: none (opt-in)."""
+
     def __post_init__(self) -> None:
         if self.history_mismatch not in HISTORY_MISMATCH_MODES:
             raise ValueError(f"history_mismatch must be fork or reject, got {self.history_mismatch!r}")

@@ -161,6 +161,7 @@ def build_core(options: ServiceOptions) -> SessionCore:
     config = ServerConfig(
         **identity,
         samples_wire=options.samples_wire,  # type: ignore[arg-type]
+        top_logprobs_num=options.top_logprobs_num,
         r3=options.r3,
         routing_shape=resolve_routing_shape(options),
         history_mismatch=options.history_mismatch,  # type: ignore[arg-type]

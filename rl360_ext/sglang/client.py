@@ -31,6 +31,13 @@ import numpy as np
 import orjson
 import pybase64
 
+from rl360_ext.sglang.top_logprobs import (
+    OUTPUT_TOP_LOGPROBS,
+    TOP_LOGPROBS_NUM,
+    TopLogprobsError,
+    parse_output_top_logprobs,
+)
+
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"
 KEEPALIVE_S = 4.0  # idle pooled connections close before uvicorn's (SGLang's server) 5 s keep-alive does
@@ -143,6 +150,8 @@ class GenerateResult:
     routed_worker: str | None = None
     meta_info: dict[str, Any] = field(default_factory=dict, repr=False)
     num_retractions: int = 0  # times the engine retracted the request (SGLang meta_info.num_retractions)
+    output_top_ids: np.ndarray | None = None  # int32 [completion_tokens, k] (`top_logprobs_num` asked)
+    output_top_logprobs: np.ndarray | None = None  # float32 [completion_tokens, k]
 
     @property
     def expected_routing_rows(self) -> int:
@@ -165,7 +174,11 @@ class GenerateResult:
 
     @classmethod
     def from_json(
-        cls, body: Any, routed_experts_start_len: int = 0, routed_worker: str | None = None
+        cls,
+        body: Any,
+        routed_experts_start_len: int = 0,
+        routed_worker: str | None = None,
+        top_logprobs_num: int = 0,
     ) -> GenerateResult:
         if not isinstance(body, dict):
             raise EngineResponseError(f"/generate returned {type(body).__name__}, expected one JSON object")
@@ -184,6 +197,14 @@ class GenerateResult:
             if isinstance(s, dict)
         ]
         version = meta.get("weight_version")
+        top_ids = top_values = None
+        if top_logprobs_num and meta.get(OUTPUT_TOP_LOGPROBS) is not None:
+            try:
+                top_ids, top_values = parse_output_top_logprobs(
+                    meta[OUTPUT_TOP_LOGPROBS], len(output_ids), top_logprobs_num
+                )
+            except TopLogprobsError as exc:
+                raise EngineResponseError(str(exc)) from exc
         return cls(
             text=body.get("text") or "",
             output_ids=[int(t) for t in output_ids],
@@ -203,6 +224,8 @@ class GenerateResult:
             routed_worker=routed_worker,
             meta_info=meta,
             num_retractions=int(meta.get("num_retractions", 0) or 0),
+            output_top_ids=top_ids,
+            output_top_logprobs=top_values,
         )
 
 
@@ -348,8 +371,10 @@ class EngineClient:
         routed_experts_start_len: int = 0,
         rid: str | None = None,
         routing_key: str | None = None,
+        top_logprobs_num: int = 0,
     ) -> GenerateResult:
-        """POST /generate with token IDs in; `routing_key` goes in the X-SMG-Routing-Key header."""
+        """POST /generate with token IDs in; `routing_key` goes in the X-SMG-Routing-Key header;
+        `top_logprobs_num` > 0 asks SGLang's top-k log-probs per output token."""
         payload: dict[str, Any] = {
             "input_ids": list(input_ids),
             "sampling_params": dict(sampling_params or {}),
@@ -362,6 +387,8 @@ class EngineClient:
             payload["routed_experts_start_len"] = int(routed_experts_start_len)
         if rid is not None:
             payload["rid"] = rid
+        if top_logprobs_num:
+            payload[TOP_LOGPROBS_NUM] = int(top_logprobs_num)
         headers = {ROUTING_KEY_HEADER: routing_key} if routing_key else None
         response = await self._post("/generate", payload, headers)
         try:
@@ -374,6 +401,7 @@ class EngineClient:
             body,
             routed_experts_start_len=routed_experts_start_len if return_routed_experts else 0,
             routed_worker=response.headers.get(ROUTED_WORKER_HEADER),
+            top_logprobs_num=top_logprobs_num if return_logprob else 0,
         )
 
     async def update_weights_from_disk(

@@ -5,8 +5,11 @@ Owns `train_data(samples, rewards, raw_rewards)`: the conversion Miles applies i
 31f1ca96) after the reward post-process hook: `tokens`, `response_lengths`, `rewards` (the
 post-processed rewards, i.e. advantages), `raw_reward`, `loss_masks` (ones when a sample has none,
 zeros when `remove_sample` is set, length checked against `response_length`),
-`rollout_mask_sums` (per rollout; one sample per rollout here), `rollout_log_probs`,
-`rollout_routed_experts`, `total_lengths`; and the GRPO returns Miles' `get_grpo_returns`
+`rollout_ids` (a sample's `rollout_id`, else its `index`) and `rollout_mask_sums` (every sample
+carries the loss-mask total of its whole rollout, `_compute_rollout_mask_sums`), `rollout_log_probs`,
+`rollout_routed_experts`, `total_lengths`; the global batches of Miles' rollout-side schedule
+(`global_batches`, `miles/utils/dp_schedule.py` `build_dp_schedule` at dp_size 1: whole rollouts
+per step, `num_rollouts` the loss divides by); and the GRPO returns Miles' `get_grpo_returns`
 broadcasts (`miles/backends/training_utils/loss_hub/math_utils.py`: the sample's reward on every
 response token, no KL since `kl_coef` is 0). Samples are duck-typed (`rl360_ext.rollout.sample`
 or Miles' own `Sample`). It does not decide validity or compute advantages (the reward
@@ -15,7 +18,8 @@ post-process hook did).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +38,9 @@ class TrainData:
     raw_rewards: list[float]
     rollout_log_probs: list[np.ndarray] | None  # float64 [response_length]
     rollout_routed_experts: list[np.ndarray | None] | None  # int32 [total_length - 1, layers, top_k]
-    rollout_mask_sums: list[float]
+    rollout_mask_sums: list[float]  # the loss-mask total of the sample's whole rollout
     sample_indices: list[int | None]
+    rollout_ids: list[Hashable]  # Miles' rollout_ids: rollout_id, else index, else ("row", position)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -51,23 +56,6 @@ class TrainData:
             np.full(length, reward, np.float64)
             for length, reward in zip(self.response_lengths, self.rewards, strict=True)
         ]
-
-    def subset(self, positions: Sequence[int]) -> TrainData:
-        def pick(values: list[Any] | None) -> list[Any] | None:
-            return None if values is None else [values[i] for i in positions]
-
-        return TrainData(
-            tokens=[self.tokens[i] for i in positions],
-            response_lengths=[self.response_lengths[i] for i in positions],
-            total_lengths=[self.total_lengths[i] for i in positions],
-            loss_masks=[self.loss_masks[i] for i in positions],
-            rewards=[self.rewards[i] for i in positions],
-            raw_rewards=[self.raw_rewards[i] for i in positions],
-            rollout_log_probs=pick(self.rollout_log_probs),
-            rollout_routed_experts=pick(self.rollout_routed_experts),
-            rollout_mask_sums=[self.rollout_mask_sums[i] for i in positions],
-            sample_indices=[self.sample_indices[i] for i in positions],
-        )
 
 
 def _field(sample: Any, name: str) -> Any:
@@ -115,6 +103,7 @@ def train_data(
         log_probs.append(None if lp is None else np.asarray(lp, dtype=np.float64))
         routed.append(None if experts is None else np.asarray(experts, dtype=np.int32))
     have_log_probs = all(lp is not None for lp in log_probs) and bool(samples)
+    rollout_ids = [_rollout_id(sample, position) for position, sample in enumerate(samples)]
     return TrainData(
         tokens=tokens,
         response_lengths=lengths,
@@ -124,6 +113,76 @@ def train_data(
         raw_rewards=[float(r) for r in raw],
         rollout_log_probs=log_probs if have_log_probs else None,  # type: ignore[arg-type]
         rollout_routed_experts=routed if any(r is not None for r in routed) else None,
-        rollout_mask_sums=[float(mask.sum()) for mask in masks],
+        rollout_mask_sums=rollout_mask_sums(rollout_ids, masks),
         sample_indices=[_field(s, "index") for s in samples],
+        rollout_ids=rollout_ids,
     )
+
+
+def _rollout_id(sample: Any, position: int) -> Hashable:
+    """Miles' `s.rollout_id if s.rollout_id is not None else s.index`; a sample with neither is its
+    own rollout (as Miles' `_normalize_rewards_by_rollout` keys it, `("row", position)`)."""
+    for name in ("rollout_id", "index"):
+        value = _field(sample, name)
+        if value is not None:
+            return value
+    return ("row", position)
+
+
+def rollout_mask_sums(rollout_ids: Sequence[Hashable], masks: Sequence[np.ndarray]) -> list[float]:
+    """Miles' `_compute_rollout_mask_sums`: each sample carries the loss-mask total of all samples
+    of its rollout, so the default reducer takes one token-weighted mean per rollout."""
+    totals: dict[Hashable, float] = {}
+    for rollout, mask in zip(rollout_ids, masks, strict=True):
+        totals[rollout] = totals.get(rollout, 0.0) + float(mask.sum())
+    return [totals[rollout] for rollout in rollout_ids]
+
+
+@dataclass(frozen=True)
+class GlobalBatch:
+    """One optimizer step's samples and the rollout count Miles' `loss_function` divides by."""
+
+    positions: list[int]
+    num_rollouts: int
+
+
+def global_batches(
+    rollout_ids: Sequence[Hashable],
+    steps_per_rollout: int = 1,
+    global_batch_size: int | None = None,
+    dynamic: bool = False,
+) -> tuple[list[GlobalBatch], list[int]]:
+    """(global batches, dropped sample positions) of one rollout, as Miles' `build_dp_schedule`
+    plans them: siblings of one rollout id stay in one step; each step takes `global_batch_size`
+    whole rollouts (the count the loss divides by, `num_rollouts`) and trailing rollouts that do
+    not fill a step are dropped (no `--allow-partial-train-step`). `dynamic` is
+    `--use-dynamic-global-batch-size` at dp_size 1 (`_compute_dynamic_global_batch_size`: one step
+    over every rollout). With neither, the rollout's rollouts split into `steps_per_rollout`
+    nearly equal steps (Miles derives `global_batch_size` from its fixed rollout size; a reference
+    trainer step has none). ValueError when the rollout holds fewer rollouts than one step needs."""
+    by_rollout: dict[Hashable, list[int]] = {}
+    for position, rollout in enumerate(rollout_ids):
+        by_rollout.setdefault(rollout, []).append(position)
+    groups = list(by_rollout.values())
+    if not groups:
+        return [], []
+    if dynamic:
+        sizes = [len(groups)]
+    elif global_batch_size is not None:
+        if len(groups) < global_batch_size:
+            raise ValueError(
+                f"{len(groups)} rollouts in this step but global_batch_size is {global_batch_size} "
+                "(Miles: need at least one full step)"
+            )
+        sizes = [global_batch_size] * (len(groups) // global_batch_size)
+    else:
+        parts = max(1, min(steps_per_rollout, len(groups)))
+        bounds = np.linspace(0, len(groups), parts + 1).round().astype(int)
+        sizes = [int(b - a) for a, b in itertools.pairwise(bounds)]
+    batches, start = [], 0
+    for size in sizes:
+        picked = groups[start : start + size]
+        batches.append(GlobalBatch(sorted(p for group in picked for p in group), size))
+        start += size
+    dropped = sorted(p for group in groups[start:] for p in group)
+    return batches, dropped

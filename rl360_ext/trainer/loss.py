@@ -16,10 +16,11 @@ calculate_per_token_loss)` (`--custom-pg-loss-reducer-function-path`, default
 count (masked samples included), or, with per-token loss, by the token count.
 
 The gradient: TIS weights are detached (computed from the trainer's pre-update log-probs), and a
-reducer is linear in its input, a per-sample weighted masked sum; its coefficients are read by
-probing it with one indicator per sample, and checked against the reducer's value on the real
-input (a reducer that is not such a sum is refused with a ValueError). It does not run the model
-(`backward.py`) or own the step (`trainer.py`).
+reducer is linear in its input; its coefficients are read per sample (one indicator each) and
+checked on a seeded random vector, then, when that disagrees, per token (one unit vector each)
+and checked again; with the checks at zero and on the real input a reducer that is not linear is
+refused with a ValueError, and a linear one is never differentiated with the wrong weights. It
+does not run the model (`backward.py`) or own the step (`trainer.py`).
 """
 
 from __future__ import annotations
@@ -76,9 +77,19 @@ def vanilla_tis(
 
 
 def compute_policy_loss(
-    ppo_kl: np.ndarray, advantages: np.ndarray, eps_clip: float, eps_clip_high: float
+    ppo_kl: np.ndarray,
+    advantages: np.ndarray,
+    eps_clip: float,
+    eps_clip_high: float,
+    eps_clip_c: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(pg_loss, clipfrac, d pg_loss / d new log-prob) per token, as Miles' `compute_policy_loss`."""
+    """(pg_loss, clipfrac, d pg_loss / d new log-prob) per token, as Miles' `compute_policy_loss`
+    (`loss_hub/math_utils.py`): the clipped surrogate, then with `eps_clip_c` (> 1, `--eps-clip-c`)
+    dual-clip PPO: where the advantage is negative the loss is at most `-eps_clip_c * A`, a
+    constant (no gradient) once the ratio passes `eps_clip_c`. clipfrac counts the first clip only,
+    as Miles does."""
+    if eps_clip_c is not None and not eps_clip_c > 1.0:
+        raise ValueError(f"eps_clip_c (dual-clip PPO's lower bound) must be > 1.0, got {eps_clip_c}")
     ratio = np.exp(np.clip(-ppo_kl, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
     unclipped = -ratio * advantages
     clipped = -np.clip(ratio, 1 - eps_clip, 1 + eps_clip_high) * advantages
@@ -86,17 +97,36 @@ def compute_policy_loss(
     pg_loss = np.maximum(unclipped, clipped)
     inside = np.abs(-ppo_kl) < LOG_RATIO_LIMIT
     grad = np.where(is_clipped | ~inside, 0.0, -ratio * advantages)
+    if eps_clip_c is not None:
+        bound = -eps_clip_c * advantages
+        dual = (advantages < 0) & (bound < pg_loss)
+        pg_loss = np.where(dual, bound, pg_loss)
+        grad = np.where(dual, 0.0, grad)
     return pg_loss, is_clipped.astype(np.float64), grad
 
 
 def reducer_coefficients(
-    reducer: Reducer, response_lengths: Sequence[int], masks: Sequence[np.ndarray]
+    reducer: Reducer, response_lengths: Sequence[int], masks: Sequence[np.ndarray], seed: int = 0
 ) -> np.ndarray:
-    """Per-token coefficients c with reducer(y) == sum(c * y), for a reducer that is a per-sample
-    weighted masked sum: sample i's weight is reducer(indicator of i) / (its mask sum)."""
+    """Per-token coefficients c with reducer(y) == sum(c * y) for every y, or a ValueError.
+
+    A reducer the trainer can differentiate is linear in its input. First the per-sample reading
+    (Miles' reducers are per-sample weighted masked sums): sample i's weight is its value on the
+    indicator of sample i over its mask count, on every loss-masked-in token. That reading is
+    checked on a seeded random vector (both signs on every position): a linear reducer whose true
+    coefficients differ anywhere (one that weights tokens by position, say) disagrees there with
+    probability 1. Then the coefficients are read one token at a time (its unit vector) and
+    checked again, so any linear reducer gets its exact gradient; a reducer that still disagrees,
+    or is not 0 at zero, is not linear and raises. The caller checks the value on the real input."""
     total = int(sum(response_lengths))
-    coefficients = np.zeros(total)
+    if len(masks) != len(response_lengths):
+        raise ValueError(f"{len(response_lengths)} response_lengths but {len(masks)} loss masks")
     probe = np.zeros(total)
+    origin = float(reducer(probe))
+    if not np.isclose(origin, 0.0, rtol=0, atol=1e-12):
+        raise ValueError(f"the pg-loss reducer is not linear: its value at zero is {origin}, not 0")
+    random = np.random.default_rng(seed).standard_normal(total)
+    coefficients = np.zeros(total)
     start = 0
     for length, mask in zip(response_lengths, masks, strict=True):
         end = start + length
@@ -106,7 +136,31 @@ def reducer_coefficients(
             coefficients[start:end] = float(reducer(probe)) / count * mask
             probe[start:end] = 0.0
         start = end
+    if _agrees(reducer, coefficients, random):
+        return coefficients
+    for j in range(total):
+        probe[j] = 1.0
+        coefficients[j] = float(reducer(probe))
+        probe[j] = 0.0
+    check_linear(reducer, coefficients, random, "a random probe")
     return coefficients
+
+
+def _agrees(reducer: Reducer, coefficients: np.ndarray, values: np.ndarray) -> bool:
+    value, expected = float(reducer(values)), float((coefficients * values).sum())
+    scale = float(np.abs(coefficients * values).sum())
+    return bool(np.isclose(value, expected, rtol=0, atol=1e-9 * max(scale, 1.0)))
+
+
+def check_linear(reducer: Reducer, coefficients: np.ndarray, values: np.ndarray, what: str) -> float:
+    """reducer(values), checked against sum(coefficients * values) (ValueError when they differ)."""
+    if not _agrees(reducer, coefficients, values):
+        raise ValueError(
+            f"the pg-loss reducer is not linear in its input (on {what}: value {float(reducer(values))}, "
+            f"coefficient sum {float((coefficients * values).sum())}); the reference trainer cannot "
+            "differentiate it"
+        )
+    return float(reducer(values))
 
 
 @dataclass
@@ -149,7 +203,9 @@ def micro_batch_loss(
     new = np.concatenate(new_log_probs)
     ppo_kl = np.where(active, np.concatenate(old_log_probs) - new, 0.0)
     adv = np.where(active, np.concatenate(advantages), 0.0)
-    pg_loss, clipfrac, dpg = compute_policy_loss(ppo_kl, adv, args.eps_clip, args.eps_clip_high)
+    pg_loss, clipfrac, dpg = compute_policy_loss(
+        ppo_kl, adv, args.eps_clip, args.eps_clip_high, getattr(args, "eps_clip_c", None)
+    )
     tis_weights = np.ones_like(pg_loss)
     tis_reduced: dict[str, float] = {}
     pg_masks: Sequence[np.ndarray] = masks
@@ -184,13 +240,7 @@ def micro_batch_loss(
     else:
         reducer = reducer_factory(list(total_lengths), list(response_lengths), list(pg_masks), per_token)
     coefficients = reducer_coefficients(reducer, response_lengths, pg_masks)
-    value = float(reducer(weighted_loss))
-    check = float((coefficients * weighted_loss).sum())
-    if not np.isclose(value, check, rtol=1e-9, atol=1e-12):
-        raise ValueError(
-            f"the pg-loss reducer is not a per-sample weighted masked sum (value {value}, "
-            f"coefficient sum {check}); the reference trainer cannot differentiate it"
-        )
+    value = check_linear(reducer, coefficients, weighted_loss, "the step's pg loss")
     grad = coefficients * tis_weights * dpg / normalizer
     pieces, clip_rates, tis_rates, sums = [], [], [], []
     tis_clipped = (

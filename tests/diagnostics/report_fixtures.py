@@ -167,7 +167,11 @@ def write_run(
             metrics = {
                 "train/logprob_abs_diff_mean": 0.001 * (step + 1),
                 "train/logprob_abs_diff_max": 0.01 * (step + 1),
+                "train/logprob_abs_diff_first_token_mean": 0.002 * (step + 1),
                 "train/routing_agreement": 1.0 - 0.01 * step,
+                "train/policy_lag_abs_diff_mean": 0.5 + 0.1 * step,
+                "train/policy_lag_abs_diff_max": 5.0 + step,
+                "train/policy_lag_kl": 0.05 * (step + 1),
                 "train/pg_clipfrac": 0.02 * step,
                 "train/tis_clipfrac": 0.0,
                 "train/grad_norm": 1.5,

@@ -106,6 +106,23 @@ def test_trust_chart_and_table_show_every_train_record(full: tuple[Expected, Pag
     assert [row[0] for row in rows] == [str(r["rollout_id"]) for r in expected.train]
 
 
+def test_trust_section_keeps_mismatch_and_policy_lag_apart(full: tuple[Expected, Page]) -> None:
+    """Mismatch (at the sampling version) and policy lag are two charts and two column groups."""
+    expected, page = full
+    chart = page.charts["chart-trust"]
+    assert chart.svgs == 3  # fractions, mismatch, policy lag
+    lag = {str(r["rollout_id"]): r["metrics"]["train/policy_lag_kl"] for r in expected.train}
+    assert chart.values("lag KL") == pytest.approx(lag)
+    first = {
+        str(r["rollout_id"]): r["metrics"]["train/logprob_abs_diff_first_token_mean"] for r in expected.train
+    }
+    assert chart.values("first token of a turn") == pytest.approx(first)
+    header = chart.tables[0][0]
+    assert (
+        header.index("lag |Δ log p| mean") > header.index("routing agreement") > header.index("|Δ log p| max")
+    )
+
+
 def test_a_run_without_train_records_says_so(tmp_path: Path) -> None:
     write_run(tmp_path / "metrics.jsonl", steps=2, groups=4, train=False)
     main(tmp_path, None)

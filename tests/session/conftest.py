@@ -81,6 +81,9 @@ class ScriptedBackend:
             "weight_version": "v1",
             "output_token_logprobs": logprobs,
         }
+        k = kw.get("top_logprobs_num", 0)
+        if k:  # the sampled token first, then the next ids down (SGLang's [logprob, token_id, text])
+            meta["output_top_logprobs"] = [[[lp - j, t + j, None] for j in range(k)] for lp, t, _ in logprobs]
         start = kw.get("routed_experts_start_len", 0)
         if kw.get("return_routed_experts"):
             end = len(input_ids) + len(output) - 1 + step.extra_rows
@@ -88,7 +91,7 @@ class ScriptedBackend:
             meta["routed_experts"] = base64.b64encode(rows.astype("<i4").tobytes()).decode()
         body = {"text": "", "output_ids": output, "meta_info": meta, "prompt_token_ids": list(input_ids)}
         return GenerateResult.from_json(
-            body, routed_experts_start_len=start if kw.get("return_routed_experts") else 0
+            body, routed_experts_start_len=start if kw.get("return_routed_experts") else 0, top_logprobs_num=k
         )
 
 

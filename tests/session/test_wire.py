@@ -87,7 +87,7 @@ def test_decode_is_zero_copy_and_aligned() -> None:
 def test_header_is_little_endian_and_documented() -> None:
     buffer = encode(_sample(6))
     magic, version, flags, n, rows, layers, top_k, code = struct.unpack_from("<4sHHQQHHB", buffer)
-    assert (magic, version, flags, n, rows, layers, top_k, code) == (b"RL3S", 3, 3, 6, 5, 4, 2, 1)
+    assert (magic, version, flags, n, rows, layers, top_k, code) == (b"RL3S", 4, 3, 6, 5, 4, 2, 1)
     assert np.frombuffer(buffer, "<i4", 6, HEADER_SIZE).tolist() == list(range(6))
 
 

@@ -177,9 +177,9 @@ def test_other_versions_are_refused_naming_them() -> None:
         {},
     )
     buffer = bytearray(encode(sample))
-    assert struct.unpack_from("<H", buffer, 4)[0] == VERSION == 3
-    struct.pack_into("<H", buffer, 4, 4)
-    with pytest.raises(WireFormatError, match=r"format version 4 is not supported .*reads 1, 2 and 3"):
+    assert struct.unpack_from("<H", buffer, 4)[0] == VERSION == 4
+    struct.pack_into("<H", buffer, 4, 5)
+    with pytest.raises(WireFormatError, match=r"format version 5 is not supported .*reads 1, 2, 3 and 4"):
         decode(bytes(buffer))
     with pytest.raises(WireFormatError, match="cannot write merged-sample format version 7"):
         encode(sample, version=7)

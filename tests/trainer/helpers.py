@@ -52,8 +52,10 @@ def sample(
     masked_span: tuple[int, int] | None = (3, 5),
     remove: bool = False,
     group_index: int = 0,
+    version: int | None = 0,
 ) -> Any:
-    """A merged-looking sample: prompt, response with a loss-mask-0 span (a tool output), R3 routing."""
+    """A merged-looking sample: prompt, response with a loss-mask-0 span (a tool output), R3 routing,
+    sampled by weight version `version` (Miles' `weight_versions`; None: no version recorded)."""
     rng = np.random.default_rng(1000 + index)
     prompt = rng.integers(0, SMALL.vocab_size, prompt_length).tolist()
     tokens, logprobs, routing = rollout(weights, prompt, response_length, seed=index)
@@ -72,4 +74,5 @@ def sample(
         rollout_routed_experts=routing.astype(np.int32),
         remove_sample=remove,
         reward=1.0,
+        weight_versions=[] if version is None else [str(version)],
     )

@@ -22,7 +22,10 @@ def local_ray(num_cpus: int | None = None) -> Iterator[None]:
         yield
         return
     ray.init(
-        address="local", num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False
+        address="local",
+        num_cpus=num_cpus or os.cpu_count() or 1,
+        include_dashboard=False,
+        log_to_driver=False,
     )
     try:
         yield

@@ -6,7 +6,11 @@ a merged sample would be (the last turn's routing covers every position, the sam
 the engine's log-probs, the rest is masked); then the trainer's recomputed log-probs against the
 engine's (|Δ log p| mean and max over sampled tokens) and the routing agreement (share of
 (token, layer) rows where the trainer's own top-k equals the engine's), with R3 replay on and
-off, for a float64 and a float32 engine. Then forward+backward tokens/s of the trainer at the
+off, for a float64 and a float32 engine. Then the two parity families through the trainer's own
+step under `keep_old_actor` (`rl360_ext.trainer.behaviour`): the conversation, sampled at version
+0, trains once (version 0 -> 1) and is scored again at version 1, so the mismatch (the trainer at
+the sampling version vs the engine) and the policy lag (one optimizer step, current vs sampling
+version on the same tokens) come out side by side. Then forward+backward tokens/s of the trainer at the
 demo's sample size and on one 60-turn, ~8K-token conversation. It does not assert anything.
 """
 
@@ -18,15 +22,20 @@ from typing import Any
 
 import numpy as np
 
+from rl360_ext.rollout.sample import Sample
+from rl360_ext.sglang.top_logprobs import empty_top_logprobs, parse_output_top_logprobs
 from rl360_ext.tiny_engine.engine import EngineConfig, TinyEngine
 from rl360_ext.tiny_engine.model import COMPUTE_DTYPES, init_weights
 from rl360_ext.tiny_engine.protocol import GenerateRequest, SamplingParams, decode_routed_experts
 from rl360_ext.trainer.backward import TrainModel
+from rl360_ext.trainer.behaviour import topk_parity
+from rl360_ext.trainer.trainer import Trainer, TrainerConfig
 from rl360_ext.util.progress import stage
 
 MISMATCH_TURNS = 6
 MISMATCH_PROMPT_TOKENS = 60
 MISMATCH_OUTPUT_TOKENS = 24
+TOP_K = 5  # the engine's top-k log-probs per sampled token (top_logprobs_num)
 DEMO_SAMPLE_TOKENS = 200  # a demo attempt's merged sample: prompt, look turn, probe, answer
 DEMO_SAMPLES = 8
 LONG_TURNS = 60
@@ -34,11 +43,15 @@ LONG_TURN_PROMPT_TOKENS = 100
 LONG_TURN_OUTPUT_TOKENS = 30
 
 
-def conversation(engine: TinyEngine, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(tokens, sampled-position mask, engine log-probs at those positions, routing rows) of a chat."""
+def conversation(
+    engine: TinyEngine, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """(tokens, sampled-position mask, engine log-probs at those positions, routing rows, the
+    engine's top-k (ids, log-probs) per position, NO_TOKEN rows where nothing was sampled) of a chat."""
     rng = np.random.default_rng(seed)
     history: list[int] = []
     sampled: list[tuple[int, float]] = []
+    top_rows: dict[int, list[list[Any]]] = {}
     meta: dict[str, Any] = {}
     for turn in range(MISMATCH_TURNS):
         history += rng.integers(0, engine.vocab_size, MISMATCH_PROMPT_TOKENS).tolist()
@@ -51,12 +64,14 @@ def conversation(engine: TinyEngine, seed: int = 0) -> tuple[np.ndarray, np.ndar
                 sampling_seed=seed + turn,
             ),
             return_logprob=True,
+            top_logprobs_num=TOP_K,
             return_routed_experts=True,
         )
         body = engine.generate(request)
         meta = body["meta_info"]
-        for entry in meta["output_token_logprobs"]:
+        for entry, top in zip(meta["output_token_logprobs"], meta["output_top_logprobs"], strict=True):
             sampled.append((len(history), float(entry[0])))
+            top_rows[len(history)] = top
             history.append(int(entry[1]))
     cfg = engine.model_config
     routing = decode_routed_experts(meta["routed_experts"], cfg.layers, cfg.top_k)
@@ -66,26 +81,69 @@ def conversation(engine: TinyEngine, seed: int = 0) -> tuple[np.ndarray, np.ndar
     for position, logprob in sampled:
         mask[position] = True
         recorded[position] = logprob
-    return tokens, mask, recorded, routing
+    ids, values = empty_top_logprobs(len(tokens), TOP_K)
+    for position, top in top_rows.items():
+        ids[position], values[position] = parse_output_top_logprobs([top], 1, TOP_K)
+    return tokens, mask, recorded, routing, (ids, values)
 
 
 def mismatch(dtype: str, seed: int = 0) -> dict[str, dict[str, float]]:
     """|Δ log p| and routing agreement of the trainer (float64) against an engine in `dtype`."""
     engine = TinyEngine(EngineConfig(seed=seed, dtype=dtype))
-    tokens, mask, recorded, routing = conversation(engine, seed)
+    tokens, mask, recorded, routing, (top_ids, top_values) = conversation(engine, seed)
     model = TrainModel(engine.model_config, init_weights(engine.model_config, seed))
     results = {}
     for label, replay in (("r3_on", routing), ("r3_off", None)):
         log_probs, tape = model.forward(tokens, 1, replay)
         diff = np.abs(log_probs - recorded[1:])[mask[1:]]
         same = np.sort(tape.own_routing, axis=-1) == np.sort(routing, axis=-1)
+        sampled = mask[1:]
+        topk = topk_parity(top_ids[1:][sampled], top_values[1:][sampled], tape.softmax[sampled])
         results[label] = {
             "logprob_abs_diff_mean": float(diff.mean()),
             "logprob_abs_diff_max": float(diff.max()),
             "routing_agreement": float(same.all(axis=-1).mean()),
+            "topk_kl": float((topk["kl_engine_trainer"] + topk["kl_trainer_engine"]).mean()),
+            "tv_bound_max": float(topk["tv_bound"].max()),
             "sampled_tokens": int(mask.sum()),
         }
     return results
+
+
+PARITY_METRICS = (
+    "logprob_abs_diff_mean",
+    "logprob_abs_diff_max",
+    "logprob_abs_diff_first_token_mean",
+    "routing_agreement",
+    "policy_lag_abs_diff_mean",
+    "policy_lag_abs_diff_max",
+    "policy_lag_kl",
+)
+
+
+def parity_families(dtype: str, seed: int = 0, lr: float = 1e-3) -> dict[str, float]:
+    """Mismatch and policy lag from the trainer's step (keep_old_actor): the conversation sampled at
+    version 0 trains at version 0, then is scored at version 1 against the version 0 it came from."""
+    engine = TinyEngine(EngineConfig(seed=seed, dtype=dtype))
+    tokens, mask, recorded, routing, _ = conversation(engine, seed)
+    sample = Sample(
+        group_index=0,
+        index=0,
+        tokens=tokens.tolist(),
+        response_length=len(tokens) - 1,
+        loss_mask=mask[1:].astype(int).tolist(),
+        rollout_log_probs=recorded[1:].tolist(),
+        rollout_routed_experts=routing.astype(np.int32),
+        weight_versions=["0"],
+    )
+    trainer = Trainer(
+        engine.model_config,
+        init_weights(engine.model_config, seed),
+        TrainerConfig(lr=lr, keep_old_actor=True, max_token_age=1),
+    )
+    trainer.train_step([sample], [1.0], policy_version=0)
+    metrics = trainer.train_step([sample], [1.0], policy_version=1)
+    return {name: metrics[f"train/{name}"] for name in PARITY_METRICS if f"train/{name}" in metrics}
 
 
 def throughput(lengths: list[int], seed: int = 0) -> dict[str, float]:
@@ -109,6 +167,10 @@ def collect() -> dict[str, Any]:
     for dtype in COMPUTE_DTYPES:
         stage(f"{MISMATCH_TURNS}-turn conversation on a {dtype} engine, trainer recompute")
         results["mismatch"][dtype] = mismatch(dtype)
+    results["parity"] = {}
+    for dtype in COMPUTE_DTYPES:
+        stage(f"mismatch vs policy lag through the train step (keep-old-actor), {dtype} engine")
+        results["parity"][dtype] = parity_families(dtype)
     stage(f"forward+backward, {DEMO_SAMPLES} demo-size samples of {DEMO_SAMPLE_TOKENS} tokens")
     results["demo_size"] = throughput([DEMO_SAMPLE_TOKENS] * DEMO_SAMPLES)
     long_tokens = LONG_TURNS * (LONG_TURN_PROMPT_TOKENS + LONG_TURN_OUTPUT_TOKENS)
@@ -127,6 +189,7 @@ def main(as_json: bool) -> None:
 
     table = Table(
         "engine", "R3", "|Δ log p| mean", "|Δ log p| max", "routing agreement",
+        f"top-{TOP_K} KL", "TV bound max",
         title=f"reference trainer (float64) vs tiny engine, {MISMATCH_TURNS}-turn conversation",
     )  # fmt: skip
     for dtype, rows in results["mismatch"].items():
@@ -137,7 +200,18 @@ def main(as_json: bool) -> None:
                 f"{row['logprob_abs_diff_mean']:.2e}",
                 f"{row['logprob_abs_diff_max']:.2e}",
                 f"{row['routing_agreement']:.4f}",
+                f"{row['topk_kl']:.2e}",
+                f"{row['tv_bound_max']:.2e}",
             )
+    parity = Table(
+        "engine", "mismatch |Δ log p| mean", "max", "first token", "routing agreement",
+        "policy lag |Δ log p| mean", "max", "KL",
+        title="the trainer at the sampling version (mismatch) vs one optimizer step later (policy lag)",
+    )  # fmt: skip
+    for dtype, row in results["parity"].items():
+        formats = {name: ".4f" if name == "routing_agreement" else ".2e" for name in PARITY_METRICS}
+        cells = ["-" if name not in row else format(row[name], formats[name]) for name in PARITY_METRICS]
+        parity.add_row(dtype, *cells)
     speed = Table("workload", "tokens", "seconds", "tokens/s", title="forward+backward (one process)")
     for label, key in (
         (f"demo size ({DEMO_SAMPLES} x {DEMO_SAMPLE_TOKENS} tokens)", "demo_size"),
@@ -147,4 +221,5 @@ def main(as_json: bool) -> None:
         speed.add_row(label, f"{row['tokens']:,.0f}", f"{row['seconds']:.1f}", f"{row['tokens_per_s']:,.0f}")
     console = Console()
     console.print(table)
+    console.print(parity)
     console.print(speed)
