@@ -1,15 +1,19 @@
 """Test-wide settings: a hypothesis profile that tolerates a loaded 2-core machine, and how the
-suite is split over pytest-xdist workers.
+suite is split over pytest-xdist workers (docs/testing.md).
 
-Distribution (`--dist loadgroup`, scripts/test.sh): a test that uses a fixture shared by its
-module (a tiny engine, a session server, a fault-matrix stack, a Ray cluster) runs on the same
-worker as the rest of its module, so the module starts that stack once; every other test is
-handed out on its own. Tests that bind ports take them from the kernel (port 0), sandboxes and
-task copies live under per-test or per-worker folders, and each worker starts its own local Ray,
-so workers never share a port, a folder or a cluster.
+Distribution: one work unit per test file, so a module's shared stack (a tiny engine, a session
+server, a fault-matrix stack, a Ray cluster) starts once, on one worker; the demo tests, each of
+which starts a whole local stack (engines, SMG, Harbor, Ray), are one unit, so no two of them run
+at once. Units are handed out in collection order, which puts the longest first: the demo, then
+the other integration tests, then the unit tests, which fill the gaps at the end. Tests that bind
+ports take them from the kernel (port 0), sandboxes and task copies live under per-test or
+per-worker folders, and each worker starts its own local Ray, so workers never share a port, a
+folder or a cluster.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -21,23 +25,34 @@ settings.register_profile(
 )
 settings.load_profile("rl360")
 
-SHARED_SCOPES = frozenset({"module", "package"})
+# Work units that hold more than one file: each starts a whole local stack per test.
+WHOLE_STACK_DIRS = ("integration_tests/demo/",)
+# Collection order, longest first: the demo's unit, the other integration tests, the unit tests.
+RUN_ORDER = (*WHOLE_STACK_DIRS, "integration_tests/", "tests/")
 
 
-def _shares_a_module_fixture(item: pytest.Item) -> bool:
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return False
-    return any(
-        definitions[-1].scope in SHARED_SCOPES
-        for definitions in info.name2fixturedefs.values()
-        if definitions
-    )
+def work_unit(nodeid: str) -> str:
+    """The xdist work unit of a test: its directory for whole-stack tests, else its file."""
+    path = nodeid.split("::", 1)[0]
+    return next((d for d in WHOLE_STACK_DIRS if path.startswith(d)), path)
 
 
-@pytest.hookimpl(tryfirst=True)
+def _run_rank(nodeid: str) -> int:
+    return next((rank for rank, prefix in enumerate(RUN_ORDER) if nodeid.startswith(prefix)), len(RUN_ORDER))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Keep a module's tests on one worker when they share a module-scoped fixture."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None and _shares_a_module_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    """Longest-running folders first (stable within each), so no long unit starts last."""
+    items.sort(key=lambda item: _run_rank(item.nodeid))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scope scheduler with `work_unit` as the scope, units in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False
+    return WorkUnitScheduling(config, log)

@@ -6,4 +6,4 @@ bash "$ROOT/scripts/bootstrap.sh"
 cd "$ROOT"
 .venv/bin/ruff check rl360_ext tests integration_tests
 .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
-.venv/bin/python -m pytest -q -p no:cacheprovider -n "${RL360_TEST_WORKERS:-4}" --dist loadgroup --durations=15 "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider -n "${RL360_TEST_WORKERS:-4}" --dist loadscope --durations=15 "$@"
