@@ -97,7 +97,9 @@ class RollingStart:
 class Gate(Protocol):
     """What the runner waits on right before a sandbox starts (this server's or a pool's gate)."""
 
-    async def wait_turn(self) -> None: ...
+    async def wait_turn(self) -> float:
+        """Wait for this start's slot; return the slot's time (unix seconds)."""
+        ...
 
 
 class StartGate:
@@ -113,13 +115,15 @@ class StartGate:
         self._lock = asyncio.Lock()
         self.on_start: Callable[[], None] | None = None
 
-    async def wait_turn(self) -> None:
+    async def wait_turn(self) -> float:
         async with self._lock:
             while (delay := self.rolling.delay_s()) > 0:
                 await asyncio.sleep(delay)
             self.rolling.record_start()
+            slot_at = time.time()
         if self.on_start is not None:
             self.on_start()
+        return slot_at
 
 
 @dataclass

@@ -85,8 +85,11 @@ class StartSlotsActor:
     def __init__(self, size: int, interval_s: float) -> None:
         self.slots = StartSlots(size, interval_s)
 
-    def take(self) -> float:
-        return self.slots.take()
+    def take(self) -> tuple[float, float]:
+        """(seconds until the booked slot, the slot's time in unix seconds), both read here, so
+        the slot's time does not carry the caller's wait for this answer."""
+        delay = self.slots.take()
+        return delay, time.time() + delay
 
     def taken(self) -> int:
         return self.slots.taken
@@ -102,12 +105,13 @@ class SharedStartGate:
         self.slots_actor = slots_actor
         self.on_start: Callable[[], None] | None = None
 
-    async def wait_turn(self) -> None:
-        delay = await self.slots_actor.take.remote()
+    async def wait_turn(self) -> float:
+        delay, slot_at = await self.slots_actor.take.remote()
         if delay > 0:
             await asyncio.sleep(delay)
         if self.on_start is not None:
             self.on_start()
+        return slot_at
 
 
 class HarborReplica:

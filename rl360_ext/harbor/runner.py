@@ -400,11 +400,12 @@ class TrialRunner:
         trial_dir = config.trials_dir / config.trial_name
         hard_stop = max(0.0, request.deadline_s - plan.queue_s - plan.margin_s / 2)
         trial: Trial | None = None
+        slot: dict[str, float] = {}
         scope = asyncio.timeout(hard_stop)
         try:
             async with scope:
                 trial = await Trial.create(config)
-                trial.add_hook(TrialEvent.ENVIRONMENT_START, self._on_sandbox_start)
+                trial.add_hook(TrialEvent.ENVIRONMENT_START, self._sandbox_start_hook(slot))
                 trial.add_hook(TrialEvent.AGENT_END, _phase_ender(trial))
                 trial.add_hook(
                     TrialEvent.VERIFICATION_START, _phase_ender(trial, *GRADING_CLEARS, grading=True)
@@ -425,14 +426,20 @@ class TrialRunner:
             _log.exception("trial %s failed outside Harbor's error handling", config.trial_name)
             result = outcome.failure(Cause.HARBOR_INTERNAL_ERROR, exc)
         result.trial_name = config.trial_name
+        result.timeline.update(slot)
         self._tidy(trial_dir, result)
         return result
 
-    async def _on_sandbox_start(self, event: TrialHookEvent) -> None:
-        """Harbor is about to start the sandbox: hold the rolling-start limit exactly, count it."""
-        if self.start_gate is not None:
-            await self.start_gate.wait_turn()
-        self.metrics.sandbox_starts.inc()
+    def _sandbox_start_hook(self, slot: dict[str, float]) -> Any:
+        """A hook for Harbor's sandbox start: hold the rolling-start limit exactly, count the
+        start, and keep the start slot's time (unix seconds) in `slot["start_slot_at"]`."""
+
+        async def on_sandbox_start(event: TrialHookEvent) -> None:
+            if self.start_gate is not None:
+                slot["start_slot_at"] = await self.start_gate.wait_turn()
+            self.metrics.sandbox_starts.inc()
+
+        return on_sandbox_start
 
     def _from_trial(self, trial: Trial | None, trial_dir: Path, cause: str) -> outcome.Outcome:
         """A failure with whatever phase timings the interrupted trial recorded."""

@@ -147,14 +147,17 @@ async def test_the_start_gate_holds_the_limit_in_arrival_order() -> None:
     rolling = RecordingRollingStart(size=2, interval_s=0.1)
     gate = StartGate(rolling)
     order: list[int] = []
+    slots: list[float] = []
 
     async def start(index: int) -> None:
-        await gate.wait_turn()
+        slots.append(await gate.wait_turn())
         order.append(index)
 
     await asyncio.gather(*(start(i) for i in range(6)))
     assert order == list(range(6))
     assert max_in_window(rolling.granted, 0.1) <= 2
+    # the slot times it hands back are the starts it granted: in order, and holding the limit
+    assert slots == sorted(slots) and max_in_window(slots, 0.1 - 0.005) <= 2
 
 
 def test_pinning_is_stable_and_spreads_groups() -> None:
