@@ -137,5 +137,8 @@ def test_health_stays_responsive_while_a_10mb_message_is_handled(log_dir, engine
             # handled (rendered and tokenized off the event loop); the tiny engine's context is 32k, and
             # its 400 reaches the agent as the engine sent it
             assert response.status_code == 400 and "error" in response.json()
-        assert p99 < 0.5
+        # the event loop never waited on the message: a loop blocked while it is handled answers one
+        # /health only after the whole handling (p99 over these few polls ~ handled_s); the bound
+        # grows with handled_s so a machine busy with other work does not fail a loop that was free
+        assert p99 < max(0.5, handled_s / 4), (p99, handled_s)
         assert httpx.get(server.url + "/health", timeout=10).status_code == 200
