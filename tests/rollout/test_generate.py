@@ -464,3 +464,42 @@ def test_the_rollout_sample_carries_every_span_and_the_version_arrays() -> None:
     assert arrays["token_version"] == [-1] * 5 + [3, 4, 4] + [-1] * 4 + [4, 4]
     assert len(arrays["routing_source"]) == len(arrays["routing_version"]) == len(sample.tokens) - 1
     assert arrays["turn_first_version"] == [3, 4]
+
+
+# ---- evaluation ------------------------------------------------------------------------------------
+
+
+def test_an_eval_attempt_carries_no_routing_rows_and_says_it_is_an_eval() -> None:
+    sample = finish(
+        Sample(metadata={"task": "t"}), two_turns(), "valid", verifier_result(1.0), evaluation=True
+    )
+    assert sample.rollout_routed_experts is None and sample.metadata["evaluation"] is True
+    assert (sample.reward, is_valid(sample)) == (1.0, True)
+    sample.validate()
+    trained = finish(Sample(metadata={"task": "t"}), two_turns(), "valid", verifier_result(1.0))
+    assert trained.rollout_routed_experts is not None and "evaluation" not in trained.metadata
+
+
+def test_an_eval_infra_attempt_under_a_reward_key_reads_none_where_miles_indexes_it() -> None:
+    sample = finish(
+        Sample(),
+        two_turns(),
+        "infra:sandbox_lost",
+        verifier_result(1.0),
+        reward_key="tests_passed",
+        evaluation=True,
+    )
+    assert sample.reward == {"tests_passed": None} and not is_valid(sample)
+    assert sample.reward["tests_passed"] is None  # Miles: sample.reward[reward_key] for every eval sample
+    assert sample.rollout_routed_experts is None
+    sample.validate()
+    plain = finish(Sample(), None, "infra:sandbox_lost", evaluation=True)
+    assert plain.reward is None and plain.status == Sample.Status.ABORTED
+
+
+def test_eval_reads_the_eval_reward_key_before_the_reward_key() -> None:
+    from rl360_ext.rollout.generate import eval_reward_key
+
+    assert eval_reward_key(SimpleNamespace(eval_reward_key="acc", reward_key="score")) == "acc"
+    assert eval_reward_key(SimpleNamespace(eval_reward_key=None, reward_key="score")) == "score"
+    assert eval_reward_key(SimpleNamespace()) is None
