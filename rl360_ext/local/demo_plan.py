@@ -11,9 +11,13 @@ push to the row of the summary table. It runs no process and no I/O (the driver 
 Faults (`--faults RATE`): each attempt independently gets a fault with probability
 RATE * 3/4, one of three kinds chosen uniformly: a sandbox that fails to start, a verifier that
 crashes before writing a reward, or a client whose deadline has already run out. The fourth kind,
-engine 503s, cannot be aimed at one attempt: every engine answers each `/generate` with a 503 at
-rate RATE / 4 (the engine's `POST /rl360/faults`). So about RATE of all attempts fail for
-infrastructure reasons.
+engine 503s, cannot be aimed at one attempt from here: every engine answers each `/generate` with
+a 503 at rate RATE / 4 (the engine's `POST /rl360/faults`). So about RATE of all attempts fail for
+infrastructure reasons. With `seeded_sampling` (every `--compare` arm) the 503s are keyed by the
+attempt's sampling seed (`attempt_sampling_seed`, a function of the run's seed and the attempt's
+Miles index, which the step's plan maps to its task), not drawn in request order: the same
+attempts get them in every arm (`rl360_ext.tiny_engine.faults.FaultKey.SAMPLING_SEED`), as the
+planned sandbox, verifier and deadline faults are the same in every arm.
 
 Schedules (`--schedule`): `one-step-off` is Miles' `train_async.py` (weights pushed only once no
 rollout generates). `in-flight` pushes the weights step k's training produced as soon as they are
