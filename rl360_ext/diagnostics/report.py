@@ -380,6 +380,15 @@ def _eval_section(run: Run) -> str:
         "<code>eval/&lt;name&gt;</code>: mean reward with every infra attempt scored 0). Below: "
         "the share of each dataset's eval attempts lost to infrastructure."
     )
+    if run.eval_notes:
+        caption += (
+            "<ul>"
+            + "".join(
+                f"<li><b>{escape(name)}</b>: {escape(note)}</li>"
+                for name, note in sorted(run.eval_notes.items())
+            )
+            + "</ul>"
+        )
     training = [
         None if (step := run.steps.get(rid)) is None else step.metric("reward/unfiltered_mean")
         for rid in steps

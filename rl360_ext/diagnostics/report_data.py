@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rl360_ext.outcomes.provenance import INFRA_PREFIX, VALID
-from rl360_ext.rollout.eval_metrics import EVAL_KIND
+from rl360_ext.rollout.eval_metrics import EVAL_KIND, EVAL_NOTE_KIND
 from rl360_ext.rollout.metrics import records_by_kind
 
 METRICS_FILE = "metrics.jsonl"
@@ -286,6 +286,7 @@ class Run:
     pushes: list[WeightPushRecord] = field(default_factory=list)
     train: dict[int, TrainRecord] = field(default_factory=dict)
     evals: list[EvalRecord] = field(default_factory=list)
+    eval_notes: dict[str, str] = field(default_factory=dict)  # what each eval dataset holds (a driver's)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -331,6 +332,10 @@ def load_run(run_dir: Path) -> Run:
         evaluated = _eval(record, _where(EVAL_KIND, number, record))
         if evaluated.rollout_id is not None and evaluated.dataset:
             run.evals.append(evaluated)
+    for record in records.get(EVAL_NOTE_KIND, []):
+        datasets = record.get("datasets")
+        if isinstance(datasets, dict):
+            run.eval_notes.update({str(k): str(v) for k, v in datasets.items()})
     if unplaced:
         run.notes.append(
             f"{unplaced} step/attempt record(s) without a rollout_id were left out of the charts."

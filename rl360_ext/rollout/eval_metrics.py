@@ -50,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 PASS_REWARD = 1.0  # Miles' pass rule: an attempt passes when its reward equals 1
 EVAL_KIND = "eval"  # the JSONL record kind
+EVAL_NOTE_KIND = "eval_note"  # a driver's JSONL line {"kind", "datasets": {name: what it holds}} (rl360 demo)
 
 
 def unbiased_pass_at_k(n: int, c: int, k: int) -> float:
