@@ -29,6 +29,11 @@ Order (read off radixark/miles 31f1ca96):
   completes, then the rollout log function over the kept samples, then reward post-processing
   (Miles logs before `convert_samples_to_train_data` applies the custom reward post-process).
 
+- eval (`--eval-interval N`; `RolloutManager.eval` -> `eval_rollout_single_dataset`): before
+  training and after the push of every N-th train step and the last (train_async.py), every
+  eval dataset's attempts through the generate hook with `evaluation=True`, then the eval log
+  hook (`rl360_ext.rollout.eval_metrics`); held-out quiz tasks never train (`demo_plan.plan_eval`).
+
 Deviations, on purpose: no over-sampling (Miles draws more prompts until `rollout_batch_size`
 groups pass the filter; the demo submits `--tasks` groups per step and keeps what passes, so steps
 stay comparable); the trainer is the CPU reference trainer (no parallelism), trained in a thread
