@@ -271,7 +271,7 @@ class DemoDriver:
                 elif event.step is None:
                     await self.push(None, await asyncio.to_thread(self.weights.save, INITIAL_WEIGHT_VERSION))
                     if self.config.eval_interval is not None:  # Miles evaluates before training
-                        await self.evaluate(0)  # (train_async.py:62-63)
+                        await self.evaluate(0, before_training=True)  # (train_async.py:62-63)
                 else:
                     generating = rollouts.get(event.step + 1) if self.config.schedule == IN_FLIGHT else None
                     await self.push(event.step, trained.pop(event.step), generating)
@@ -466,7 +466,7 @@ class DemoDriver:
 
     # ---- eval (RolloutManager.eval -> eval_rollout_single_dataset) --------------------------------
 
-    async def evaluate(self, rollout_id: int) -> None:
+    async def evaluate(self, rollout_id: int, *, before_training: bool = False) -> None:
         """Every eval dataset through the generate hook with `evaluation=True` (Miles'
         `eval_rollout_single_dataset`: the dataset's sampling params, a fresh routing key per
         sample, no filter, nothing trained), then the eval log hook on Miles' `data` shape."""
@@ -513,7 +513,8 @@ class DemoDriver:
                 f"{name} {passed}/{len(valid)} valid pass ({len(data[name]['samples']) - len(valid)} infra)"
             )
         self.progress.update(task_id, phase="done")
-        self.console.print(f"eval after step {rollout_id}: " + ", ".join(rates))
+        when = "before training" if before_training else f"after step {rollout_id}"
+        self.console.print(f"eval {when}: " + ", ".join(rates))
 
     def _sampling_params(self, plan: AttemptPlan) -> dict[str, Any]:
         params = dict(self.sampling_params)
