@@ -31,6 +31,7 @@ LAYERS, TOP_K = 2, 3
 SEEN_REQUEST_KWARGS: list[dict[str, Any]] = []
 SEEN_METADATA: list[dict[str, Any]] = []
 HALF_CALLS: list[int] = []
+SEEN_R3: list[bool | None] = []  # what each session was opened with
 
 
 def _turn(index: int, start: int, n_in: int, n_out: int, rows_from: int) -> TurnRecord:
@@ -64,7 +65,10 @@ class _Pool:
         self.urls = ["http://session.invalid"]
         self.count = 0
 
-    async def acreate_session(self, metadata: Any = None, routing_key: Any = None) -> tuple[str, str]:
+    async def acreate_session(
+        self, metadata: Any = None, routing_key: Any = None, r3: bool | None = None
+    ) -> tuple[str, str]:
+        SEEN_R3.append(r3)
         self.count += 1
         sid = f"session-{self.count:012d}"
         return sid, f"{self.urls[0]}/sessions/{sid}/v1"
@@ -194,6 +198,7 @@ def _fresh_records() -> None:
     SEEN_REQUEST_KWARGS.clear()
     SEEN_METADATA.clear()
     HALF_CALLS.clear()
+    SEEN_R3.clear()
 
 
 @pytest.mark.parametrize("reward_key", [None, "score"])
@@ -214,6 +219,7 @@ def test_miles_eval_rollout_runs_rl360s_hooks_and_logs_honest_numbers(
         kw["temperature"] == 0.0 and kw["top_k"] == 1 and kw["max_tokens"] == 16 for kw in SEEN_REQUEST_KWARGS
     )
     assert all(meta["evaluation"] is True for meta in SEEN_METADATA)
+    assert SEEN_R3 == [False] * 12  # eval sessions opt out of the pool's routing replay
     assert all(s.rollout_routed_experts is None and s.metadata["evaluation"] is True for s in samples)
     outage = [s for s in samples if s.metadata["task"] == "outage"]
     assert all(s.metadata["attempt_class"] == "infra:no_sandbox" for s in outage)

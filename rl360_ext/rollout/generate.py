@@ -30,12 +30,12 @@ Evaluation (`GenerateFnInput.evaluation`, Miles 31f1ca96: `eval_rollout_single_d
 filtered). The hook then: sends `input.sampling_params` as they are (the dataset's temperature,
 top_p, top_k, max_new_tokens), reads the reward under `--eval-reward-key` or `--reward-key`
 (Miles' rule, `inference_rollout_eval.py:126`), keeps the session (it is the model endpoint and
-records the engine failures that make an attempt infra), drops the R3 rows from the Sample
-(`rollout_routed_experts` serves only training; the session pool's engines still compute them,
-since R3 is a per-pool setting) and skips `--rl360-on-template-drift mask` (a loss mask that is
-never used). An infra attempt keeps `reward = None`, or `{key: None}` under a reward key, so
-Miles' `sample.reward[reward_key]` (`inference_rollout_eval.py:129`) reads None instead of raising
-TypeError; `rl360_ext.rollout.eval_metrics` then excludes it from the pass rate.
+records the engine failures that make an attempt infra), opens it without routing replay
+(`acreate_session(r3=False)`: R3 serves only training, so the engine computes and ships no routed
+experts for an eval turn and the Sample carries none) and skips `--rl360-on-template-drift mask`
+(a loss mask that is never used). An infra attempt keeps `reward = None`, or `{key: None}` under a
+reward key, so Miles' `sample.reward[reward_key]` (`inference_rollout_eval.py:129`) reads None
+instead of raising TypeError; `rl360_ext.rollout.eval_metrics` then excludes it from the pass rate.
 """
 
 from __future__ import annotations
@@ -552,7 +552,9 @@ async def generate(input: GenerateFnInput) -> GenerateFnOutput:
     session_meta = {"group_index": sample.group_index, "index": sample.index}
     try:
         session_id, v1_url = await handle.pool.acreate_session(
-            metadata=session_meta, routing_key=sample.routing_key or None
+            metadata=session_meta,
+            routing_key=sample.routing_key or None,
+            r3=False if input.evaluation and handle.routing_shape is not None else None,
         )
     except Exception as exc:  # no session server answered: nothing ran
         detail = f"could not open a session: {type(exc).__name__}: {exc}"
