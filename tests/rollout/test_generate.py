@@ -503,3 +503,81 @@ def test_eval_reads_the_eval_reward_key_before_the_reward_key() -> None:
     assert eval_reward_key(SimpleNamespace(eval_reward_key="acc", reward_key="score")) == "acc"
     assert eval_reward_key(SimpleNamespace(eval_reward_key=None, reward_key="score")) == "score"
     assert eval_reward_key(SimpleNamespace()) is None
+
+
+class _EvalPool:
+    """The SessionPool calls the hook makes, in process; records how sessions were opened."""
+
+    def __init__(self, merged: MergedSample) -> None:
+        self.urls = ["http://session.invalid"]
+        self.merged = merged
+        self.opened: list[bool | None] = []
+
+    async def acreate_session(
+        self, metadata: dict | None = None, routing_key: str | None = None, r3: bool | None = None
+    ) -> tuple[str, str]:
+        self.opened.append(r3)
+        return f"session-{len(self.opened):012d}", f"{self.urls[0]}/sessions/s/v1"
+
+    def server_for(self, session_id: str) -> int:
+        return 0
+
+    async def acollect(self, session_ids: list[str]) -> list[MergedSample]:
+        return [self.merged for _ in session_ids]
+
+    async def adelete(self, session_id: str) -> None:
+        return None
+
+
+SEEN_AGENT_CALLS: list[dict] = []
+
+
+async def graded_agent(
+    base_url: str, prompt: object, request_kwargs: dict, metadata: dict, **_: object
+) -> dict:
+    SEEN_AGENT_CALLS.append({"request_kwargs": request_kwargs, "metadata": metadata})
+    return verifier_result(1.0)
+
+
+@pytest.mark.parametrize("evaluation", [False, True])
+async def test_generate_opens_eval_sessions_without_r3_and_never_masks_their_loss(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object, evaluation: bool
+) -> None:
+    import concurrent.futures
+
+    from rl360_ext.rollout import generate as generate_module
+    from rl360_ext.templates.drift import DRIFT_KEY
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(
+        [
+            "--rl360-harbor-url", "http://harbor.invalid", "--rl360-session-backend", "http://engine.invalid",
+            "--rl360-tokenizer", str(tmp_path), "--rl360-r3", "--rl360-on-template-drift", "mask",
+            "--custom-agent-function-path", f"{__name__}.graded_agent",
+        ]
+    )  # fmt: skip
+    args.reward_key = None
+    merged = two_turns()
+    merged.metadata[DRIFT_KEY] = {"checked": True, "mismatch": True}
+    pool = _EvalPool(merged)
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_result(generate_module.PoolHandle(pool, ["instance"], (LAYERS, TOP_K)))
+    monkeypatch.setitem(generate_module._pools, GenerateConfig.from_args(args).pool, future)
+    monkeypatch.setattr(
+        generate_module, "_tokenizer", lambda _: SimpleNamespace(decode=decode, eos_token_id=EOS)
+    )
+    SEEN_AGENT_CALLS.clear()
+    state = SimpleNamespace(args=args)
+    params = {"temperature": 0.0, "max_new_tokens": 8}
+    out = await generate(GenerateFnInput(state, Sample(metadata={"task": "t"}), params, evaluation))
+    sample = out.samples
+    assert pool.opened == [False if evaluation else None]
+    assert SEEN_AGENT_CALLS[0]["request_kwargs"] == {"temperature": 0.0, "max_tokens": 8}
+    assert SEEN_AGENT_CALLS[0]["metadata"].get("evaluation") is (True if evaluation else None)
+    assert is_valid(sample) and sample.reward == 1.0
+    if evaluation:  # an eval sample is never trained: drift leaves its loss mask alone, no R3 rows
+        assert sample.rollout_routed_experts is None and any(sample.loss_mask)
+        assert "template_drift_masked" not in sample.metadata
+    else:
+        assert sample.rollout_routed_experts is not None and not any(sample.loss_mask)
