@@ -71,6 +71,16 @@ def test_pool_places_serves_collects_and_deletes(engine) -> None:
             (branches,) = pool.collect_branches([forked])
             assert [b.turns[0]["segment"] for b in branches] == [0, 1]
             assert np.array_equal(branches[-1].tokens, pool.collect([forked])[0].tokens)
+            # an eval attempt's session opts out of the pool's R3: no routing asked, kept or shipped
+            eval_sid, eval_url = asyncio.run(pool.acreate_session(metadata={"evaluation": True}, r3=False))
+            session_client(eval_url).chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=6
+            )
+            (evaluated,) = pool.collect([eval_sid])
+            assert evaluated.routed_experts is None and evaluated.metadata["session"]["r3"] is False
+            assert len(evaluated.tokens) > 0
+            over_http = wire.decode(httpx.get(eval_url.removesuffix("/v1") + "/merged", timeout=10).content)
+            assert over_http.routed_experts is None and np.array_equal(over_http.tokens, evaluated.tokens)
             pool.delete(ids[:2])
             with pytest.raises(SessionPoolError, match=ids[0]):
                 pool.collect(ids[:2])

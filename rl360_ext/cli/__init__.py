@@ -122,6 +122,13 @@ def demo(
     top_logprobs_num: int = typer.Option(
         5, min=0, help="Top-k log-probs the engines return per generated token, for top-k parity (0: off)."
     ),
+    eval_interval: int | None = typer.Option(
+        None,
+        min=1,
+        help="Miles' --eval-interval: before training and after every N train steps (and the last), "
+        "evaluate the training tasks and held-out quiz tasks (greedy and sampled) through the generate "
+        "hook with evaluation=True and the eval log hook; the report draws eval beside training.",
+    ),
     compare: str | None = typer.Option(
         None,
         help="'schedules': run one-step-off, in-flight in_place and in-flight retract, side by side. "
@@ -150,6 +157,7 @@ def demo(
         "pause_mode": pause_mode,
         "keep_old_actor": keep_old_actor,
         "top_logprobs_num": top_logprobs_num,
+        "eval_interval": eval_interval,
     }
     try:
         config = DemoConfig(

@@ -2,7 +2,9 @@
 
 Owns the page: a summary table and six charts (attempt outcomes per step, unfiltered vs kept
 reward, phase durations, infrastructure failures by cause, prefix-cache hit rate and routing
-bytes, weight pushes) plus, for a run that trained (`train` lines, as `rl360 demo` writes them
+bytes, weight pushes) plus, for a run with `eval` lines (`rl360_ext.rollout.eval_metrics`), eval
+pass rates beside the training curve with upstream's number dashed and the eval infra rate, and,
+for a run that trained (`train` lines, as `rl360 demo` writes them
 with the reference trainer), the learning curve against the task's chance level and the trust
 metrics of every train step, and, when the samples carried per-token version arrays, the
 token-age histogram and the mixed-version, stale-KV and R3-provenance shares per step (no section
@@ -53,6 +55,8 @@ from rl360_ext.diagnostics.report_data import (
     Summary,
     cache_and_routing,
     chance_level,
+    eval_metric_series,
+    eval_steps,
     infra_causes,
     load_run,
     outcome_counts,
@@ -360,6 +364,56 @@ def _learning_section(run: Run) -> str:
         y_range=(0.0, 1.0),
     )
     return page.section("chart-learning", title, caption, note + chart + legend(series))
+
+
+def _eval_section(run: Run) -> str:
+    """Eval beside training (only for a run with eval records: no section otherwise)."""
+    if not run.evals:
+        return ""
+    steps = eval_steps(run)
+    datasets = sorted({e.dataset for e in run.evals})
+    title = "Eval beside training: pass rate over valid attempts, infra rate beside it"
+    caption = (
+        "<b>training</b>: the unfiltered mean reward of the step's training attempts. Per eval "
+        "dataset: <b>pass rate</b> (passes over valid attempts, "
+        "<code>eval/&lt;name&gt;/pass_rate</code>) and, dashed, <b>upstream</b> (Miles' "
+        "<code>eval/&lt;name&gt;</code>: mean reward with every infra attempt scored 0). Below: "
+        "the share of each dataset's eval attempts lost to infrastructure."
+    )
+    if run.eval_notes:
+        caption += (
+            "<ul>"
+            + "".join(
+                f"<li><b>{escape(name)}</b>: {escape(note)}</li>"
+                for name, note in sorted(run.eval_notes.items())
+            )
+            + "</ul>"
+        )
+    training = [
+        None if (step := run.steps.get(rid)) is None else step.metric("reward/unfiltered_mean")
+        for rid in steps
+    ]
+    series = [Series("training (unfiltered mean)", "#1565c0", training)]
+    infra = []
+    for number, dataset in enumerate(datasets):
+        color = PALETTE[(number + 1) % len(PALETTE)]
+        series.append(
+            Series(f"{dataset} pass rate", color, eval_metric_series(run, dataset, "pass_rate", steps))
+        )
+        series.append(
+            Series(f"{dataset} upstream", color, eval_metric_series(run, dataset, "upstream", steps), True)
+        )
+        infra.append(
+            Series(f"{dataset} infra rate", color, eval_metric_series(run, dataset, "infra_rate", steps))
+        )
+    categories = [str(rid) for rid in steps]
+    rates = line_chart(categories, series, x_label=STEP_AXIS, y_label="rate", y_range=(0.0, 1.0))
+    lost = line_chart(
+        categories, infra, x_label=STEP_AXIS, y_label="infra share", fmt=format_percent, y_range=(0.0, 1.0)
+    )
+    return page.section("chart-eval", title, caption, rates + legend(series)) + page.section(
+        "chart-eval-infra", "Eval attempts lost to infrastructure", "", lost + legend(infra)
+    )
 
 
 def _trust_section(run: Run) -> str:
@@ -815,6 +869,7 @@ def render_report(run: Run) -> str:
             _outcomes_section(run),
             _rewards_section(run),
             _learning_section(run),
+            _eval_section(run),
             _trust_section(run),
             _staleness_sections(run),
             _phases_section(run),

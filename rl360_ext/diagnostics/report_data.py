@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rl360_ext.outcomes.provenance import INFRA_PREFIX, VALID
+from rl360_ext.rollout.eval_metrics import EVAL_KIND, EVAL_NOTE_KIND
 from rl360_ext.rollout.metrics import records_by_kind
 
 METRICS_FILE = "metrics.jsonl"
@@ -254,6 +255,29 @@ def _train(record: Mapping[str, Any], where: str) -> TrainRecord:
 
 
 @dataclass
+class EvalRecord:
+    """One eval dataset at one rollout step (`rl360_ext.rollout.eval_metrics.log_eval_metrics`):
+    its metrics without the `eval/<dataset>/` prefix."""
+
+    rollout_id: int
+    dataset: str
+    metrics: dict[str, Any]
+    where: str
+
+    def metric(self, name: str) -> float | None:
+        return _number(self.metrics, name, f"{self.where} metrics")
+
+
+def _eval(record: Mapping[str, Any], where: str) -> EvalRecord:
+    return EvalRecord(
+        rollout_id=_checked(record, "rollout_id", (int,), where),
+        dataset=str(_checked(record, "dataset", (str,), where)),
+        metrics=_checked(record, "metrics", (dict,), where) or {},
+        where=where,
+    )
+
+
+@dataclass
 class Run:
     source: Path
     ignored_files: list[Path] = field(default_factory=list)
@@ -261,6 +285,8 @@ class Run:
     attempts: list[Attempt] = field(default_factory=list)
     pushes: list[WeightPushRecord] = field(default_factory=list)
     train: dict[int, TrainRecord] = field(default_factory=dict)
+    evals: list[EvalRecord] = field(default_factory=list)
+    eval_notes: dict[str, str] = field(default_factory=dict)  # what each eval dataset holds (a driver's)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -302,6 +328,14 @@ def load_run(run_dir: Path) -> Run:
         train = _train(record, _where(TRAIN_KIND, number, record))
         if train.rollout_id is not None:
             run.train[train.rollout_id] = train
+    for number, record in enumerate(records.get(EVAL_KIND, []), start=1):
+        evaluated = _eval(record, _where(EVAL_KIND, number, record))
+        if evaluated.rollout_id is not None and evaluated.dataset:
+            run.evals.append(evaluated)
+    for record in records.get(EVAL_NOTE_KIND, []):
+        datasets = record.get("datasets")
+        if isinstance(datasets, dict):
+            run.eval_notes.update({str(k): str(v) for k, v in datasets.items()})
     if unplaced:
         run.notes.append(
             f"{unplaced} step/attempt record(s) without a rollout_id were left out of the charts."
@@ -356,6 +390,18 @@ def outcome_counts(run: Run) -> dict[str, list[int]]:
 
 def step_metric_series(run: Run, name: str) -> list[float | None]:
     return [None if (step := run.steps.get(rid)) is None else step.metric(name) for rid in run.step_ids]
+
+
+def eval_steps(run: Run) -> list[int]:
+    """Every rollout step a step or an eval record names, in order (the eval chart's x axis)."""
+    return sorted({*run.step_ids, *(e.rollout_id for e in run.evals)})
+
+
+def eval_metric_series(run: Run, dataset: str, name: str, steps: Sequence[int]) -> list[float | None]:
+    """One eval metric of one dataset per step of `steps` (None where it was not evaluated; the
+    last record wins when a step was evaluated twice)."""
+    by_step = {e.rollout_id: e.metric(name) for e in run.evals if e.dataset == dataset}
+    return [by_step.get(step) for step in steps]
 
 
 def train_metric_series(run: Run, name: str) -> list[float | None]:

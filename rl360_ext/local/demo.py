@@ -29,6 +29,11 @@ Order (read off radixark/miles 31f1ca96):
   completes, then the rollout log function over the kept samples, then reward post-processing
   (Miles logs before `convert_samples_to_train_data` applies the custom reward post-process).
 
+- eval (`--eval-interval N`; `RolloutManager.eval` -> `eval_rollout_single_dataset`): before
+  training and after the push of every N-th train step and the last (train_async.py), every
+  eval dataset's attempts through the generate hook with `evaluation=True`, then the eval log
+  hook (`rl360_ext.rollout.eval_metrics`); held-out quiz tasks never train (`demo_plan.plan_eval`).
+
 Deviations, on purpose: no over-sampling (Miles draws more prompts until `rollout_batch_size`
 groups pass the filter; the demo submits `--tasks` groups per step and keeps what passes, so steps
 stay comparable); the trainer is the CPU reference trainer (no parallelism), trained in a thread
@@ -78,14 +83,19 @@ from rl360_ext.local.demo_plan import (
     WAIT,
     AttemptPlan,
     DemoConfig,
+    EvalAttempt,
     StepSummary,
     allowed_weight_versions,
     attach_push,
     attempt_sampling_seed,
+    eval_notes,
     max_token_age,
+    plan_eval,
     plan_step,
     pushed_version,
     schedule_events,
+    should_evaluate,
+    split_eval_tasks,
     summarize_step,
 )
 from rl360_ext.local.demo_trainer import CHANCE_LEVEL, DemoTrainer
@@ -100,6 +110,7 @@ from rl360_ext.local.stack import (
     engine_requests,
 )
 from rl360_ext.outcomes.provenance import DOMAIN, is_valid
+from rl360_ext.rollout.eval_metrics import EVAL_NOTE_KIND
 from rl360_ext.rollout.metrics import append_records
 from rl360_ext.trainer.trainer import TrainerConfig
 from rl360_ext.util.console import make_console, print_table
@@ -110,6 +121,7 @@ GENERATE_PATH = "rl360_ext.rollout.generate.generate"
 FILTER_PATH = "rl360_ext.rollout.filters.check_valid_reward_nonzero_std"
 REWARD_POST_PROCESS_PATH = RL360_REWARD_POST_PROCESS
 ROLLOUT_LOG_PATH = "rl360_ext.rollout.metrics.log_rollout_metrics"
+EVAL_LOG_PATH = "rl360_ext.rollout.eval_metrics.log_eval_metrics"
 METRICS_FILE = "metrics.jsonl"
 REPORT_FILE = "report.html"
 SUMMARY_FILE = "summary.json"
@@ -160,6 +172,8 @@ def build_args(
     args.dynamic_sampling_filter_path = FILTER_PATH
     args.custom_reward_post_process_path = arm_rules(config.rules).reward_post_process_path
     args.custom_rollout_log_function_path = ROLLOUT_LOG_PATH
+    args.custom_eval_rollout_log_function_path = EVAL_LOG_PATH
+    args.eval_reward_key = None
     args.n_samples_per_prompt = config.attempts
     args.rollout_batch_size = config.tasks
     args.sglang_router_policy = "manual"
@@ -209,6 +223,7 @@ class DemoDriver:
         self.dynamic_filter = load_function(self.args.dynamic_sampling_filter_path)
         self.reward_post_process = load_function(self.args.custom_reward_post_process_path)
         self.log_rollout = load_function(self.args.custom_rollout_log_function_path)
+        self.log_eval = load_function(self.args.custom_eval_rollout_log_function_path)
         self._sample_type = Sample
         self.run_id = uuid.uuid4().hex
         self._input_type = GenerateFnInput
@@ -216,6 +231,7 @@ class DemoDriver:
         root = demo_tasks_root()
         self.quiz_tasks = quiz_task_names(root)
         self.instructions = {name: (root / name / "instruction.md").read_text() for name in self.quiz_tasks}
+        self.train_tasks, self.held_out_tasks = split_eval_tasks(config, self.quiz_tasks)
         self.metrics_path = config.out / METRICS_FILE
         self.weights = policy
         warm = self.weights.warm_start
@@ -238,6 +254,9 @@ class DemoDriver:
         """Carry out the schedule (`demo_plan.schedule_events`): rollouts as tasks, training and
         pushes in between."""
         await self._start_session_pool()
+        if self.config.eval_interval is not None:
+            notes = eval_notes(self.train_tasks, self.held_out_tasks)
+            append_records(self.metrics_path, [{"kind": EVAL_NOTE_KIND, "datasets": notes}])
         rollouts: dict[int, asyncio.Task[StepData]] = {}
         finished: dict[int, StepData] = {}
         trained: dict[int, Path] = {}
@@ -251,9 +270,13 @@ class DemoDriver:
                     trained[event.step] = await self.train(finished.pop(event.step))
                 elif event.step is None:
                     await self.push(None, await asyncio.to_thread(self.weights.save, INITIAL_WEIGHT_VERSION))
+                    if self.config.eval_interval is not None:  # Miles evaluates before training
+                        await self.evaluate(0, before_training=True)  # (train_async.py:62-63)
                 else:
                     generating = rollouts.get(event.step + 1) if self.config.schedule == IN_FLIGHT else None
                     await self.push(event.step, trained.pop(event.step), generating)
+                    if should_evaluate(event.step, self.config):  # after the push (train_async.py:113)
+                        await self.evaluate(event.step)
         finally:
             for task in rollouts.values():
                 task.cancel()
@@ -368,7 +391,7 @@ class DemoDriver:
 
     async def rollout(self, step: int) -> StepData:
         started = time.monotonic()
-        plan = plan_step(step, self.config, self.quiz_tasks)
+        plan = plan_step(step, self.config, self.train_tasks)
         total = sum(len(group) for group in plan)
         task_id = self.progress.add_task(f"step {step}", total=total, phase="generating")
         counts: Counter[str] = Counter()
@@ -440,6 +463,58 @@ class DemoDriver:
             return sample
 
         return list(await asyncio.gather(*(attempt(plan) for plan in plans)))
+
+    # ---- eval (RolloutManager.eval -> eval_rollout_single_dataset) --------------------------------
+
+    async def evaluate(self, rollout_id: int, *, before_training: bool = False) -> None:
+        """Every eval dataset through the generate hook with `evaluation=True` (Miles'
+        `eval_rollout_single_dataset`: the dataset's sampling params, a fresh routing key per
+        sample, no filter, nothing trained), then the eval log hook on Miles' `data` shape."""
+        started = time.monotonic()
+        datasets = plan_eval(rollout_id, self.config, self.train_tasks, self.held_out_tasks)
+        total = sum(len(attempts) for attempts in datasets.values())
+        task_id = self.progress.add_task(f"eval {rollout_id}", total=total, phase="evaluating")
+
+        async def attempt(plan: EvalAttempt) -> Any:
+            params: dict[str, Any] = {
+                "temperature": plan.temperature,
+                "max_new_tokens": self.config.max_new_tokens,
+            }
+            if plan.sampling_seed is not None:
+                params["sampling_seed"] = plan.sampling_seed
+            sample = self._sample_type(
+                index=plan.index,
+                prompt=self.instructions[plan.task],
+                metadata={"task": plan.task, "quiz": plan.task, DOMAIN: "quiz"},
+                routing_key=uuid.uuid4().hex,
+            )
+            output = await self.generate(
+                self._input_type(state=self.state, sample=sample, sampling_params=params, evaluation=True)
+            )
+            self.progress.update(task_id, advance=1)
+            return output.samples
+
+        names = list(datasets)
+        results = await asyncio.gather(*(asyncio.gather(*(attempt(a) for a in datasets[n])) for n in names))
+        data = {
+            name: {
+                "rewards": [s.reward for s in samples],
+                "truncated": [s.status == self._sample_type.Status.TRUNCATED for s in samples],
+                "samples": sorted(samples, key=lambda s: s.index),
+            }
+            for name, samples in zip(names, results, strict=True)
+        }
+        self.log_eval(rollout_id, self.args, data, {"eval/duration_seconds": time.monotonic() - started})
+        rates = []
+        for name in names:
+            valid = [s for s in data[name]["samples"] if is_valid(s)]
+            passed = sum(1 for s in valid if s.reward == 1.0)
+            rates.append(
+                f"{name} {passed}/{len(valid)} valid pass ({len(data[name]['samples']) - len(valid)} infra)"
+            )
+        self.progress.update(task_id, phase="done")
+        when = "before training" if before_training else f"after step {rollout_id}"
+        self.console.print(f"eval {when}: " + ", ".join(rates))
 
     def _sampling_params(self, plan: AttemptPlan) -> dict[str, Any]:
         params = dict(self.sampling_params)

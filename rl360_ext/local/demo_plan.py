@@ -11,9 +11,13 @@ push to the row of the summary table. It runs no process and no I/O (the driver 
 Faults (`--faults RATE`): each attempt independently gets a fault with probability
 RATE * 3/4, one of three kinds chosen uniformly: a sandbox that fails to start, a verifier that
 crashes before writing a reward, or a client whose deadline has already run out. The fourth kind,
-engine 503s, cannot be aimed at one attempt: every engine answers each `/generate` with a 503 at
-rate RATE / 4 (the engine's `POST /rl360/faults`). So about RATE of all attempts fail for
-infrastructure reasons.
+engine 503s, cannot be aimed at one attempt from here: every engine answers each `/generate` with
+a 503 at rate RATE / 4 (the engine's `POST /rl360/faults`). So about RATE of all attempts fail for
+infrastructure reasons. With `seeded_sampling` (every `--compare` arm) the 503s are keyed by the
+attempt's sampling seed (`attempt_sampling_seed`, a function of the run's seed and the attempt's
+Miles index, which the step's plan maps to its task), not drawn in request order: the same
+attempts get them in every arm (`rl360_ext.tiny_engine.faults.FaultKey.SAMPLING_SEED`), as the
+planned sandbox, verifier and deadline faults are the same in every arm.
 
 Schedules (`--schedule`): `one-step-off` is Miles' `train_async.py` (weights pushed only once no
 rollout generates). `in-flight` pushes the weights step k's training produced as soon as they are
@@ -86,6 +90,8 @@ class DemoConfig:
     seeded_sampling: bool = False  # every attempt's turns sample with `attempt_sampling_seed` (the A/B)
     keep_old_actor: bool = True  # Miles' --keep-old-actor: PPO's old policy is each token's sampler
     top_logprobs_num: int = 5  # the engines' top-k log-probs kept per generated token (0: off)
+    eval_interval: int | None = None  # Miles' --eval-interval: eval after every N train steps (None: no eval)
+    eval_held_out: int = 2  # quiz tasks held out of training and evaluated, when eval_interval is set
 
     def __post_init__(self) -> None:
         minimums = {
@@ -99,11 +105,17 @@ class DemoConfig:
             "steps_per_rollout": 1,
             "lr_warmup_steps": 0,
             "top_logprobs_num": 0,
+            "eval_held_out": 1,
         }
         for name, least in minimums.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer >= {least}, got {value!r}")
+        interval = self.eval_interval
+        if interval is not None and (
+            isinstance(interval, bool) or not isinstance(interval, int) or interval < 1
+        ):
+            raise ValueError(f"--eval-interval must be an integer >= 1, got {interval!r}")
         if not (isinstance(self.faults, int | float) and 0.0 <= self.faults <= 1.0):
             raise ValueError(f"--faults must be a rate in [0, 1], got {self.faults!r}")
         for name in ("lr", "head_lr", "temperature", "deadline_s"):
@@ -170,6 +182,99 @@ def plan_step(step: int, config: DemoConfig, task_names: Sequence[str]) -> list[
             group.append(AttemptPlan(step, group_index, group_index * config.attempts + attempt, task, fault))
         groups.append(group)
     return groups
+
+
+# ---- eval (Miles' --eval-interval) ---------------------------------------------------------------
+
+TRAIN_GREEDY, TRAIN_SAMPLED = "train_greedy", "train_sampled"
+HELD_OUT_GREEDY, HELD_OUT_SAMPLED = "held_out_greedy", "held_out_sampled"
+HELD_OUT_NOTE = (
+    "quiz tasks never trained on: each quiz's answer is an arbitrary letter, so nothing learned on "
+    "the training quizzes can transfer, and the held-out pass rate is expected to stay at chance"
+)
+
+
+@dataclass(frozen=True)
+class EvalAttempt:
+    """One eval attempt: the dataset, its place in Miles' eval numbering, its task and sampling."""
+
+    dataset: str
+    index: int  # Sample.index within the dataset (Miles: sequential over prompts x samples)
+    task: str
+    temperature: float
+    sampling_seed: int | None
+
+
+def split_eval_tasks(config: DemoConfig, task_names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(training tasks, held-out tasks): without eval every task trains; with it, `eval_held_out`
+    tasks drawn by the seed never appear in a training step. Raises ValueError naming the option
+    when no training task would be left."""
+    pool = sorted(task_names)
+    if config.eval_interval is None:
+        return pool, []
+    if config.eval_held_out >= len(pool):
+        raise ValueError(
+            f"--eval-held-out {config.eval_held_out} leaves no training task of the {len(pool)} quiz tasks"
+        )
+    held_out = sorted(random.Random(f"rl360-demo-held-out:{config.seed}").sample(pool, config.eval_held_out))
+    return [t for t in pool if t not in held_out], held_out
+
+
+def should_evaluate(step: int, config: DemoConfig) -> bool:
+    """Miles' `should_run_periodic_action(rollout_id, eval_interval, None, num_rollout)`
+    (train_async.py:113, miles/utils/misc.py): after every N-th train step and after the last."""
+    if config.eval_interval is None:
+        return False
+    return step == config.steps - 1 or (step + 1) % config.eval_interval == 0
+
+
+def plan_eval(
+    rollout_id: int, config: DemoConfig, train_tasks: Sequence[str], held_out: Sequence[str]
+) -> dict[str, list[EvalAttempt]]:
+    """The eval datasets of one eval point: the training and the held-out tasks, each greedy (one
+    attempt at temperature 0) and sampled (`attempts` attempts at the training temperature), as
+    Miles' `eval_rollout_single_dataset` numbers them (prompt-major, `n_samples_per_eval_prompt`
+    per prompt). With `seeded_sampling`, each sampled attempt gets a seed from (seed, rollout_id,
+    task, sample) so every A/B arm evaluates with the same draws."""
+    datasets: dict[str, list[EvalAttempt]] = {}
+    for (greedy, sampled), tasks in (
+        ((TRAIN_GREEDY, TRAIN_SAMPLED), train_tasks),
+        ((HELD_OUT_GREEDY, HELD_OUT_SAMPLED), held_out),
+    ):
+        if not tasks:
+            continue
+        for name, temperature, n in ((greedy, 0.0, 1), (sampled, config.temperature, config.attempts)):
+            attempts = []
+            for task in sorted(tasks):
+                for j in range(n):
+                    seed = (
+                        eval_sampling_seed(config.seed, rollout_id, task, j)
+                        if config.seeded_sampling
+                        else None
+                    )
+                    attempts.append(EvalAttempt(name, len(attempts), task, temperature, seed))
+            datasets[name] = attempts
+    return datasets
+
+
+def eval_sampling_seed(seed: int, rollout_id: int, task: str, sample: int) -> int:
+    """The sampling seed of one sampled eval attempt (the same in every arm of an A/B)."""
+    digest = hashlib.sha256(f"rl360-demo-eval:{seed}:{rollout_id}:{task}:{sample}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % SAMPLING_SEED_LIMIT
+
+
+def eval_notes(train_tasks: Sequence[str], held_out: Sequence[str]) -> dict[str, str]:
+    """What each eval dataset holds, for the report's eval chart."""
+    trained = f"the {len(train_tasks)} training quiz tasks"
+    notes = {
+        TRAIN_GREEDY: f"{trained}, one greedy attempt each (temperature 0)",
+        TRAIN_SAMPLED: f"{trained}, sampled at the training temperature",
+    }
+    if held_out:
+        names = ", ".join(held_out)
+        notes[HELD_OUT_GREEDY] = f"{names}: {HELD_OUT_NOTE}; one greedy attempt each"
+        notes[HELD_OUT_SAMPLED] = f"{names}: {HELD_OUT_NOTE}; sampled at the training temperature"
+    return notes
 
 
 def attempt_sampling_seed(seed: int, attempt_index: int) -> int:

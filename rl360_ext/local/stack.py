@@ -46,6 +46,7 @@ from rl360_ext.local.fixtures import tasks_root as fixture_tasks_root
 from rl360_ext.local.quiz_agent import IMPORT_PATH as QUIZ_AGENT
 from rl360_ext.local.services import start_engine, start_harbor, start_smg
 from rl360_ext.rollout.harbor_routing import replace_url
+from rl360_ext.tiny_engine.faults import FaultKey
 from rl360_ext.util.fielddocs import field_flags
 from rl360_ext.util.prereqs import (
     bwrap_problem,
@@ -135,9 +136,11 @@ class StackConfig:
     """Tiny engines (demo: `--engines`; fault matrix and benches: 1)."""
     engine_flags: tuple[str, ...] = ()
     """Extra `rl360 engine serve` flags for every engine (demo: `--seed`; r3 bench: a wide MoE shape)."""
-    engine_faults: Mapping[str, float] | None = None
+    engine_faults: Mapping[str, Any] | None = None
     """`POST /rl360/faults` body each engine gets once up, its `seed` offset by the engine's number
-    (demo with `--faults`: the 503 rate); None: no faults (the fault matrix sets them per case)."""
+    unless the draws are keyed by the attempt's sampling seed (demo with `--faults`: the 503 rate,
+    keyed when the demo seeds each attempt's sampling); None: no faults (the fault matrix sets them
+    per case)."""
     gateway: bool = True
     """Start the SMG gateway (policy manual) in front of the engines (the r3 bench talks to the engine)."""
     gateway_flags: tuple[str, ...] = ()
@@ -219,13 +222,16 @@ class LocalStack:
     def services(self) -> list[Service]:
         return [*self.harbors.values(), *([self.smg] if self.smg else []), *self.engines]
 
-    def set_engine_faults(self, faults: Mapping[str, float] | None) -> None:
-        """`POST /rl360/faults` on each live engine (`seed` offset by its number); None clears them."""
+    def set_engine_faults(self, faults: Mapping[str, Any] | None) -> None:
+        """`POST /rl360/faults` on each live engine; None clears them. The `seed` is offset by the
+        engine's number (independent streams), except when the draws are keyed by the attempt's
+        sampling seed: then every engine must draw the same for the same attempt."""
+        keyed = (faults or {}).get("draw_by") == FaultKey.SAMPLING_SEED
         for number, engine in enumerate(self.engines):
             if not engine.alive():
                 continue
             body = dict(faults or {})
-            if "seed" in body:
+            if "seed" in body and not keyed:
                 body["seed"] = body["seed"] + number
             httpx.post(f"{engine.url}/rl360/faults", json=body, timeout=10.0).raise_for_status()
 
@@ -506,7 +512,11 @@ def demo_stack_config(config: DemoConfig) -> StackConfig:
     if config.harbor_replicas > 1:
         harbors = ()
         pool = HarborPoolSpec(server, config.harbor_replicas, start_rate=(concurrent, DEMO_START_INTERVAL_S))
-    faults = {"error_rate": config.engine_error_rate, "seed": config.seed} if config.faults > 0 else None
+    faults: dict[str, Any] | None = None
+    if config.faults > 0:
+        faults = {"error_rate": config.engine_error_rate, "seed": config.seed}
+        if config.seeded_sampling:  # each attempt samples with its own seed: key its 503s by it too
+            faults["draw_by"] = FaultKey.SAMPLING_SEED.value
     return StackConfig(
         out=config.out,
         engines=config.engines,

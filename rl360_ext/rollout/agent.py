@@ -28,6 +28,14 @@ generate hook set it, else the configured deadline), and the client waits that l
 always answers first; a server that does not is an infrastructure failure ("client_deadline").
 A transport failure is "transport_error". Neither ever carries a reward: upstream's example
 scores both as 0.0, which is exactly the bug this package exists to fix.
+
+Evaluation: Miles hands an agent function no `evaluation` flag (31f1ca96,
+`miles/rollout/generate_hub/agentic_tool_call.py:75-80` passes base_url, prompt, request_kwargs
+and metadata only); rl360's generate hook sets `metadata["evaluation"] = True` for an eval
+attempt (Miles' `GenerateFnInput.evaluation`), and an eval dataset's `metadata_overrides` can set
+it under the stock generate. An eval attempt runs exactly as a training one (the request kwargs
+are already the eval dataset's sampling params, the session stays the model endpoint and what
+`abort` flushes), and its answer says `evaluation: True` so every reader tells eval from training.
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ logger = logging.getLogger(__name__)
 DEADLINE_KEY = "deadline_s"  # metadata key the generate hook sets to the remaining deadline
 IMAGE_GROUP_KEY = "image_group"  # optional metadata key: the task's image group, for replica pinning
 AGENT_CONFIG_KWARG = "rl360_config"  # keyword the generate hook passes its AgentConfig as
+EVALUATION_KEY = "evaluation"  # metadata key: True for an eval attempt (Miles' evaluation=True)
 MESSAGE_LIMIT = 2000
 
 
@@ -250,6 +259,16 @@ async def run(
     settings = rl360_config if rl360_config is not None else AgentConfig.from_env()
     router = harbor_router(settings)
     body = build_run_body(settings, base_url, request_kwargs, metadata)
+    result = await _post_run(settings, router, body, metadata)
+    if metadata.get(EVALUATION_KEY) is True:
+        result[EVALUATION_KEY] = True
+    return result
+
+
+async def _post_run(
+    settings: AgentConfig, router: HarborRouter, body: dict[str, Any], metadata: Mapping[str, Any]
+) -> dict[str, Any]:
+    """POST the body to the replica the attempt's image group pins; the answer as the agent's dict."""
     limit_s = body["deadline_s"] + settings.client_margin_s
     started = time.monotonic()
     with router.attempt(_image_group(settings, metadata)) as replica:

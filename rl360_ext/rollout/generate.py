@@ -22,6 +22,20 @@ under this hook and under Miles' stock `agentic_tool_call.generate`: `Sample.tok
 response; `response_length`, `loss_mask` and `rollout_log_probs` cover the response part only;
 `rollout_routed_experts` covers every token but the last (int32 `[len(tokens) - 1, layers,
 top_k]`); `--max-seq-len` cuts at turn boundaries as Miles' session server does.
+
+Evaluation (`GenerateFnInput.evaluation`, Miles 31f1ca96: `eval_rollout_single_dataset` in
+`miles/rollout/inference_rollout/inference_rollout_eval.py:67-98` and
+`miles/rollout/sglang_rollout.py:601-636` calls the same generate function with
+`evaluation=True` and the eval dataset's sampling params; nothing it returns is trained on or
+filtered). The hook then: sends `input.sampling_params` as they are (the dataset's temperature,
+top_p, top_k, max_new_tokens), reads the reward under `--eval-reward-key` or `--reward-key`
+(Miles' rule, `inference_rollout_eval.py:126`), keeps the session (it is the model endpoint and
+records the engine failures that make an attempt infra), opens it without routing replay
+(`acreate_session(r3=False)`: R3 serves only training, so the engine computes and ships no routed
+experts for an eval turn and the Sample carries none) and skips `--rl360-on-template-drift mask`
+(a loss mask that is never used). An infra attempt keeps `reward = None`, or `{key: None}` under a
+reward key, so Miles' `sample.reward[reward_key]` (`inference_rollout_eval.py:129`) reads None
+instead of raising TypeError; `rl360_ext.rollout.eval_metrics` then excludes it from the pass rate.
 """
 
 from __future__ import annotations
@@ -92,6 +106,7 @@ OPENAI_REQUEST_KEYS = frozenset(
         "n",
     }
 )
+EVALUATION_KEY = agent_module.EVALUATION_KEY  # metadata: the attempt is an eval attempt
 _NOT_METADATA = frozenset({"reward", "rewards", ATTEMPT_CLASS})
 _SGLANG_TO_OPENAI = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed"}
 
@@ -407,9 +422,13 @@ def finish_sample(
     routing_shape: tuple[int, int] | None,
     max_seq_len: int | None = None,
     reward_key: str | None = None,
+    evaluation: bool = False,
 ) -> Any:
     """Fill `sample` from what the attempt produced. A valid class whose tokens cannot be trained on
-    becomes "infra:aborted"; every infra attempt goes through `mark_infra_sample` (status ABORTED)."""
+    becomes "infra:aborted"; every infra attempt goes through `mark_infra_sample` (status ABORTED).
+
+    With `evaluation` (see the module docstring) the sample carries no R3 rows, its metadata says
+    `evaluation: True`, and an infra attempt's reward is `{reward_key: None}` under a reward key."""
     filled, unusable = (
         (None, "no merged sample was collected")
         if merged is None
@@ -431,6 +450,9 @@ def finish_sample(
         sample.metadata[VERSIONS_KEY] = filled.metadata[VERSIONS_KEY]  # per-token policy versions
         if TOP_LOGPROBS_KEY in filled.metadata:  # the engine's top-k per response token (opt-in)
             sample.metadata[TOP_LOGPROBS_KEY] = filled.metadata[TOP_LOGPROBS_KEY]
+    if evaluation:
+        sample.metadata[EVALUATION_KEY] = True
+        sample.rollout_routed_experts = None
     if attempt_class == VALID:
         sample.metadata[ATTEMPT_CLASS] = VALID
         sample.reward = reward
@@ -443,10 +465,18 @@ def finish_sample(
         attempt_class,
         detail=detail,
         fallback_token_id=fallback_token_id,
-        routed_experts_shape=routing_shape,
+        routed_experts_shape=None if evaluation else routing_shape,
     )
     sample.status = Sample.Status.ABORTED
+    if evaluation and reward_key:
+        sample.reward = {reward_key: None}
     return sample
+
+
+def eval_reward_key(args: Any) -> str | None:
+    """The reward key Miles reads eval rewards by: `--eval-reward-key`, else `--reward-key`
+    (`miles/rollout/inference_rollout/inference_rollout_eval.py:126`)."""
+    return getattr(args, "eval_reward_key", None) or getattr(args, "reward_key", None)
 
 
 def _reset_response(sample: Any) -> None:
@@ -522,11 +552,13 @@ async def generate(input: GenerateFnInput) -> GenerateFnOutput:
     session_meta = {"group_index": sample.group_index, "index": sample.index}
     try:
         session_id, v1_url = await handle.pool.acreate_session(
-            metadata=session_meta, routing_key=sample.routing_key or None
+            metadata=session_meta,
+            routing_key=sample.routing_key or None,
+            r3=False if input.evaluation and handle.routing_shape is not None else None,
         )
     except Exception as exc:  # no session server answered: nothing ran
         detail = f"could not open a session: {type(exc).__name__}: {exc}"
-        return GenerateFnOutput(samples=_infra_without_session(sample, detail, tokenizer, handle))
+        return GenerateFnOutput(samples=_infra_without_session(input, detail, tokenizer, handle))
     timings["session_open"] = time.monotonic() - started
     server = handle.pool.server_for(session_id)
     instance_id = handle.instance_ids[server]
@@ -539,6 +571,8 @@ async def generate(input: GenerateFnInput) -> GenerateFnOutput:
     }
     if options.max_seq_len is not None:
         metadata["max_seq_len"] = options.max_seq_len
+    if input.evaluation:
+        metadata[EVALUATION_KEY] = True
     try:
         agent_started = time.monotonic()
         result, why = await _run_agent(
@@ -567,9 +601,11 @@ async def generate(input: GenerateFnInput) -> GenerateFnOutput:
         fallback_token_id=_fallback_token_id(tokenizer),
         routing_shape=handle.routing_shape,
         max_seq_len=options.max_seq_len,
-        reward_key=getattr(args, "reward_key", None),
+        reward_key=eval_reward_key(args) if input.evaluation else getattr(args, "reward_key", None),
+        evaluation=input.evaluation,
     )
-    mask_template_drift(sample, options.on_template_drift)
+    if not input.evaluation:  # an eval sample is never trained: its loss mask is unused
+        mask_template_drift(sample, options.on_template_drift)
     sample.non_generation_time = non_generation_time(result, timings["agent"], merged)
     sample.metadata.update(
         session_id=session_id,
@@ -580,10 +616,10 @@ async def generate(input: GenerateFnInput) -> GenerateFnOutput:
     return GenerateFnOutput(samples=sample)
 
 
-def _infra_without_session(sample: Any, detail: str, tokenizer: Any, handle: PoolHandle) -> Any:
+def _infra_without_session(input: GenerateFnInput, detail: str, tokenizer: Any, handle: PoolHandle) -> Any:
     attempt_class = classify(None, Cause.SESSION_VANISHED, "score")
     return finish_sample(
-        sample,
+        input.sample,
         merged=None,
         result=None,
         attempt_class=attempt_class,
@@ -591,6 +627,8 @@ def _infra_without_session(sample: Any, detail: str, tokenizer: Any, handle: Poo
         decode=lambda ids: tokenizer.decode(ids),
         fallback_token_id=_fallback_token_id(tokenizer),
         routing_shape=handle.routing_shape,
+        reward_key=eval_reward_key(input.args) if input.evaluation else None,
+        evaluation=input.evaluation,
     )
 
 

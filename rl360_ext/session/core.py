@@ -134,6 +134,7 @@ class Session:
     turn_errors: list[dict[str, Any]] = field(default_factory=list)  # failed turns: {turn, status, cause}
     replies: dict[bytes, Reply] = field(default_factory=dict)  # request fingerprint -> its recorded reply
     exchanges: dict[int, Exchange] = field(default_factory=dict)  # the agent's side of each turn, by index
+    r3: bool = False  # record routing replay for this session's turns (the server's --r3, unless opted out)
 
 
 @dataclass
@@ -173,7 +174,16 @@ class SessionCore:
         metadata: dict[str, Any] | None = None,
         routing_key: str | None = None,
         session_id: str | None = None,
+        r3: bool | None = None,
     ) -> Session:
+        """A new session. `r3=False` opts it out of the server's routing replay (an eval attempt,
+        whose routing no trainer replays: its turns then ask the engine for no routed experts and
+        its merged sample carries none); None: the server's `--r3`. `r3=True` on a server without
+        `--r3` is refused (the routing shape is unknown there)."""
+        if r3 is not None and not isinstance(r3, bool):
+            raise RequestError(f"r3: must be true, false or omitted, got {r3!r}", param="r3")
+        if r3 and not self.config.r3:
+            raise RequestError("r3: this session server runs without --r3", param="r3")
         if metadata is not None and not isinstance(metadata, dict):
             raise RequestError("metadata: must be a JSON object", param="metadata")
         reserved = [k for k in RESERVED_METADATA_KEYS if k in (metadata or {})]
@@ -198,7 +208,14 @@ class SessionCore:
             )
         now = time.monotonic()
         sid = session_id or mint_session_id(self.instance_tag)
-        session = Session(sid, routing_key or sid, dict(metadata or {}), time.time(), now)
+        session = Session(
+            sid,
+            routing_key or sid,
+            dict(metadata or {}),
+            time.time(),
+            now,
+            r3=self.config.r3 if r3 is None else r3,
+        )
         self.sessions[sid] = session
         self.metrics.sessions_created.inc()
         self.metrics.sessions_open.set(len(self.sessions))
@@ -362,7 +379,7 @@ class SessionCore:
                 self._sampling_params(request),
                 return_logprob=True,
                 return_prompt_token_ids=True,
-                return_routed_experts=self.config.r3,
+                return_routed_experts=session.r3,
                 routed_experts_start_len=plan.segment.rows,
                 rid=f"{session.id}-{len(session.turns)}",
                 routing_key=session.routing_key,
@@ -370,7 +387,7 @@ class SessionCore:
             )
         except EngineError as exc:
             raise self._turn_error(session, _engine_fault(exc)) from exc
-        problem = self._check_result(plan, result, request)
+        problem = self._check_result(plan, result, request, session.r3)
         if problem:
             raise self._turn_error(
                 session,
@@ -386,7 +403,9 @@ class SessionCore:
         session.turn_errors.append({"turn": len(session.turns), "status": error.status, "cause": error.code})
         return error
 
-    def _check_result(self, plan: _Plan, result: GenerateResult, request: ChatRequest) -> str | None:
+    def _check_result(
+        self, plan: _Plan, result: GenerateResult, request: ChatRequest, r3: bool
+    ) -> str | None:
         outside = [t for t in result.output_ids if not 0 <= t < self.vocab_size]
         if outside:
             return f"output_ids holds token id {outside[0]}, outside the vocabulary [0, {self.vocab_size})"
@@ -405,7 +424,7 @@ class SessionCore:
             return f"no output_top_logprobs although top_logprobs_num={self.config.top_logprobs_num} was set"
         if result.finish_reason.type not in ("stop", "length", "abort"):
             return f"unknown finish_reason type {result.finish_reason.type!r}"
-        if not self.config.r3:
+        if not r3:
             return None
         shape = self.config.routing_shape
         assert shape is not None
@@ -425,7 +444,7 @@ class SessionCore:
     def _record(self, session: Session, plan: _Plan, result: GenerateResult, latency_s: float) -> TurnRecord:
         segment = plan.segment
         routing = sources = None
-        if self.config.r3:
+        if session.r3:
             shape = self.config.routing_shape
             assert shape is not None
             raw = result.routing_rows(shape.layers, shape.top_k)
@@ -489,7 +508,7 @@ class SessionCore:
             "id": session.id,
             "routing_key": session.routing_key,
             "created_at": session.created_at,
-            "r3": self.config.r3,
+            "r3": session.r3,
             "routing_shape": None if shape is None else vars(shape),
             "history_mismatch": self.config.history_mismatch,
             "forks": list(session.forks),
@@ -499,7 +518,7 @@ class SessionCore:
         }
 
     def merge_session(self, session: Session) -> MergedSample:
-        shape = self.config.routing_shape if self.config.r3 else None
+        shape = self.config.routing_shape if session.r3 else None
         sample = merge(
             session.turns,
             session_id=session.id,
@@ -530,7 +549,7 @@ class SessionCore:
         metadata is `{"session": facts, "tree": Miles' v2 {"nodes", "leaves"}}`
         (`records.tree_metadata`).
         """
-        shape = self.config.routing_shape if self.config.r3 else None
+        shape = self.config.routing_shape if session.r3 else None
         tree = tree_metadata(session.turns, session.exchanges)
         leaves = {leaf["node_id"]: leaf for leaf in tree["leaves"]}
         nodes = {node["id"]: node for node in tree["nodes"]}
@@ -569,7 +588,7 @@ class SessionCore:
         session = self.get(session_id)
         tokens = [] if session.segment is None else session.segment.tokens
         return session_view(
-            session.id, session.turns, session.exchanges, self.config.r3, self.session_facts(session), tokens
+            session.id, session.turns, session.exchanges, session.r3, self.session_facts(session), tokens
         )
 
     async def merged(self, session_id: str) -> MergedSample:

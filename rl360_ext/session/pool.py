@@ -119,9 +119,13 @@ class SessionServerActor:
         return f"http://{host}:{port}"
 
     async def create_session(
-        self, session_id: str, metadata: dict[str, Any] | None, routing_key: str | None
+        self,
+        session_id: str,
+        metadata: dict[str, Any] | None,
+        routing_key: str | None,
+        r3: bool | None = None,
     ) -> str:
-        return self.core.create(metadata, routing_key, session_id=session_id).routing_key
+        return self.core.create(metadata, routing_key, session_id=session_id, r3=r3).routing_key
 
     async def collect(self, session_ids: list[str]) -> list[bytes | str]:
         """Each session's merged sample in the wire format, or the error that stopped it."""
@@ -229,12 +233,13 @@ class SessionPool:
         return f"{self.urls[self.server_for(session_id)]}/sessions/{session_id}/v1"
 
     async def acreate_session(
-        self, metadata: dict[str, Any] | None = None, routing_key: str | None = None
+        self, metadata: dict[str, Any] | None = None, routing_key: str | None = None, r3: bool | None = None
     ) -> tuple[str, str]:
-        """(session_id, base_url): point an OpenAI client at base_url."""
+        """(session_id, base_url): point an OpenAI client at base_url. `r3=False` opts this
+        session out of the pool's routing replay (`SessionCore.create`)."""
         session_id = secrets.token_hex(16)
         actor = self.actors[self.server_for(session_id)]
-        await actor.create_session.remote(session_id, metadata, routing_key)
+        await actor.create_session.remote(session_id, metadata, routing_key, r3)
         return session_id, self._base_url(session_id)
 
     def create_session(

@@ -211,7 +211,7 @@ class TinyEngine:
         """Run one request to completion (or abort) and return SGLang's `/generate` response body."""
         started = time.perf_counter()
         self.check_limits(request)
-        fault = self.faults.draw(request.sampling.max_new_tokens)
+        fault = self.faults.draw(request.sampling.max_new_tokens, request.sampling.sampling_seed)
         if fault.latency_s:
             time.sleep(fault.latency_s)
         if fault.unavailable:

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from rl360_ext.tiny_engine.faults import MAX_LATENCY_S, MAX_SEED
+from rl360_ext.tiny_engine.faults import MAX_LATENCY_S, MAX_SEED, FaultKey
 from rl360_ext.tiny_engine.protocol import SEED_MAX, SEED_MIN
 
 
@@ -167,6 +167,7 @@ class FaultsBody(BaseModel):
     latency_s: Annotated[float, Field(ge=0.0, le=MAX_LATENCY_S)] = 0.0
     abort_rate: Probability = 0.0
     seed: Annotated[int, BeforeValidator(_integral), Field(ge=0, le=MAX_SEED)] = 0
+    draw_by: Annotated[FaultKey, Field(strict=False)] = FaultKey.REQUEST
 
 
 def _nested_model(annotation: Any) -> type[BaseModel] | None:

@@ -320,3 +320,24 @@ async def test_abort_flushes_every_replica(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv(env_name("harbor_url"), ",".join(urls))
     await agent.abort(args)
     assert sorted(flushed) == [("replica-a", "inst-1"), ("replica-b", "inst-1")]
+
+
+async def test_an_eval_attempt_sends_the_eval_sampling_params_and_says_it_is_an_eval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bodies: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return _graded(request)
+
+    urls = _replicas(monkeypatch, handler)
+    config = AgentConfig(harbor_url=urls[0])
+    eval_params = {"temperature": 0.0, "top_p": 1.0, "max_tokens": 64}
+    eval_meta = {"task": "fizzbuzz", "evaluation": True}
+    result = await agent.run("http://s/sessions/x", None, eval_params, eval_meta, rl360_config=config)
+    trained = await agent.run("http://s/sessions/y", None, {"temperature": 1.0}, {"task": "fizzbuzz"},
+                              rl360_config=config)  # fmt: skip
+    assert result["evaluation"] is True and result["attempt_class"] == "valid"
+    assert "evaluation" not in trained
+    assert bodies[0]["sampling_params"] == eval_params and "evaluation" not in bodies[0]

@@ -464,3 +464,120 @@ def test_the_rollout_sample_carries_every_span_and_the_version_arrays() -> None:
     assert arrays["token_version"] == [-1] * 5 + [3, 4, 4] + [-1] * 4 + [4, 4]
     assert len(arrays["routing_source"]) == len(arrays["routing_version"]) == len(sample.tokens) - 1
     assert arrays["turn_first_version"] == [3, 4]
+
+
+# ---- evaluation ------------------------------------------------------------------------------------
+
+
+def test_an_eval_attempt_carries_no_routing_rows_and_says_it_is_an_eval() -> None:
+    sample = finish(
+        Sample(metadata={"task": "t"}), two_turns(), "valid", verifier_result(1.0), evaluation=True
+    )
+    assert sample.rollout_routed_experts is None and sample.metadata["evaluation"] is True
+    assert (sample.reward, is_valid(sample)) == (1.0, True)
+    sample.validate()
+    trained = finish(Sample(metadata={"task": "t"}), two_turns(), "valid", verifier_result(1.0))
+    assert trained.rollout_routed_experts is not None and "evaluation" not in trained.metadata
+
+
+def test_an_eval_infra_attempt_under_a_reward_key_reads_none_where_miles_indexes_it() -> None:
+    sample = finish(
+        Sample(),
+        two_turns(),
+        "infra:sandbox_lost",
+        verifier_result(1.0),
+        reward_key="tests_passed",
+        evaluation=True,
+    )
+    assert sample.reward == {"tests_passed": None} and not is_valid(sample)
+    assert sample.reward["tests_passed"] is None  # Miles: sample.reward[reward_key] for every eval sample
+    assert sample.rollout_routed_experts is None
+    sample.validate()
+    plain = finish(Sample(), None, "infra:sandbox_lost", evaluation=True)
+    assert plain.reward is None and plain.status == Sample.Status.ABORTED
+
+
+def test_eval_reads_the_eval_reward_key_before_the_reward_key() -> None:
+    from rl360_ext.rollout.generate import eval_reward_key
+
+    assert eval_reward_key(SimpleNamespace(eval_reward_key="acc", reward_key="score")) == "acc"
+    assert eval_reward_key(SimpleNamespace(eval_reward_key=None, reward_key="score")) == "score"
+    assert eval_reward_key(SimpleNamespace()) is None
+
+
+class _EvalPool:
+    """The SessionPool calls the hook makes, in process; records how sessions were opened."""
+
+    def __init__(self, merged: MergedSample) -> None:
+        self.urls = ["http://session.invalid"]
+        self.merged = merged
+        self.opened: list[bool | None] = []
+
+    async def acreate_session(
+        self, metadata: dict | None = None, routing_key: str | None = None, r3: bool | None = None
+    ) -> tuple[str, str]:
+        self.opened.append(r3)
+        return f"session-{len(self.opened):012d}", f"{self.urls[0]}/sessions/s/v1"
+
+    def server_for(self, session_id: str) -> int:
+        return 0
+
+    async def acollect(self, session_ids: list[str]) -> list[MergedSample]:
+        return [self.merged for _ in session_ids]
+
+    async def adelete(self, session_id: str) -> None:
+        return None
+
+
+SEEN_AGENT_CALLS: list[dict] = []
+
+
+async def graded_agent(
+    base_url: str, prompt: object, request_kwargs: dict, metadata: dict, **_: object
+) -> dict:
+    SEEN_AGENT_CALLS.append({"request_kwargs": request_kwargs, "metadata": metadata})
+    return verifier_result(1.0)
+
+
+@pytest.mark.parametrize("evaluation", [False, True])
+async def test_generate_opens_eval_sessions_without_r3_and_never_masks_their_loss(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object, evaluation: bool
+) -> None:
+    import concurrent.futures
+
+    from rl360_ext.rollout import generate as generate_module
+    from rl360_ext.templates.drift import DRIFT_KEY
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(
+        [
+            "--rl360-harbor-url", "http://harbor.invalid", "--rl360-session-backend", "http://engine.invalid",
+            "--rl360-tokenizer", str(tmp_path), "--rl360-r3", "--rl360-on-template-drift", "mask",
+            "--custom-agent-function-path", f"{__name__}.graded_agent",
+        ]
+    )  # fmt: skip
+    args.reward_key = None
+    merged = two_turns()
+    merged.metadata[DRIFT_KEY] = {"checked": True, "mismatch": True}
+    pool = _EvalPool(merged)
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_result(generate_module.PoolHandle(pool, ["instance"], (LAYERS, TOP_K)))
+    monkeypatch.setitem(generate_module._pools, GenerateConfig.from_args(args).pool, future)
+    monkeypatch.setattr(
+        generate_module, "_tokenizer", lambda _: SimpleNamespace(decode=decode, eos_token_id=EOS)
+    )
+    SEEN_AGENT_CALLS.clear()
+    state = SimpleNamespace(args=args)
+    params = {"temperature": 0.0, "max_new_tokens": 8}
+    out = await generate(GenerateFnInput(state, Sample(metadata={"task": "t"}), params, evaluation))
+    sample = out.samples
+    assert pool.opened == [False if evaluation else None]
+    assert SEEN_AGENT_CALLS[0]["request_kwargs"] == {"temperature": 0.0, "max_tokens": 8}
+    assert SEEN_AGENT_CALLS[0]["metadata"].get("evaluation") is (True if evaluation else None)
+    assert is_valid(sample) and sample.reward == 1.0
+    if evaluation:  # an eval sample is never trained: drift leaves its loss mask alone, no R3 rows
+        assert sample.rollout_routed_experts is None and any(sample.loss_mask)
+        assert "template_drift_masked" not in sample.metadata
+    else:
+        assert sample.rollout_routed_experts is not None and not any(sample.loss_mask)
