@@ -5,7 +5,8 @@ reason; set but not importable: skipped with the import error, or an error under
 sets RL360_MILES_STRICT=1), puts both checkouts on `sys.path` (refusing a `megatron` imported
 from anywhere else), applies the CPU shims (cpu_shims.py) and sets up the single-process world
 Megatron needs: a gloo process group on a FileStore under tmp_path (no port) and Megatron's
-model-parallel state with every size 1, plus Miles' single-process ParallelState.
+model-parallel state with every size 1, plus Miles' single-process ParallelState (its tp group
+Megatron's, as Miles' Megatron actor sets it: the vocab-parallel cross-entropy reads it).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def _skip_reason() -> str | None:
             sys.path.insert(0, str(src))
     try:
         import megatron.core.models.gpt.gpt_model
-        import miles.utils.replay_base
+        import miles.utils.replay_base  # noqa: F401
         import torch  # noqa: F401
     except ImportError as error:
         message = (
@@ -87,11 +88,21 @@ def megatron_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[st
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     parallel_state.initialize_model_parallel()
     trivial = GroupInfo(rank=0, size=1, group=None)
+    tp = GroupInfo(
+        rank=0, size=1, group=parallel_state.get_tensor_model_parallel_group()
+    )  # vocab-parallel CE
     set_parallel_state(
         ParallelState(
-            intra_dp=trivial, intra_dp_cp=trivial, cp=trivial, tp=trivial, pp=trivial, ep=trivial,
-            etp=trivial, indep_dp=trivial, is_pp_last_stage=True,
-        )  # fmt: skip
+            intra_dp=trivial,
+            intra_dp_cp=trivial,
+            cp=trivial,
+            tp=tp,
+            pp=trivial,
+            ep=trivial,
+            etp=trivial,
+            indep_dp=trivial,
+            is_pp_last_stage=True,
+        )
     )
     yield shims
     parallel_state.destroy_model_parallel()

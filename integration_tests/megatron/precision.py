@@ -49,7 +49,10 @@ def _softmax_in_input_dtype(torch_module: Any) -> Any:
 
 @contextlib.contextmanager
 def float64_islands(model: Any, rope_theta: float) -> Iterator[None]:
-    """Inside: `model`'s RoPE (base `rope_theta`) and every router softmax in the model's dtype (see the module doc)."""
+    """Inside: `model`'s RoPE (base `rope_theta`) and every router softmax in the model's dtype.
+
+    See the module docstring for what is lifted and why.
+    """
     import torch
     from megatron.core.models.common.embeddings import rope_utils
     from megatron.core.transformer.moe import moe_utils
@@ -58,15 +61,25 @@ def float64_islands(model: Any, rope_theta: float) -> Iterator[None]:
         raise RuntimeError("rope_utils._apply_rotary_pos_emb_bshd is gone: the RoPE lift needs updating")
     routing = moe_utils.topk_routing_with_score_function
     if "softmax" not in routing.__code__.co_names:
-        raise RuntimeError("topk_routing_with_score_function no longer calls softmax: the lift needs updating")
+        raise RuntimeError(
+            "topk_routing_with_score_function no longer calls softmax: the lift needs updating"
+        )
     rotary = model.rotary_pos_emb
     forward = type(rotary).forward
     if not hasattr(forward, "cache_clear") or not hasattr(rotary, "inv_freq"):
-        raise RuntimeError("RotaryEmbedding no longer caches forward / holds inv_freq: the lift needs updating")
+        raise RuntimeError(
+            "RotaryEmbedding no longer caches forward / holds inv_freq: the lift needs updating"
+        )
     dtype = next(model.parameters()).dtype
     dim = rotary.inv_freq.shape[0] * 2
-    saved_inv_freq, saved_rotate, saved_torch = rotary.inv_freq, rope_utils._apply_rotary_pos_emb_bshd, moe_utils.torch
-    proxy = types.SimpleNamespace(**{name: getattr(torch, name) for name in dir(torch) if not name.startswith("__")})
+    saved_inv_freq, saved_rotate, saved_torch = (
+        rotary.inv_freq,
+        rope_utils._apply_rotary_pos_emb_bshd,
+        moe_utils.torch,
+    )
+    proxy = types.SimpleNamespace(
+        **{name: getattr(torch, name) for name in dir(torch) if not name.startswith("__")}
+    )
     proxy.softmax = _softmax_in_input_dtype(torch)
     rotary.inv_freq = 1.0 / (rope_theta ** (torch.arange(0, dim, 2, dtype=dtype) / dim))
     rope_utils._apply_rotary_pos_emb_bshd = _rotate_exact

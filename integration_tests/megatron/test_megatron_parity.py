@@ -13,7 +13,11 @@ real float64 tiny engine, as integration_tests/trainer/ builds it) is recomputed
 - gradient: Miles' own `loss_function` -> `policy_loss_function` on Megatron's logits, with
   rl360's TIS and pg-loss reducer loaded by Miles from `--custom-tis-function-path` /
   `--custom-pg-loss-reducer-function-path`, back-propagated by autograd, against the reference
-  trainer's hand-written gradient on the same sample: per-parameter relative error <= 1e-6.
+  trainer's hand-written gradient on the same sample: per-parameter relative error <= 1e-6, with
+  Miles' `--true-on-policy-mode` log-prob path (it keeps float64 logits; the default path asserts
+  float32/bf16 logits and is measured beside it). Miles' PPO ratio is float32 whatever the input
+  (`math_utils._safe_clamp_log_ratio` casts the log-ratio with `.float()`), so the float64 gradient
+  agrees to float32 rounding of the per-token weight (~4e-8), not to 1e-15; with and without TIS.
 
 Every figure is printed (`-s` shows them) and written to `megatron_parity.json` in tmp_path.
 """
@@ -156,7 +160,10 @@ def _agreement(routing_map: np.ndarray, recorded: np.ndarray) -> float:
 
 
 def _fill_replay(model: Any, case: MergedCase, rows: np.ndarray) -> None:
-    """Miles' own path: `fill_replay_data` over a Miles `DataIterator`, streams by `register_replay_list_moe`."""
+    """Miles' own replay fill: `fill_replay_data` over a Miles `DataIterator`.
+
+    The streams are mapped to the MoE layers by Miles' `register_replay_list_moe`.
+    """
     import torch
     from miles.backends.megatron_utils.replay_utils import register_replay_list_moe
     from miles.backends.training_utils.data import DataIterator
@@ -170,7 +177,9 @@ def _fill_replay(model: Any, case: MergedCase, rows: np.ndarray) -> None:
         "tokens": [tokens],
         "max_seq_lens": [len(tokens)],
     }
-    args = Namespace(qkv_format="thd", data_pad_size_multiplier=1, allgather_cp=False, sequence_parallel=False)
+    args = Namespace(
+        qkv_format="thd", data_pad_size_multiplier=1, allgather_cp=False, sequence_parallel=False
+    )
     fill_replay_data(
         args=args, models=[types.SimpleNamespace(module=model)],
         data_iterator=[DataIterator(rollout_data, micro_batch_size=1)], num_microbatches=[1],
@@ -237,3 +246,153 @@ def test_routing_with_and_without_miles_replay(gpt: Any, case: MergedCase, figur
     assert replayed == 1.0
     assert forced == 1.0 and forced_vs_recorded == 0.0
     assert gap.max() <= STOCK_FORWARD_BOUND
+
+
+REWARD = 1.0
+
+
+def _miles_loss_args(trainer: Trainer) -> Namespace:
+    """The trainer's Miles flags plus the other fields Miles' loss path reads, at Miles' defaults."""
+    args = trainer.config.miles_args()
+    fields = dict(
+        loss_type="policy_loss", advantage_estimator="grpo", use_rollout_logprobs=False,
+        skip_actor_forward_only=False, entropy_coef=0.0, observe_training_entropy=False, use_opsm=False,
+        get_mismatch_metrics=False, use_kl_loss=False, use_unbiased_kl=False, true_on_policy_mode=False,
+        allgather_cp=False, recompute_loss_function=False, rollout_temperature=1.0,
+        log_probs_chunk_size=-1, use_dynamic_global_batch_size=False, global_batch_size=1,
+        custom_loss_function_path=None, dump_details=None, data_pad_size_multiplier=1,
+    )  # fmt: skip
+    for name, value in fields.items():
+        setattr(args, name, value)
+    return args
+
+
+def _reference_gradient(case: MergedCase, config: TrainerConfig) -> dict[str, np.ndarray]:
+    """The reference trainer's gradient of one train step on the sample (captured before AdamW)."""
+    trainer = Trainer(case.config, init_weights(case.config, SEED), config)
+    captured: dict[str, np.ndarray] = {}
+    step = trainer.optimizer.step
+
+    def capture(grads: dict[str, np.ndarray], clip_grad: float | None = None) -> float:
+        captured.update({name: value.copy() for name, value in grads.items()})
+        return step(grads, clip_grad)
+
+    trainer.optimizer.step = capture  # type: ignore[method-assign]
+    metrics = trainer.train_step([case.sample], [REWARD])
+    assert metrics["train/optimizer_steps"] == 1.0
+    return captured
+
+
+def _miles_batch(case: MergedCase, old_log_probs: Any) -> dict[str, Any]:
+    """One sample's micro-batch as Miles' `get_rollout_data` / `get_batch` hand it to the loss."""
+    import torch
+
+    sample = case.sample
+    tokens = torch.tensor(sample.tokens, dtype=torch.long)
+    response = sample.response_length
+    mask = torch.tensor(sample.loss_mask, dtype=torch.int)
+    return {
+        "unconcat_tokens": [tokens],
+        "tokens": [tokens],
+        "total_lengths": [len(sample.tokens)],
+        "response_lengths": [response],
+        "loss_masks": [mask],
+        "rollout_mask_sums": torch.tensor([float(mask.sum())], dtype=torch.float32),
+        "advantages": [torch.full((response,), REWARD, dtype=torch.float64)],
+        "returns": [torch.full((response,), REWARD, dtype=torch.float64)],
+        "log_probs": [old_log_probs],
+        "rollout_log_probs": [torch.tensor(sample.rollout_log_probs, dtype=torch.float64)],
+    }
+
+
+def _replayed(model: Any, case: MergedCase, rows: np.ndarray, stage: str, run: Any) -> Any:
+    """`run(model, case)` with Miles' replay filled from `rows` and the manager at `stage`.
+
+    Miles' actor scores old log-probs under "replay_forward" and trains under "replay_backward".
+    """
+    from miles.utils.replay_base import routing_replay_manager
+
+    _fill_replay(model, case, rows)
+    routing_replay_manager.stage = stage
+    try:
+        return run(model, case)
+    finally:
+        routing_replay_manager.stage = "fallthrough"
+        routing_replay_manager.clear_all()
+
+
+def _miles_loss_backward(
+    args: Namespace, batch: dict[str, Any], logits: Any, *, true_on_policy: bool
+) -> float:
+    """Miles' `loss_function` as its Megatron forward step binds it (one micro-batch), then backward.
+
+    `true_on_policy`: Miles' `--true-on-policy-mode` log-prob path, which keeps the logits' dtype
+    (float64 here); without it Miles asserts float32/bf16 logits and computes log-probs in float32.
+    """
+    from miles.backends.training_utils.loss import loss_function
+
+    args.true_on_policy_mode = true_on_policy
+    loss, _normalizer, _log = loss_function(
+        args, batch, 1, logits, apply_megatron_loss_scaling=True, num_rollouts=1
+    )
+    loss.backward()
+    return float(loss.detach())
+
+
+def _relative_errors(got: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> dict[str, float]:
+    return {
+        name: float(np.linalg.norm(got[name] - value) / max(np.linalg.norm(value), 1e-300))
+        for name, value in reference.items()
+    }
+
+
+@pytest.mark.parametrize("use_tis", [True, False], ids=["tis", "no-tis"])
+def test_gradient_through_miles_policy_loss(
+    gpt: Any, case: MergedCase, figures: dict[str, float], use_tis: bool
+) -> None:
+    import torch
+
+    from integration_tests.megatron.mapping import megatron_tensors
+
+    # r3, rl360's TIS function and pg-loss reducer (TrainerConfig's defaults), the recipe's clip range
+    config = TrainerConfig(unversioned_as=0, eps_clip_high=0.28, use_tis=use_tis)
+    assert config.tis_function_path and config.pg_loss_reducer_path and config.r3
+    reference = _reference_gradient(case, config)
+    args = _miles_loss_args(Trainer(case.config, case.weights, config))
+
+    rows = np.asarray(case.sample.rollout_routed_experts)
+    with float64_islands(gpt, case.config.rope_theta):
+        old_log_probs = torch.from_numpy(
+            _replayed(gpt, case, rows, "replay_forward", _response_logprobs).copy()
+        )
+        batch = _miles_batch(case, old_log_probs)
+        grads = {}
+        losses = {}
+        for path, true_on_policy, cast in (
+            ("float64", True, torch.float64),
+            ("float32", False, torch.float32),
+        ):
+            gpt.zero_grad(set_to_none=True)
+            logits = _replayed(gpt, case, rows, "replay_backward", lambda m, c: _logits(m, c.sample.tokens))
+            losses[path] = _miles_loss_backward(args, batch, logits.to(cast), true_on_policy=true_on_policy)
+            grads[path] = from_megatron(megatron_tensors(gpt, grads=True), case.config)
+    float64_grads, float32_grads = grads["float64"], grads["float32"]
+    float64_loss, float32_loss = losses["float64"], losses["float32"]
+    errors = _relative_errors(float64_grads, reference)
+    float32_errors = _relative_errors(float32_grads, reference)
+    worst = max(errors, key=errors.__getitem__)
+    tag = "tis" if use_tis else "no_tis"
+    figures.update(
+        {
+            f"gradient_{tag}_parameters": float(len(errors)),
+            f"gradient_{tag}_max_relative_error": errors[worst],
+            f"gradient_{tag}_median_relative_error": float(np.median(list(errors.values()))),
+            f"gradient_{tag}_float32_loss_path_max_relative_error": max(float32_errors.values()),
+            f"gradient_{tag}_reference_norm": float(np.sqrt(sum(np.sum(v * v) for v in reference.values()))),
+            f"miles_loss_{tag}_float64": float64_loss,
+            f"miles_loss_{tag}_float32_path": float32_loss,
+        }
+    )
+    print(f"worst gradient: {worst} {errors[worst]:.3e}")
+    assert all(np.linalg.norm(value) > 0 for value in reference.values())
+    assert errors[worst] <= GRADIENT_TOL
