@@ -42,7 +42,7 @@ from integration_tests.trainer.test_trainer_session import _conversation, _engin
 from rl360_ext.local.services import start_engine
 from rl360_ext.rollout.generate import fill_from_merged
 from rl360_ext.rollout.sample import Sample
-from rl360_ext.tiny_engine.model import ModelConfig, init_weights
+from rl360_ext.tiny_engine.model import ModelConfig, TinyMoEModel, init_weights
 from rl360_ext.tiny_engine.tokenizer import build_tokenizer
 from rl360_ext.trainer.trainer import Trainer, TrainerConfig
 from rl360_ext.util.procs import running
@@ -396,3 +396,82 @@ def test_gradient_through_miles_policy_loss(
     print(f"worst gradient: {worst} {errors[worst]:.3e}")
     assert all(np.linalg.norm(value) > 0 for value in reference.values())
     assert errors[worst] <= GRADIENT_TOL
+
+
+def _rollout(log_dir: Path, engine_url: str, name: str) -> tuple[Sample, np.ndarray]:
+    """A merged sample of one tool-using conversation on `engine_url`, and its float64 engine log-probs."""
+    server = start_session_server(log_dir, engine_url, "--r3", name=name)
+    with running(server):
+        session_id, base_url = new_session(server)
+        _conversation(base_url)
+        wire = merged(server, session_id)
+    engine_logprobs = _engine_logprobs(engine_url, wire.tokens.astype(int).tolist())
+    sample = Sample(group_index=0, index=0)
+    filled, why = fill_from_merged(sample, wire, build_tokenizer().decode)
+    assert filled and why is None
+    return sample, engine_logprobs
+
+
+def test_round_trip_megatron_step_push_and_next_rollout(
+    gpt: Any, case: MergedCase, figures: dict[str, float], tmp_path: Path
+) -> None:
+    """One optimizer step on the Megatron model, its weights in the engine's `.npz` format pushed
+    through SMG (`update_weights_from_disk`), and the next rollout's log-probs against Megatron's
+    recompute. The step is torch's AdamW over the GPTModel's parameters (Megatron's own
+    DistributedOptimizer needs its DDP wrapper, not built here). The module's model is stepped
+    and given the seed weights back at the end (Miles' replay streams are bound to its routers)."""
+    try:
+        _round_trip(gpt, case, figures, tmp_path)
+    finally:
+        gpt.zero_grad(set_to_none=True)
+        load_into(gpt, case.weights, case.config)
+
+
+def _round_trip(model: Any, case: MergedCase, figures: dict[str, float], tmp_path: Path) -> None:
+    import torch
+
+    from integration_tests.megatron.mapping import megatron_tensors
+    from rl360_ext.local.services import start_smg
+    from rl360_ext.tiny_engine.model import save_weights
+    from rl360_ext.weights.push import push_weights_from_disk
+
+    config = TrainerConfig(unversioned_as=0, eps_clip_high=0.28)
+    args = _miles_loss_args(Trainer(case.config, case.weights, config))
+    rows = np.asarray(case.sample.rollout_routed_experts)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    with float64_islands(model, case.config.rope_theta):
+        old = torch.from_numpy(_replayed(model, case, rows, "replay_forward", _response_logprobs).copy())
+        logits = _replayed(model, case, rows, "replay_backward", lambda m, c: _logits(m, c.sample.tokens))
+        _miles_loss_backward(args, _miles_batch(case, old), logits, true_on_policy=True)
+    optimizer.step()
+    stepped = from_megatron(megatron_tensors(model), case.config)
+    moved = max(float(np.abs(stepped[name] - case.weights[name]).max()) for name in case.weights)
+    path = save_weights(tmp_path / "megatron-step-1.npz", case.config, stepped)
+
+    log_dir = tmp_path / "logs"
+    engine = start_engine(log_dir, "--seed", str(SEED), name="megatron-roundtrip-engine")
+    with running(engine):
+        gateway = start_smg([engine.url], log_dir, extra=["--enable-rl"], name="megatron-roundtrip-smg")
+        with running(gateway):
+            push = push_weights_from_disk(gateway.url, str(path), "1")
+            assert push.complete, push.to_dict()
+        sample, engine_logprobs = _rollout(log_dir, engine.url, "megatron-roundtrip-session")
+    after = MergedCase(sample, engine_logprobs, case.config, stepped)
+    sampled = after.sampled
+    with float64_islands(model, case.config.rope_theta):
+        recomputed = _response_logprobs(model, after)
+    under_seed = TinyMoEModel(case.config, case.weights).sequence_logprobs(sample.tokens)[after.prompt - 1 :]
+    expected = engine_logprobs[after.prompt :]
+    gap = np.abs(recomputed - expected)[sampled]
+    recorded = np.asarray(sample.rollout_log_probs)
+    figures.update(
+        roundtrip_weight_max_change=moved,
+        roundtrip_sampled_tokens=float(sampled.sum()),
+        roundtrip_forward_float64_max=float(gap.max()),
+        roundtrip_seed_weights_max_diff=float(np.abs(under_seed - expected)[sampled].max()),
+    )
+    assert moved > 1e-4
+    assert gap.max() <= FORWARD_TOL
+    assert np.abs(under_seed - expected)[sampled].max() > 1e3 * FORWARD_TOL, "the push changed nothing"
+    bound = FLOAT32_ROUNDING * np.abs(recorded) + 1e-12
+    assert (np.abs(recomputed - recorded) <= bound)[sampled].all()
