@@ -75,19 +75,23 @@ def apply_cpu_shims() -> list[str]:
     _require(replay_base.Replay, "record", "Miles' Replay.record")
     if "empty_like" not in replay_base.Replay.record.__code__.co_names:
         raise RuntimeError("cannot shim Replay.record: it no longer allocates with torch.empty_like")
-    replay_base.torch = _torch_without_pinned_memory(torch)  # type: ignore[attr-defined]
+    replay_base.torch = torch_with(torch, empty_like=_empty_like_unpinned(torch))  # type: ignore[attr-defined]
     APPLIED.append("miles replay_base: torch.empty_like without pin_memory")
     return APPLIED
 
 
-def _torch_without_pinned_memory(torch_module: Any) -> Any:
-    """A stand-in for the `torch` module whose `empty_like` drops `pin_memory` (shim 5)."""
+def torch_with(torch_module: Any, **overrides: Any) -> Any:
+    """A stand-in for the `torch` module, for one upstream module's global: `overrides` replace
+    those functions, every other name is torch's own."""
     names = {name: getattr(torch_module, name) for name in dir(torch_module) if not name.startswith("__")}
-    proxy = types.SimpleNamespace(**names)
+    return types.SimpleNamespace(**{**names, **overrides})
+
+
+def _empty_like_unpinned(torch_module: Any) -> Any:
+    """`torch.empty_like` that drops `pin_memory` (shim 5)."""
 
     def empty_like(tensor: Any, *args: Any, pin_memory: bool = False, **kwargs: Any) -> Any:
         del pin_memory
         return torch_module.empty_like(tensor, *args, **kwargs)
 
-    proxy.empty_like = empty_like
-    return proxy
+    return empty_like

@@ -19,9 +19,10 @@ reported beside it. Each patched name is checked to exist first; everything is r
 from __future__ import annotations
 
 import contextlib
-import types
 from collections.abc import Iterator
 from typing import Any
+
+from integration_tests.megatron.cpu_shims import torch_with
 
 
 def _rotate_exact(
@@ -48,9 +49,12 @@ def _softmax_in_input_dtype(torch_module: Any) -> Any:
 
 
 @contextlib.contextmanager
-def float64_islands(model: Any, rope_theta: float) -> Iterator[None]:
+def float64_islands(
+    model: Any, rope_theta: float, *, rope: bool = True, router: bool = True
+) -> Iterator[None]:
     """Inside: `model`'s RoPE (base `rope_theta`) and every router softmax in the model's dtype.
 
+    `rope` / `router` False leave that island as Megatron has it (to measure each one's share).
     See the module docstring for what is lifted and why.
     """
     import torch
@@ -77,13 +81,11 @@ def float64_islands(model: Any, rope_theta: float) -> Iterator[None]:
         rope_utils._apply_rotary_pos_emb_bshd,
         moe_utils.torch,
     )
-    proxy = types.SimpleNamespace(
-        **{name: getattr(torch, name) for name in dir(torch) if not name.startswith("__")}
-    )
-    proxy.softmax = _softmax_in_input_dtype(torch)
-    rotary.inv_freq = 1.0 / (rope_theta ** (torch.arange(0, dim, 2, dtype=dtype) / dim))
-    rope_utils._apply_rotary_pos_emb_bshd = _rotate_exact
-    moe_utils.torch = proxy
+    if rope:
+        rotary.inv_freq = 1.0 / (rope_theta ** (torch.arange(0, dim, 2, dtype=dtype) / dim))
+        rope_utils._apply_rotary_pos_emb_bshd = _rotate_exact
+    if router:
+        moe_utils.torch = torch_with(torch, softmax=_softmax_in_input_dtype(torch))
     forward.cache_clear()
     try:
         yield

@@ -196,6 +196,10 @@ def test_forward_matches_the_engine(gpt: Any, case: MergedCase, figures: dict[st
     with float64_islands(gpt, case.config.rope_theta):
         lifted_logprobs = _response_logprobs(gpt, case)
     lifted = np.abs(lifted_logprobs - expected)[sampled]
+    with float64_islands(gpt, case.config.rope_theta, rope=False):
+        rope_only = np.abs(_response_logprobs(gpt, case) - expected)[sampled]
+    with float64_islands(gpt, case.config.rope_theta, router=False):
+        router_only = np.abs(_response_logprobs(gpt, case) - expected)[sampled]
     recorded = np.asarray(case.sample.rollout_log_probs)
     figures.update(
         forward_sampled_tokens=float(sampled.sum()),
@@ -203,6 +207,8 @@ def test_forward_matches_the_engine(gpt: Any, case: MergedCase, figures: dict[st
         forward_stock_mean=float(stock.mean()),
         forward_float64_max=float(lifted.max()),
         forward_float64_mean=float(lifted.mean()),
+        forward_float32_rope_only_max=float(rope_only.max()),
+        forward_float32_router_softmax_only_max=float(router_only.max()),
     )
     assert lifted.max() <= FORWARD_TOL
     assert stock.max() <= STOCK_FORWARD_BOUND
