@@ -25,6 +25,7 @@ Every figure is printed (`-s` shows them) and written to `megatron_parity.json` 
 from __future__ import annotations
 
 import json
+import time
 import types
 from argparse import Namespace
 from dataclasses import dataclass
@@ -481,3 +482,47 @@ def _round_trip(model: Any, case: MergedCase, figures: dict[str, float], tmp_pat
     assert np.abs(under_seed - expected)[sampled].max() > 1e3 * FORWARD_TOL, "the push changed nothing"
     bound = FLOAT32_ROUNDING * np.abs(recorded) + 1e-12
     assert (np.abs(recomputed - recorded) <= bound)[sampled].all()
+
+
+def test_forward_backward_throughput(gpt: Any, case: MergedCase, figures: dict[str, float]) -> None:
+    """Forward + backward tokens/s of the merged sample: Megatron-on-CPU (float64, stock, own routing)
+    beside the reference trainer (float64 numpy, R3), best of 3 each, on this shared machine."""
+    import torch
+
+    from rl360_ext.trainer.backward import TrainModel
+
+    tokens = np.asarray(case.sample.tokens)
+    prompt = case.prompt
+    response = len(tokens) - prompt
+    dlogprobs = np.random.default_rng(0).standard_normal(response)
+
+    def megatron_step() -> None:
+        gpt.zero_grad(set_to_none=True)
+        logits = _logits(gpt, case.sample.tokens)[0, prompt - 1 : -1]
+        picked = torch.log_softmax(logits, dim=-1).gather(1, torch.from_numpy(tokens[prompt:])[:, None])[:, 0]
+        (picked * torch.from_numpy(dlogprobs)).sum().backward()
+
+    reference = TrainModel(case.config, case.weights)
+
+    def reference_step() -> None:
+        _, tape = reference.forward(tokens, prompt, np.asarray(case.sample.rollout_routed_experts))
+        reference.backward(tape, dlogprobs)
+
+    def best_of_3(step: Any) -> float:
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - started)
+        return min(times)
+
+    try:
+        megatron_s, reference_s = best_of_3(megatron_step), best_of_3(reference_step)
+    finally:
+        gpt.zero_grad(set_to_none=True)
+    figures.update(
+        throughput_tokens=float(len(tokens)),
+        throughput_megatron_tokens_per_s=len(tokens) / megatron_s,
+        throughput_reference_tokens_per_s=len(tokens) / reference_s,
+    )
+    assert megatron_s > 0 and reference_s > 0
