@@ -419,6 +419,7 @@ def _rollout(log_dir: Path, engine_url: str, name: str) -> tuple[Sample, np.ndar
     return sample, engine_logprobs
 
 
+@pytest.mark.slow
 def test_round_trip_megatron_step_push_and_next_rollout(
     gpt: Any, case: MergedCase, figures: dict[str, float], tmp_path: Path
 ) -> None:
