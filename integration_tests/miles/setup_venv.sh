@@ -11,7 +11,8 @@
 # Miles itself (not on PyPI) is installed from MILES_SRC, editable and with --no-deps (its
 # requirements are GPU builds; the import-time ones are pinned below), so that `import miles` works
 # in this venv outside the suite too (rl360 bench sessions, a REPL). tests/recipes/ puts
-# MEGATRON_SRC on sys.path. Every package below is pinned to the version tested; the README here
+# MEGATRON_SRC on sys.path, as integration_tests/megatron/ does (Megatron-core imports and runs on the
+# CPU torch wheel with nothing more than the packages below; its run.sh uses this venv). Every package below is pinned to the version tested; the README here
 # says why each one is needed.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

@@ -1,0 +1,116 @@
+"""Runs the tiny engine's model against Miles' Megatron fork on CPU; skips the folder without both.
+
+Owns the switch (MILES_SRC and MEGATRON_SRC both set, else every test here is skipped with the
+reason; set but not importable: skipped with the import error, or an error under run.sh, which
+sets RL360_MILES_STRICT=1), puts both checkouts on `sys.path` (refusing a `megatron` imported
+from anywhere else), applies the CPU shims (cpu_shims.py) and sets up the single-process world
+Megatron needs: a gloo process group on a FileStore under tmp_path (no port) and Megatron's
+model-parallel state with every size 1, plus Miles' single-process ParallelState (its tp group
+Megatron's, as Miles' Megatron actor sets it: the vocab-parallel cross-entropy reads it).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ENVS = ("MILES_SRC", "MEGATRON_SRC")
+STRICT_ENV = "RL360_MILES_STRICT"
+
+
+def _source(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value).expanduser().resolve() if value else None
+
+
+def _skip_reason() -> str | None:
+    unset = [name for name in ENVS if _source(name) is None]
+    if unset:
+        return (
+            f"{' and '.join(unset)} not set: point MILES_SRC at a radixark/miles checkout and "
+            "MEGATRON_SRC at radixark/Megatron-LM (branch miles-main), then run "
+            "integration_tests/megatron/run.sh"
+        )
+    miles_src, megatron_src = _source("MILES_SRC"), _source("MEGATRON_SRC")
+    assert miles_src is not None and megatron_src is not None
+    if not (megatron_src / "megatron" / "core" / "transformer" / "moe" / "router.py").is_file():
+        raise pytest.UsageError(f"MEGATRON_SRC={megatron_src} is not a Megatron-LM checkout")
+    for src in (megatron_src, miles_src):
+        if str(src) not in sys.path:
+            sys.path.insert(0, str(src))
+    try:
+        import megatron.core.models.gpt.gpt_model
+        import miles.utils.replay_base  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as error:
+        message = (
+            f"Megatron or Miles does not import in {sys.executable}: {type(error).__name__}: "
+            f"{error}; run integration_tests/megatron/run.sh (the scratch venv from setup_venv.sh)"
+        )
+        if os.environ.get(STRICT_ENV) == "1":
+            raise pytest.UsageError(message) from error
+        return message
+    imported = Path(megatron.core.__file__).resolve()
+    if megatron_src not in imported.parents:
+        return f"megatron is imported from {imported}, not from MEGATRON_SRC={megatron_src}"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    ours = [item for item in items if HERE in Path(str(item.path)).resolve().parents]
+    if not ours:
+        return
+    reason = _skip_reason()
+    for item in ours:
+        item.add_marker(pytest.mark.integration)
+        item.add_marker(pytest.mark.miles)
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def megatron_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    """Shims applied, a one-rank gloo group, Megatron's and Miles' parallel state; yields the shims."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from miles.backends.training_utils.parallel import GroupInfo, ParallelState, set_parallel_state
+
+    from integration_tests.megatron.cpu_shims import apply_cpu_shims
+
+    shims = apply_cpu_shims()
+    store = dist.FileStore(str(tmp_path_factory.mktemp("gloo") / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    parallel_state.initialize_model_parallel()
+    trivial = GroupInfo(rank=0, size=1, group=None)
+    tp = GroupInfo(
+        rank=0, size=1, group=parallel_state.get_tensor_model_parallel_group()
+    )  # vocab-parallel CE
+    set_parallel_state(
+        ParallelState(
+            intra_dp=trivial,
+            intra_dp_cp=trivial,
+            cp=trivial,
+            tp=tp,
+            pp=trivial,
+            ep=trivial,
+            etp=trivial,
+            indep_dp=trivial,
+            is_pp_last_stage=True,
+        )
+    )
+    yield shims
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+def causal_mask(n: int) -> Any:
+    """Megatron's [1, 1, n, n] attention mask (True = masked), passed in so no CUDA default is built."""
+    import torch
+
+    return torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)[None, None]
