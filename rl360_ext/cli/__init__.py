@@ -28,6 +28,7 @@ from typer.core import TyperGroup
 from rl360_ext.cli.engine import app as engine_app
 from rl360_ext.cli.harbor import app as harbor_app
 from rl360_ext.cli.session import app as session_app
+from rl360_ext.cli.tasks import app as tasks_app
 from rl360_ext.cli.templates import app as template_app
 from rl360_ext.util.prereqs import EXIT_UNAVAILABLE, Unavailable, package_remedy
 from rl360_ext.util.procs import ServiceStartError
@@ -74,6 +75,7 @@ app.add_typer(engine_app, name="engine")
 app.add_typer(session_app, name="session")
 app.add_typer(template_app, name="template")
 app.add_typer(harbor_app, name="harbor")
+app.add_typer(tasks_app, name="tasks")
 bench_app = typer.Typer(
     help="Benchmarks: each prints a table and compares against its baseline in the same run."
 )
