@@ -15,7 +15,17 @@ import typer
 from rich.table import Table
 
 from rl360_ext.cli.fields import config_command
-from rl360_ext.tasks.audit import AuditConfig, Cache, RunFailed, TaskHealth, audit_tasks, document, find_tasks, write_outputs
+from rl360_ext.tasks.audit import (
+    AuditConfig,
+    Cache,
+    RunFailed,
+    TaskHealth,
+    audit_tasks,
+    document,
+    find_tasks,
+    from_cache,
+    write_outputs,
+)
 from rl360_ext.tasks.verdicts import CANARY_CONTROLS, CONTROL_AGENTS, Control
 
 app = typer.Typer(help="Task health: audit a task set with controls before training.", no_args_is_help=True)
@@ -72,6 +82,14 @@ _EXTRA = [
         default=typer.Option(False, "--json", help='Print {"tasks": [{"task", "verdicts", "evidence"}]}.'),
     ),
 ]
+
+
+def _own_agents() -> list[str]:
+    """The agent names of a server `rl360 tasks audit` starts (Harbor's defaults and the canaries)."""
+    from rl360_ext.harbor.agents import DEFAULT_AGENTS
+    from rl360_ext.harbor.canaries import CANARY_AGENTS
+
+    return sorted({*DEFAULT_AGENTS, *CANARY_AGENTS})
 
 
 @contextlib.contextmanager
@@ -155,13 +173,16 @@ def _run(
         raise typer.BadParameter(str(exc), param_hint="--task") from None
     token = token_file.read_text().splitlines()[0].strip() if token_file is not None else None
     cache = None if no_cache else (cache_dir or out / "cache")
-    with tempfile.TemporaryDirectory(prefix="rl360-audit-", ignore_cleanup_errors=True) as scratch:
-        with _server(tasks_root.resolve(), harbor, config, Path(scratch)) as url:
-            try:
-                results = asyncio.run(_audit(url, token, tasks, config, cache))
-            except (RunFailed, ValueError) as exc:
-                typer.echo(f"rl360 tasks audit: {exc}", err=True)
-                raise typer.Exit(1) from None
+    # A server this command starts runs these agents: every task cached for them needs none started.
+    results = None if cache is None or harbor is not None else from_cache(tasks, Cache(cache, config, _own_agents()))
+    if results is None:
+        with tempfile.TemporaryDirectory(prefix="rl360-audit-", ignore_cleanup_errors=True) as scratch:
+            with _server(tasks_root.resolve(), harbor, config, Path(scratch)) as url:
+                try:
+                    results = asyncio.run(_audit(url, token, tasks, config, cache))
+                except (RunFailed, ValueError) as exc:
+                    typer.echo(f"rl360 tasks audit: {exc}", err=True)
+                    raise typer.Exit(1) from None
     health_path, quarantine_path = write_outputs(results, out)
     if as_json:
         typer.echo(json.dumps(document(results), sort_keys=True))

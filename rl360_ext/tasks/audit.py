@@ -345,6 +345,18 @@ async def audit_tasks(
     return list(await asyncio.gather(*(one(name, path) for name, path in tasks)))
 
 
+def from_cache(tasks: Sequence[tuple[str, Path]], cache: Cache) -> list[TaskHealth] | None:
+    """Every task's cached health, in `tasks`' order, or None when any task is not cached."""
+    results = []
+    for name, task_dir in tasks:
+        hit = cache.get(name, task_digest(task_dir))
+        if hit is None:
+            return None
+        hit.evidence["cached"] = True
+        results.append(hit)
+    return results
+
+
 def document(results: Sequence[TaskHealth]) -> dict[str, Any]:
     """The `--json` document: `{"tasks": [{"task", "verdicts", "evidence"}, ...]}`."""
     return {"tasks": [r.as_json() for r in results]}

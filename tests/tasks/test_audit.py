@@ -1,0 +1,232 @@
+"""The task audit's decisions, with scripted /run answers (no server): every verdict, retries of
+infrastructure failures, the cache by content digest and the output files."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rl360_ext.tasks.audit import (
+    QUARANTINE_FILE,
+    TASK_HEALTH_FILE,
+    AuditConfig,
+    Cache,
+    RunFailed,
+    TaskHealth,
+    TaskRejected,
+    audit_task,
+    audit_tasks,
+    find_tasks,
+    from_cache,
+    task_digest,
+    write_outputs,
+)
+from rl360_ext.tasks.verdicts import CONTROL_AGENTS, Control, TaskVerdict
+
+CANARY = CONTROL_AGENTS[Control.CANARY_REWARD_FILE]
+AGENTS = ("nop", "oracle", "terminus-2", CANARY)
+
+
+def valid(reward: float, agent_s: float = 0.1, verifier_s: float = 0.2) -> dict[str, Any]:
+    return {
+        "attempt_class": "valid",
+        "reward": reward,
+        "rewards": {"reward": reward},
+        "reward_source": "verifier",
+        "failure_cause": None,
+        "exception_type": None,
+        "phase_timings": {"agent": agent_s, "verifier": verifier_s},
+    }
+
+
+def infra(cause: str, klass: str) -> dict[str, Any]:
+    return {"attempt_class": klass, "reward": None, "rewards": None, "reward_source": None, "failure_cause": cause}
+
+
+SANDBOX_FAILED = infra("sandbox_failed", "infra:sandbox_lost")
+CRASHED = infra("verifier_crash", "infra:verifier_crash")
+Script = Callable[[str, int], Mapping[str, Any] | BaseException]  # (agent, nth call of it) -> answer
+
+
+class Scripted:
+    """A RunAttempt answering from a script, counting calls per agent."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.calls: dict[str, int] = defaultdict(int)
+
+    async def __call__(self, task: str, agent: str) -> Mapping[str, Any]:
+        nth = self.calls[agent]
+        self.calls[agent] += 1
+        answer = self.script(agent, nth)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+
+def healthy(agent: str, nth: int) -> Mapping[str, Any]:
+    return valid(1.0 if agent == "oracle" else 0.0)
+
+
+def make_task(root: Path, name: str = "t", agent_timeout: float | None = 60.0) -> Path:
+    task = root / name
+    (task / "tests").mkdir(parents=True)
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    budget = f"[agent]\ntimeout_sec = {agent_timeout}\n" if agent_timeout is not None else ""
+    (task / "task.toml").write_text(f'schema_version = "1.4"\n{budget}')
+    return task
+
+
+async def audit(tmp_path: Path, script: Script, agents: tuple[str, ...] = AGENTS, **config: Any) -> TaskHealth:
+    return await audit_task("t", make_task(tmp_path), Scripted(script), AuditConfig(**config), agents)
+
+
+async def test_a_healthy_task_is_ok_with_its_evidence(tmp_path: Path) -> None:
+    health = await audit(tmp_path, healthy)
+    assert health.verdicts == [TaskVerdict.OK]
+    assert not health.quarantined
+    assert health.evidence["oracle"]["passed"] == 3 and health.evidence["nop"]["valid"] == 2
+    assert health.evidence["suggested_timeouts"] == {"verifier_s": 10.0}  # 3 x 0.2 s, clamped up
+
+
+async def test_oracle_never_at_the_maximum_is_broken_oracle(tmp_path: Path) -> None:
+    health = await audit(tmp_path, lambda agent, nth: valid(0.5 if agent == "oracle" else 0.0))
+    assert health.verdicts == [TaskVerdict.BROKEN_ORACLE]
+
+
+async def test_oracle_sometimes_at_the_maximum_is_flaky(tmp_path: Path) -> None:
+    health = await audit(tmp_path, lambda agent, nth: valid(float(nth != 1) if agent == "oracle" else 0.0))
+    assert health.verdicts == [TaskVerdict.FLAKY]
+    assert health.evidence["oracle"]["passed"] == 2
+
+
+async def test_nop_above_the_floor_is_vacuous_and_not_also_hackable(tmp_path: Path) -> None:
+    health = await audit(tmp_path, lambda agent, nth: valid(1.0 if agent != "nop" or nth == 1 else 0.0))
+    assert health.verdicts == [TaskVerdict.VACUOUS]
+
+
+async def test_the_reward_file_canary_at_the_maximum_is_hackable(tmp_path: Path) -> None:
+    health = await audit(tmp_path, lambda agent, nth: valid(0.0 if agent == "nop" else 1.0))
+    assert health.verdicts == [TaskVerdict.HACKABLE]
+
+
+async def test_a_canary_the_server_lacks_is_skipped_not_passed(tmp_path: Path) -> None:
+    health = await audit(tmp_path, healthy, agents=("nop", "oracle"))
+    assert health.verdicts == [TaskVerdict.OK]
+    assert health.evidence["skipped"] == [Control.CANARY_REWARD_FILE]
+
+
+async def test_an_oracle_over_the_fraction_of_its_budget_is_slow(tmp_path: Path) -> None:
+    slow = await audit(tmp_path, lambda agent, nth: valid(1.0, agent_s=31.0) if agent == "oracle" else valid(0.0))
+    assert slow.verdicts == [TaskVerdict.SLOW_ORACLE]
+    fine = await audit(tmp_path / "b", lambda a, n: valid(1.0, agent_s=29.0) if a == "oracle" else valid(0.0))
+    assert fine.verdicts == [TaskVerdict.OK]
+
+
+async def test_a_task_the_server_refuses_is_lint_and_nothing_else_runs(tmp_path: Path) -> None:
+    runner = Scripted(lambda agent, nth: TaskRejected(422, "task_invalid", "bad task.toml"))
+    health = await audit_task("t", make_task(tmp_path), runner, AuditConfig(), AGENTS)
+    assert health.verdicts == [TaskVerdict.LINT]
+    assert health.evidence["lint"]["type"] == "task_invalid"
+    assert dict(runner.calls) == {"nop": 1}
+
+
+async def test_an_environment_that_never_starts_is_broken_env_after_its_retries(tmp_path: Path) -> None:
+    runner = Scripted(lambda agent, nth: SANDBOX_FAILED)
+    health = await audit_task("t", make_task(tmp_path), runner, AuditConfig(retries=2), AGENTS)
+    assert health.verdicts == [TaskVerdict.BROKEN_ENV]
+    assert dict(runner.calls) == {"nop": 3}
+    assert len(health.evidence["retried_infra"]) == 2
+
+
+async def test_infrastructure_failures_are_retried_and_never_evidence(tmp_path: Path) -> None:
+    # Every agent's first two attempts fail as infrastructure (a crash, a lost connection); the third is healthy.
+    def flaky_infra(agent: str, nth: int) -> Mapping[str, Any] | BaseException:
+        if nth % 3 == 0:
+            return CRASHED
+        if nth % 3 == 1:
+            return RunFailed("connection reset")
+        return healthy(agent, nth)
+
+    health = await audit(tmp_path, flaky_infra, oracle_runs=1, nop_runs=1)
+    assert health.verdicts == [TaskVerdict.OK]
+    classes = {a["attempt_class"] for a in health.evidence["retried_infra"]}
+    assert classes == {"infra:verifier_crash", "infra:transport_error"}
+
+
+async def test_a_control_with_no_valid_attempt_is_undecided_not_ok(tmp_path: Path) -> None:
+    health = await audit(tmp_path, lambda agent, nth: CRASHED if agent == "oracle" else healthy(agent, nth))
+    assert health.verdicts == []
+    assert health.evidence["undecided"] == [Control.ORACLE]
+    assert health.quarantined
+
+
+async def test_results_are_cached_by_content_digest(tmp_path: Path) -> None:
+    task = make_task(tmp_path / "tasks")
+    cache = Cache(tmp_path / "cache", AuditConfig(), AGENTS)
+    runner = Scripted(healthy)
+    (first,) = await audit_tasks([("t", task)], runner, AuditConfig(), AGENTS, cache)
+    calls = sum(runner.calls.values())
+    (again,) = await audit_tasks([("t", task)], runner, AuditConfig(), AGENTS, cache)
+    assert sum(runner.calls.values()) == calls and again.evidence["cached"] is True
+    assert again.verdicts == first.verdicts
+    assert from_cache([("t", task)], cache) is not None
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 0 > /logs/verifier/reward.txt\n")
+    assert from_cache([("t", task)], cache) is None
+    assert from_cache([("t", task)], Cache(tmp_path / "cache", AuditConfig(oracle_runs=5), AGENTS)) is None
+
+
+def test_the_digest_covers_names_and_bytes(tmp_path: Path) -> None:
+    task = make_task(tmp_path)
+    before = task_digest(task)
+    (task / "tests" / "test.sh").rename(task / "tests" / "grade.sh")
+    renamed = task_digest(task)
+    assert len({before, renamed}) == 2
+    assert task_digest(task) == renamed
+
+
+def test_outputs_quarantine_every_task_not_ok(tmp_path: Path) -> None:
+    results = [
+        TaskHealth("good", [TaskVerdict.OK], {"undecided": []}),
+        TaskHealth("bad", [TaskVerdict.VACUOUS, TaskVerdict.SLOW_ORACLE], {"undecided": []}),
+        TaskHealth("unknown", [], {"undecided": ["oracle"]}),
+    ]
+    write_outputs(results, tmp_path)
+    lines = [json.loads(line) for line in (tmp_path / TASK_HEALTH_FILE).read_text().splitlines()]
+    assert [line["task"] for line in lines] == ["good", "bad", "unknown"]
+    quarantine = json.loads((tmp_path / QUARANTINE_FILE).read_text())["tasks"]
+    assert quarantine == {
+        "bad": {"verdicts": ["vacuous", "slow_oracle"], "undecided": []},
+        "unknown": {"verdicts": [], "undecided": ["oracle"]},
+    }
+
+
+def test_find_tasks_lists_task_dirs_and_names_a_missing_one(tmp_path: Path) -> None:
+    make_task(tmp_path, "a")
+    make_task(tmp_path, "b")
+    (tmp_path / "not-a-task").mkdir()
+    assert [name for name, _ in find_tasks(tmp_path)] == ["a", "b"]
+    assert [name for name, _ in find_tasks(tmp_path, ["b"])] == ["b"]
+    with pytest.raises(ValueError, match="no task c"):
+        find_tasks(tmp_path, ["c"])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("oracle_runs", 0), ("nop_runs", 0), ("retries", -1), ("slow_fraction", 0.0), ("deadline_s", float("nan"))],
+)
+def test_a_bad_config_names_its_field(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        AuditConfig(**{field: value})
+
+
+def test_verdicts_are_the_issue_vocabulary() -> None:
+    assert {v.value for v in TaskVerdict} == {
+        "lint", "broken_env", "broken_oracle", "flaky", "vacuous", "flaky_verifier",
+        "insensitive", "hackable", "leaky", "slow_oracle", "ok",
+    }  # fmt: skip
