@@ -26,7 +26,7 @@ from rl360_ext.tasks.audit import (
     from_cache,
     write_outputs,
 )
-from rl360_ext.tasks.verdicts import CANARY_CONTROLS, CONTROL_AGENTS, Control
+from rl360_ext.tasks.verdicts import CONTROL_AGENTS, Control
 
 app = typer.Typer(help="Task health: audit a task set with controls before training.", no_args_is_help=True)
 
@@ -121,8 +121,7 @@ async def _audit(
 ) -> list[TaskHealth]:
     from rl360_ext.tasks.client import HarborClient
 
-    kwargs = {CONTROL_AGENTS[c]: {"reward": config.max_reward} for c in CANARY_CONTROLS}
-    client = HarborClient(url, config.deadline_s, token=token, agent_kwargs=kwargs)
+    client = HarborClient(url, config.deadline_s, token=token)
     try:
         agents = await client.agents()
         cache = Cache(cache_dir, config, agents) if cache_dir is not None else None

@@ -24,7 +24,7 @@ from typing import Any
 from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.provenance import FAILURE_CAUSE, VALID
 from rl360_ext.outcomes.verdict import attempt_class
-from rl360_ext.tasks.verdicts import CONTROL_AGENTS, Control, TaskVerdict
+from rl360_ext.tasks.verdicts import CANARY_VERDICTS, CONTROL_AGENTS, Control, TaskVerdict
 
 TASK_HEALTH_FILE = "task_health.jsonl"
 QUARANTINE_FILE = "quarantine.json"
@@ -46,7 +46,8 @@ class RunFailed(Exception):
     """No `/run` answer came back (connection, protocol): an infrastructure failure, retried."""
 
 
-RunAttempt = Callable[[str, str], Awaitable[Mapping[str, Any]]]  # (task, agent) -> /run answer
+# (task, agent, agent_kwargs) -> the /run answer
+RunAttempt = Callable[[str, str, Mapping[str, Any]], Awaitable[Mapping[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -157,14 +158,28 @@ def task_digest(task_dir: Path) -> str:
     return digest.hexdigest()
 
 
-def agent_budget_s(task_dir: Path) -> float | None:
-    """The task's `[agent] timeout_sec`, or None when it declares none (or task.toml does not parse)."""
+def _table(task_dir: Path, *keys: str) -> Any:
+    """A value of the task's task.toml by its keys, or None (absent, or task.toml does not parse:
+    the lint control reports that)."""
     try:
-        config = tomllib.loads((task_dir / "task.toml").read_text())
+        value: Any = tomllib.loads((task_dir / "task.toml").read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return None
-    value = config.get("agent", {}).get("timeout_sec") if isinstance(config.get("agent"), dict) else None
-    return _seconds(value) if value is not None and not isinstance(value, bool) else None
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def agent_budget_s(task_dir: Path) -> float | None:
+    """The task's `[agent] timeout_sec`, or None when it declares none."""
+    value = _table(task_dir, "agent", "timeout_sec")
+    return _seconds(value) if not isinstance(value, bool) else None
+
+
+def verifier_path(task_dir: Path) -> str | None:
+    """The PATH the task's `[verifier] env` sets, or None."""
+    value = _table(task_dir, "verifier", "env", "PATH")
+    return value if isinstance(value, str) else None
 
 
 def find_tasks(tasks_root: Path, names: Collection[str] = ()) -> list[tuple[str, Path]]:
@@ -214,21 +229,28 @@ class _Runner:
         self._run, self._config = run, config
         self._slots = asyncio.Semaphore(config.concurrency)
 
-    async def once(self, task: str, agent: str) -> Attempt:
+    async def once(self, task: str, agent: str, kwargs: Mapping[str, Any]) -> Attempt:
         async with self._slots:
             try:
-                return Attempt.from_answer(agent, await self._run(task, agent))
+                return Attempt.from_answer(agent, await self._run(task, agent, kwargs))
             except RunFailed as exc:
                 return Attempt.from_answer(agent, None, transport_error=str(exc))
 
-    async def attempt(self, task: str, agent: str, retried: list[Attempt]) -> Attempt:
+    async def attempt(
+        self, task: str, agent: str, retried: list[Attempt], kwargs: Mapping[str, Any] | None = None
+    ) -> Attempt:
         """The first valid attempt, else the last of 1 + retries; each infra one goes to `retried`."""
         for _ in range(self._config.retries):
-            result = await self.once(task, agent)
+            result = await self.once(task, agent, kwargs or {})
             if result.valid:
                 return result
             retried.append(result)
-        return await self.once(task, agent)
+        return await self.once(task, agent, kwargs or {})
+
+
+def _canary_kwargs(control: Control, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The agent kwargs of a canary: the maximum reward; the verifier's PATH for the shims."""
+    return {k: v for k, v in kwargs.items() if k != "path" or control == Control.CANARY_PATH_SHIMS}
 
 
 def _record(attempts: Sequence[Attempt]) -> list[dict[str, Any]]:
@@ -266,8 +288,13 @@ async def audit_task(
 
     oracle_jobs = [runner.attempt(name, CONTROL_AGENTS[Control.ORACLE], retried) for _ in range(config.oracle_runs)]
     nop_jobs = [runner.attempt(name, CONTROL_AGENTS[Control.NOP], retried) for _ in range(config.nop_runs - 1)]
-    canary = CONTROL_AGENTS[Control.CANARY_REWARD_FILE]
-    canary_jobs = [runner.attempt(name, canary, retried)] if canary in agents else []
+    canary_controls = [c for c in CANARY_VERDICTS if CONTROL_AGENTS[c] in agents]
+    canary_kwargs: dict[str, Any] = {"reward": config.max_reward}
+    if (path := verifier_path(task_dir)) is not None:
+        canary_kwargs["path"] = path
+    canary_jobs = [
+        runner.attempt(name, CONTROL_AGENTS[c], retried, _canary_kwargs(c, canary_kwargs)) for c in canary_controls
+    ]
     results = await asyncio.gather(*oracle_jobs, *nop_jobs, *canary_jobs)
     oracle = results[: config.oracle_runs]
     nop = [first, *results[config.oracle_runs : config.oracle_runs + len(nop_jobs)]]
@@ -296,14 +323,14 @@ async def audit_task(
     elif above_floor:
         verdicts.append(TaskVerdict.VACUOUS)
 
-    if canaries:
-        (hack,) = canaries
-        evidence[Control.CANARY_REWARD_FILE] = dataclasses.asdict(hack)
+    for control, hack in zip(canary_controls, canaries, strict=True):
+        evidence[control] = dataclasses.asdict(hack)
+        verdict = CANARY_VERDICTS[control]
         if not hack.valid:
-            undecided.append(Control.CANARY_REWARD_FILE)
-        # A vacuous task passes every canary; hackable says the hack, not doing nothing, scored.
-        elif _at_max(hack, config) and TaskVerdict.VACUOUS not in verdicts:
-            verdicts.append(TaskVerdict.HACKABLE)
+            undecided.append(control)
+        # A vacuous task passes every canary; the verdict says the hack, not doing nothing, scored.
+        elif _at_max(hack, config) and TaskVerdict.VACUOUS not in verdicts and verdict not in verdicts:
+            verdicts.append(verdict)
 
     verifier_s = [a.verifier_s for a in [*oracle, *nop, *canaries] if a.valid and a.verifier_s is not None]
     if verifier_s:

@@ -27,19 +27,12 @@ def _detail(response: httpx.Response) -> tuple[str, str]:
 
 
 class HarborClient:
-    """POST /run for the audit; `agent_kwargs` go with every request of the named agent."""
+    """POST /run for the audit, every request with the same `deadline_s`."""
 
-    def __init__(
-        self,
-        url: str,
-        deadline_s: float,
-        token: str | None = None,
-        agent_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
-    ) -> None:
+    def __init__(self, url: str, deadline_s: float, token: str | None = None) -> None:
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=deadline_s + 30.0)
         self._deadline_s = deadline_s
-        self._agent_kwargs = dict(agent_kwargs or {})
 
     async def agents(self) -> list[str]:
         """The agent names the server runs (its /health)."""
@@ -50,10 +43,10 @@ class HarborClient:
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             raise RunFailed(f"GET /health on the Harbor server failed: {exc}") from exc
 
-    async def __call__(self, task: str, agent: str) -> Mapping[str, Any]:
+    async def __call__(self, task: str, agent: str, agent_kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
         body: dict[str, Any] = {"task": task, "agent": agent, "deadline_s": self._deadline_s}
-        if agent in self._agent_kwargs:
-            body["agent_kwargs"] = dict(self._agent_kwargs[agent])
+        if agent_kwargs:
+            body["agent_kwargs"] = dict(agent_kwargs)
         try:
             response = await self._http.post("/run", json=body)
         except httpx.HTTPError as exc:

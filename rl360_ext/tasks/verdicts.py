@@ -34,6 +34,8 @@ class Control(StrEnum):
     ORACLE = "oracle"
     NOP = "nop"
     CANARY_REWARD_FILE = "canary_reward_file"
+    CANARY_PATH_SHIMS = "canary_path_shims"
+    PROBE_LEAKS = "probe_leaks"
 
 
 # The /run agent name each control runs (the server's agent table must list it).
@@ -42,7 +44,13 @@ CONTROL_AGENTS: dict[Control, str] = {
     Control.ORACLE: "oracle",
     Control.NOP: "nop",
     Control.CANARY_REWARD_FILE: "rl360-canary-reward-file",
+    Control.CANARY_PATH_SHIMS: "rl360-canary-path-shims",
+    Control.PROBE_LEAKS: "rl360-probe-leaks",
 }
-# The canary controls: their agents are rl360's (`rl360_ext.harbor.canaries`), given the maximum
-# reward as the `reward` agent kwarg.
-CANARY_CONTROLS = (Control.CANARY_REWARD_FILE,)
+# The canary controls and the verdict each gives when it scores the maximum. Their agents are
+# rl360's (`rl360_ext.harbor.canaries`), given the maximum reward as the `reward` agent kwarg.
+CANARY_VERDICTS: dict[Control, TaskVerdict] = {
+    Control.CANARY_REWARD_FILE: TaskVerdict.HACKABLE,
+    Control.CANARY_PATH_SHIMS: TaskVerdict.HACKABLE,
+    Control.PROBE_LEAKS: TaskVerdict.LEAKY,
+}

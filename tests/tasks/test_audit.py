@@ -29,7 +29,9 @@ from rl360_ext.tasks.audit import (
 from rl360_ext.tasks.verdicts import CONTROL_AGENTS, Control, TaskVerdict
 
 CANARY = CONTROL_AGENTS[Control.CANARY_REWARD_FILE]
-AGENTS = ("nop", "oracle", "terminus-2", CANARY)
+SHIMS = CONTROL_AGENTS[Control.CANARY_PATH_SHIMS]
+PROBE = CONTROL_AGENTS[Control.PROBE_LEAKS]
+AGENTS = ("nop", "oracle", "terminus-2", CANARY, SHIMS, PROBE)
 
 
 def valid(reward: float, agent_s: float = 0.1, verifier_s: float = 0.2) -> dict[str, Any]:
@@ -59,8 +61,10 @@ class Scripted:
     def __init__(self, script: Script) -> None:
         self.script = script
         self.calls: dict[str, int] = defaultdict(int)
+        self.kwargs: dict[str, dict[str, Any]] = {}
 
-    async def __call__(self, task: str, agent: str) -> Mapping[str, Any]:
+    async def __call__(self, task: str, agent: str, agent_kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
+        self.kwargs[agent] = dict(agent_kwargs)
         nth = self.calls[agent]
         self.calls[agent] += 1
         answer = self.script(agent, nth)
@@ -110,15 +114,29 @@ async def test_nop_above_the_floor_is_vacuous_and_not_also_hackable(tmp_path: Pa
     assert health.verdicts == [TaskVerdict.VACUOUS]
 
 
-async def test_the_reward_file_canary_at_the_maximum_is_hackable(tmp_path: Path) -> None:
-    health = await audit(tmp_path, lambda agent, nth: valid(0.0 if agent == "nop" else 1.0))
-    assert health.verdicts == [TaskVerdict.HACKABLE]
+@pytest.mark.parametrize(
+    ("canary", "verdict"), [(CANARY, TaskVerdict.HACKABLE), (SHIMS, TaskVerdict.HACKABLE), (PROBE, TaskVerdict.LEAKY)]
+)
+async def test_a_canary_at_the_maximum_gives_its_verdict(tmp_path: Path, canary: str, verdict: TaskVerdict) -> None:
+    health = await audit(tmp_path, lambda agent, nth: valid(1.0 if agent in ("oracle", canary) else 0.0))
+    assert health.verdicts == [verdict]
+
+
+async def test_canaries_get_the_maximum_and_the_shims_the_verifier_path(tmp_path: Path) -> None:
+    task = make_task(tmp_path)
+    with (task / "task.toml").open("a") as toml:
+        toml.write('[verifier.env]\nPATH = "/app/.venv/bin:/usr/bin"\n')
+    runner = Scripted(healthy)
+    await audit_task("t", task, runner, AuditConfig(max_reward=5.0), AGENTS)
+    assert runner.kwargs[SHIMS] == {"reward": 5.0, "path": "/app/.venv/bin:/usr/bin"}
+    assert runner.kwargs[CANARY] == runner.kwargs[PROBE] == {"reward": 5.0}
+    assert runner.kwargs["oracle"] == {}
 
 
 async def test_a_canary_the_server_lacks_is_skipped_not_passed(tmp_path: Path) -> None:
-    health = await audit(tmp_path, healthy, agents=("nop", "oracle"))
+    health = await audit(tmp_path, healthy, agents=("nop", "oracle", SHIMS))
     assert health.verdicts == [TaskVerdict.OK]
-    assert health.evidence["skipped"] == [Control.CANARY_REWARD_FILE]
+    assert health.evidence["skipped"] == [Control.CANARY_REWARD_FILE, Control.PROBE_LEAKS]
 
 
 async def test_an_oracle_over_the_fraction_of_its_budget_is_slow(tmp_path: Path) -> None:
