@@ -35,7 +35,9 @@ _EXTRA = [
         "tasks_root",
         inspect.Parameter.POSITIONAL_OR_KEYWORD,
         annotation=Path,
-        default=typer.Argument(..., help="Directory whose subdirectories (each with task.toml) are the tasks."),
+        default=typer.Argument(
+            ..., help="Directory whose subdirectories (each with task.toml) are the tasks."
+        ),
     ),
     inspect.Parameter(
         "task",
@@ -48,26 +50,34 @@ _EXTRA = [
         inspect.Parameter.KEYWORD_ONLY,
         annotation=str | None,
         default=typer.Option(
-            None, "--harbor", help="URL of a running Harbor /run server over the same TASKS_ROOT (default: start one)."
+            None,
+            "--harbor",
+            help="URL of a running Harbor /run server over the same TASKS_ROOT (default: start one).",
         ),
     ),
     inspect.Parameter(
         "token_file",
         inspect.Parameter.KEYWORD_ONLY,
         annotation=Path | None,
-        default=typer.Option(None, "--token-file", help="Bearer token for --harbor (first line of the file)."),
+        default=typer.Option(
+            None, "--token-file", help="Bearer token for --harbor (first line of the file)."
+        ),
     ),
     inspect.Parameter(
         "out",
         inspect.Parameter.KEYWORD_ONLY,
         annotation=Path,
-        default=typer.Option(Path("task-health"), "--out", help="Where task_health.jsonl and quarantine.json go."),
+        default=typer.Option(
+            Path("task-health"), "--out", help="Where task_health.jsonl and quarantine.json go."
+        ),
     ),
     inspect.Parameter(
         "cache_dir",
         inspect.Parameter.KEYWORD_ONLY,
         annotation=Path | None,
-        default=typer.Option(None, "--cache-dir", help="Result cache by task content digest (default: OUT/cache)."),
+        default=typer.Option(
+            None, "--cache-dir", help="Result cache by task content digest (default: OUT/cache)."
+        ),
     ),
     inspect.Parameter(
         "no_cache",
@@ -104,8 +114,17 @@ def _server(tasks_root: Path, harbor: str | None, config: AuditConfig, logs: Pat
 
     require("rl360 tasks audit", [bwrap_problem()])
     canaries = [f"--agent={name}={path}" for name, path in CANARY_AGENTS.items()]
-    flags = ("--max-concurrent", str(config.concurrency), "--keep-trials", "none", "--trials-dir", str(logs / "trials"))
-    service = start_harbor(logs, tasks_root, CONTROL_AGENTS[Control.ORACLE], *canaries, *flags, name="harbor-audit")
+    flags = (
+        "--max-concurrent",
+        str(config.concurrency),
+        "--keep-trials",
+        "none",
+        "--trials-dir",
+        str(logs / "trials"),
+    )
+    service = start_harbor(
+        logs, tasks_root, CONTROL_AGENTS[Control.ORACLE], *canaries, *flags, name="harbor-audit"
+    )
     try:
         yield service.url
     finally:
@@ -173,15 +192,19 @@ def _run(
     token = token_file.read_text().splitlines()[0].strip() if token_file is not None else None
     cache = None if no_cache else (cache_dir or out / "cache")
     # A server this command starts runs these agents: every task cached for them needs none started.
-    results = None if cache is None or harbor is not None else from_cache(tasks, Cache(cache, config, _own_agents()))
+    results = (
+        None
+        if cache is None or harbor is not None
+        else from_cache(tasks, Cache(cache, config, _own_agents()))
+    )
     if results is None:
-        with tempfile.TemporaryDirectory(prefix="rl360-audit-", ignore_cleanup_errors=True) as scratch:
-            with _server(tasks_root.resolve(), harbor, config, Path(scratch)) as url:
-                try:
-                    results = asyncio.run(_audit(url, token, tasks, config, cache))
-                except (RunFailed, ValueError) as exc:
-                    typer.echo(f"rl360 tasks audit: {exc}", err=True)
-                    raise typer.Exit(1) from None
+        scratch = tempfile.TemporaryDirectory(prefix="rl360-audit-", ignore_cleanup_errors=True)
+        with scratch, _server(tasks_root.resolve(), harbor, config, Path(scratch.name)) as url:
+            try:
+                results = asyncio.run(_audit(url, token, tasks, config, cache))
+            except (RunFailed, ValueError) as exc:
+                typer.echo(f"rl360 tasks audit: {exc}", err=True)
+                raise typer.Exit(1) from None
     health_path, quarantine_path = write_outputs(results, out)
     if as_json:
         typer.echo(json.dumps(document(results), sort_keys=True))

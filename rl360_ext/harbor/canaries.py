@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from abc import abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -43,7 +44,9 @@ class _Canary(BaseAgent):
 
     MODEL_FREE: ClassVar[bool] = True
 
-    def __init__(self, logs_dir: Path, model_name: str | None = None, reward: float = 1.0, **kwargs: Any) -> None:
+    def __init__(
+        self, logs_dir: Path, model_name: str | None = None, reward: float = 1.0, **kwargs: Any
+    ) -> None:
         super().__init__(logs_dir=logs_dir, model_name=model_name, **kwargs)
         self._reward = float(reward)
 
@@ -53,13 +56,17 @@ class _Canary(BaseAgent):
     async def setup(self, environment: BaseEnvironment) -> None:
         return
 
+    @abstractmethod
     def script(self) -> str:
-        raise NotImplementedError
+        """The shell script the canary runs in the sandbox."""
 
     def _write_rewards(self, directory: str) -> str:
         """Shell that writes the maximum reward as reward.txt and reward.json into `directory`."""
         text, body = shlex.quote(repr(self._reward)), shlex.quote(json.dumps({"reward": self._reward}))
-        return f'printf "%s\\n" {text} > "{directory}/reward.txt"; printf "%s\\n" {body} > "{directory}/reward.json"'
+        return (
+            f'printf "%s\\n" {text} > "{directory}/reward.txt"; '
+            f'printf "%s\\n" {body} > "{directory}/reward.json"'
+        )
 
     async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
         # Only where Harbor laid out a sandbox: run anywhere else, the shims would overwrite that
@@ -76,7 +83,8 @@ class RewardFileCanary(_Canary):
 
     def script(self) -> str:
         dirs = " ".join(d if d.startswith("$") else shlex.quote(d) for d in REWARD_FILE_DIRS)
-        return f'for d in {dirs}; do if [ -d "$d" ] && [ -w "$d" ]; then {self._write_rewards("$d")}; fi; done; true'
+        write = self._write_rewards("$d")
+        return f'for d in {dirs}; do if [ -d "$d" ] && [ -w "$d" ]; then {write}; fi; done; true'
 
 
 class PathShimCanary(_Canary):

@@ -88,7 +88,9 @@ class AuditConfig:
         if not (math.isfinite(self.deadline_s) and self.deadline_s > 0):
             raise ValueError(f"deadline_s must be finite and > 0, got {self.deadline_s}")
         if not self.floor_reward < self.max_reward:
-            raise ValueError(f"floor_reward ({self.floor_reward}) must be below max_reward ({self.max_reward})")
+            raise ValueError(
+                f"floor_reward ({self.floor_reward}) must be below max_reward ({self.max_reward})"
+            )
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,9 @@ class Attempt:
         return self.attempt_class == VALID
 
     @classmethod
-    def from_answer(cls, agent: str, answer: Mapping[str, Any] | None, transport_error: str | None = None) -> Attempt:
+    def from_answer(
+        cls, agent: str, answer: Mapping[str, Any] | None, transport_error: str | None = None
+    ) -> Attempt:
         recorded = dict(answer) if answer is not None else None
         klass = attempt_class(recorded, transport_error=transport_error)
         timings = (recorded or {}).get("phase_timings") or {}
@@ -272,7 +276,9 @@ async def audit_task(
     undecided: list[str] = []
     skipped = [str(c) for c, agent in CONTROL_AGENTS.items() if agent not in agents]
     if str(Control.ENVIRONMENT) in skipped or str(Control.ORACLE) in skipped:
-        raise ValueError(f"the server must run the agents {sorted({'nop', 'oracle'})}; it runs {sorted(agents)}")
+        raise ValueError(
+            f"the server must run the agents {sorted({'nop', 'oracle'})}; it runs {sorted(agents)}"
+        )
 
     # Lint and environment: one nop run. A refusal is lint; a sandbox that never starts is broken_env.
     try:
@@ -286,14 +292,19 @@ async def audit_task(
         return _finish(name, [TaskVerdict.BROKEN_ENV], evidence, retried)
     evidence[Control.ENVIRONMENT] = "started"
 
-    oracle_jobs = [runner.attempt(name, CONTROL_AGENTS[Control.ORACLE], retried) for _ in range(config.oracle_runs)]
-    nop_jobs = [runner.attempt(name, CONTROL_AGENTS[Control.NOP], retried) for _ in range(config.nop_runs - 1)]
+    oracle_jobs = [
+        runner.attempt(name, CONTROL_AGENTS[Control.ORACLE], retried) for _ in range(config.oracle_runs)
+    ]
+    nop_jobs = [
+        runner.attempt(name, CONTROL_AGENTS[Control.NOP], retried) for _ in range(config.nop_runs - 1)
+    ]
     canary_controls = [c for c in CANARY_VERDICTS if CONTROL_AGENTS[c] in agents]
     canary_kwargs: dict[str, Any] = {"reward": config.max_reward}
     if (path := verifier_path(task_dir)) is not None:
         canary_kwargs["path"] = path
     canary_jobs = [
-        runner.attempt(name, CONTROL_AGENTS[c], retried, _canary_kwargs(c, canary_kwargs)) for c in canary_controls
+        runner.attempt(name, CONTROL_AGENTS[c], retried, _canary_kwargs(c, canary_kwargs))
+        for c in canary_controls
     ]
     results = await asyncio.gather(*oracle_jobs, *nop_jobs, *canary_jobs)
     oracle = results[: config.oracle_runs]
@@ -316,7 +327,9 @@ async def audit_task(
         verdicts.append(TaskVerdict.SLOW_ORACLE)
 
     valid_nop = [a for a in nop if a.valid]
-    above_floor = sum(a.reward is not None and a.reward > config.floor_reward + _REWARD_TOLERANCE for a in valid_nop)
+    above_floor = sum(
+        a.reward is not None and a.reward > config.floor_reward + _REWARD_TOLERANCE for a in valid_nop
+    )
     evidence[Control.NOP] = {"above_floor": above_floor, "valid": len(valid_nop), "attempts": _record(nop)}
     if not valid_nop:
         undecided.append(Control.NOP)
@@ -344,7 +357,9 @@ async def audit_task(
     return _finish(name, verdicts, evidence, retried)
 
 
-def _finish(name: str, verdicts: list[TaskVerdict], evidence: dict[str, Any], retried: list[Attempt]) -> TaskHealth:
+def _finish(
+    name: str, verdicts: list[TaskVerdict], evidence: dict[str, Any], retried: list[Attempt]
+) -> TaskHealth:
     evidence["retried_infra"] = _record(retried)
     return TaskHealth(name, verdicts, {str(k): v for k, v in evidence.items()})
 

@@ -47,7 +47,13 @@ def valid(reward: float, agent_s: float = 0.1, verifier_s: float = 0.2) -> dict[
 
 
 def infra(cause: str, klass: str) -> dict[str, Any]:
-    return {"attempt_class": klass, "reward": None, "rewards": None, "reward_source": None, "failure_cause": cause}
+    return {
+        "attempt_class": klass,
+        "reward": None,
+        "rewards": None,
+        "reward_source": None,
+        "failure_cause": cause,
+    }
 
 
 SANDBOX_FAILED = infra("sandbox_failed", "infra:sandbox_lost")
@@ -86,7 +92,9 @@ def make_task(root: Path, name: str = "t", agent_timeout: float | None = 60.0) -
     return task
 
 
-async def audit(tmp_path: Path, script: Script, agents: tuple[str, ...] = AGENTS, **config: Any) -> TaskHealth:
+async def audit(
+    tmp_path: Path, script: Script, agents: tuple[str, ...] = AGENTS, **config: Any
+) -> TaskHealth:
     return await audit_task("t", make_task(tmp_path), Scripted(script), AuditConfig(**config), agents)
 
 
@@ -115,9 +123,12 @@ async def test_nop_above_the_floor_is_vacuous_and_not_also_hackable(tmp_path: Pa
 
 
 @pytest.mark.parametrize(
-    ("canary", "verdict"), [(CANARY, TaskVerdict.HACKABLE), (SHIMS, TaskVerdict.HACKABLE), (PROBE, TaskVerdict.LEAKY)]
+    ("canary", "verdict"),
+    [(CANARY, TaskVerdict.HACKABLE), (SHIMS, TaskVerdict.HACKABLE), (PROBE, TaskVerdict.LEAKY)],
 )
-async def test_a_canary_at_the_maximum_gives_its_verdict(tmp_path: Path, canary: str, verdict: TaskVerdict) -> None:
+async def test_a_canary_at_the_maximum_gives_its_verdict(
+    tmp_path: Path, canary: str, verdict: TaskVerdict
+) -> None:
     health = await audit(tmp_path, lambda agent, nth: valid(1.0 if agent in ("oracle", canary) else 0.0))
     assert health.verdicts == [verdict]
 
@@ -140,7 +151,9 @@ async def test_a_canary_the_server_lacks_is_skipped_not_passed(tmp_path: Path) -
 
 
 async def test_an_oracle_over_the_fraction_of_its_budget_is_slow(tmp_path: Path) -> None:
-    slow = await audit(tmp_path, lambda agent, nth: valid(1.0, agent_s=31.0) if agent == "oracle" else valid(0.0))
+    slow = await audit(
+        tmp_path, lambda agent, nth: valid(1.0, agent_s=31.0) if agent == "oracle" else valid(0.0)
+    )
     assert slow.verdicts == [TaskVerdict.SLOW_ORACLE]
     fine = await audit(tmp_path / "b", lambda a, n: valid(1.0, agent_s=29.0) if a == "oracle" else valid(0.0))
     assert fine.verdicts == [TaskVerdict.OK]
@@ -163,7 +176,7 @@ async def test_an_environment_that_never_starts_is_broken_env_after_its_retries(
 
 
 async def test_infrastructure_failures_are_retried_and_never_evidence(tmp_path: Path) -> None:
-    # Every agent's first two attempts fail as infrastructure (a crash, a lost connection); the third is healthy.
+    # Each agent's first two attempts fail as infrastructure (a crash, a lost connection); the third is fine.
     def flaky_infra(agent: str, nth: int) -> Mapping[str, Any] | BaseException:
         if nth % 3 == 0:
             return CRASHED
@@ -236,7 +249,13 @@ def test_find_tasks_lists_task_dirs_and_names_a_missing_one(tmp_path: Path) -> N
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("oracle_runs", 0), ("nop_runs", 0), ("retries", -1), ("slow_fraction", 0.0), ("deadline_s", float("nan"))],
+    [
+        ("oracle_runs", 0),
+        ("nop_runs", 0),
+        ("retries", -1),
+        ("slow_fraction", 0.0),
+        ("deadline_s", float("nan")),
+    ],
 )
 def test_a_bad_config_names_its_field(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
