@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -419,3 +420,22 @@ def write_outputs(results: Sequence[TaskHealth], out_dir: Path) -> tuple[Path, P
     }
     quarantine_path.write_text(json.dumps(quarantine, indent=2, sort_keys=True) + "\n")
     return health_path, quarantine_path
+
+
+def read_quarantine(path: Path) -> dict[str, list[str]]:
+    """The quarantined tasks of a quarantine.json: name -> its verdicts and undecided controls.
+    A file that is not one is a ValueError naming it."""
+    stat = path.stat()
+    return dict(_read_quarantine(str(path), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _read_quarantine(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, list[str]], ...]:
+    try:
+        tasks = json.loads(Path(path).read_text())["tasks"]
+        return tuple(
+            (str(name), [str(v) for v in entry["verdicts"]] + [f"undecided:{c}" for c in entry["undecided"]])
+            for name, entry in tasks.items()
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{path} is not a quarantine.json of rl360 tasks audit: {exc!r}") from exc

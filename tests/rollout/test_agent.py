@@ -320,3 +320,41 @@ async def test_abort_flushes_every_replica(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv(env_name("harbor_url"), ",".join(urls))
     await agent.abort(args)
     assert sorted(flushed) == [("replica-a", "inst-1"), ("replica-b", "inst-1")]
+
+
+# ---- the task audit's quarantine ------------------------------------------------------------------
+
+
+async def test_a_quarantined_task_is_not_run_and_its_attempt_is_masked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    from rl360_ext.tasks.audit import TaskHealth, write_outputs
+    from rl360_ext.tasks.verdicts import TaskVerdict
+
+    write_outputs(
+        [TaskHealth("good", [TaskVerdict.OK], {}), TaskHealth("bad", [TaskVerdict.VACUOUS], {"undecided": []})],
+        tmp_path,
+    )
+    ran: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        ran.append(json.loads(request.content)["task"])
+        return _graded(request)
+
+    (url, _) = _replicas(monkeypatch, handler)
+    config = AgentConfig(harbor_url=url, quarantine_file=str(tmp_path / "quarantine.json"))
+    masked = await agent.run("http://s/sessions/x", None, {}, {"task": "bad"}, rl360_config=config)
+    assert masked["attempt_class"] == "infra:task_quarantined"
+    assert masked["reward"] is None and masked["reward_source"] is None
+    assert "vacuous" in masked["exception_message"]
+    graded = await agent.run("http://s/sessions/x", None, {}, {"task": "good"}, rl360_config=config)
+    assert graded["attempt_class"] == "valid" and ran == ["good"]
+    assert attempt_class_of(masked) == "infra:task_quarantined"
+
+
+async def test_a_quarantine_file_that_is_not_one_is_a_configuration_error(tmp_path: Any) -> None:
+    bad = tmp_path / "quarantine.json"
+    bad.write_text('{"tasks": ["a"]}')
+    config = AgentConfig(harbor_url="http://h:1", quarantine_file=str(bad))
+    with pytest.raises(AgentConfigError, match="quarantine"):
+        await agent.run("http://s", None, {}, {"task": "a"}, rl360_config=config)
