@@ -331,10 +331,8 @@ async def test_a_quarantined_task_is_not_run_and_its_attempt_is_masked(
     from rl360_ext.tasks.audit import TaskHealth, write_outputs
     from rl360_ext.tasks.verdicts import TaskVerdict
 
-    write_outputs(
-        [TaskHealth("good", [TaskVerdict.OK], {}), TaskHealth("bad", [TaskVerdict.VACUOUS], {"undecided": []})],
-        tmp_path,
-    )
+    good, bad = TaskHealth("good", [TaskVerdict.OK], {}), TaskHealth("bad", [TaskVerdict.VACUOUS], {})
+    write_outputs([good, bad], tmp_path)
     ran: list[str] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
