@@ -140,7 +140,7 @@ async def _audit(
 ) -> list[TaskHealth]:
     from rl360_ext.tasks.client import HarborClient
 
-    client = HarborClient(url, config.deadline_s, token=token)
+    client = HarborClient(url, token=token)
     try:
         agents = await client.agents()
         cache = Cache(cache_dir, config, agents) if cache_dir is not None else None

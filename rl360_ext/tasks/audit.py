@@ -47,8 +47,11 @@ class RunFailed(Exception):
     """No `/run` answer came back (connection, protocol): an infrastructure failure, retried."""
 
 
-# (task, agent, agent_kwargs) -> the /run answer
-RunAttempt = Callable[[str, str, Mapping[str, Any]], Awaitable[Mapping[str, Any]]]
+# (task, agent, agent_kwargs, deadline_s) -> the /run answer
+RunAttempt = Callable[[str, str, Mapping[str, Any], float], Awaitable[Mapping[str, Any]]]
+# Harbor's task.toml defaults (harbor.models.task.config) where a task declares no timeout.
+HARBOR_BUILD_TIMEOUT_S = 600.0
+HARBOR_VERIFIER_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -67,8 +70,13 @@ class AuditConfig:
     """The reward of doing nothing (nop must not score above it)."""
     slow_fraction: float = 0.5
     """slow_oracle when an oracle run's agent phase takes over this fraction of the agent budget."""
-    deadline_s: float = 300.0
-    """`deadline_s` of every /run request."""
+    deadline_s: float | None = None
+    """`deadline_s` of every /run request (default: each task's own, see `deadline_slack_s`)."""
+    deadline_slack_s: float = 120.0
+    """Without --deadline-s, a task's deadline is its build + agent + verifier timeouts (Harbor's
+    defaults where task.toml has none; agent: --default-agent-s) plus this slack."""
+    default_agent_s: float = 600.0
+    """The agent time a task's deadline plans for when task.toml declares no [agent] timeout_sec."""
     concurrency: int = 8
     """/run requests in flight at once."""
     verifier_timeout_factor: float = 3.0
@@ -86,8 +94,11 @@ class AuditConfig:
             raise ValueError(f"retries must be at least 0, got {self.retries}")
         if not 0 < self.slow_fraction <= 1:
             raise ValueError(f"slow_fraction must be in (0, 1], got {self.slow_fraction}")
-        if not (math.isfinite(self.deadline_s) and self.deadline_s > 0):
+        if self.deadline_s is not None and not (math.isfinite(self.deadline_s) and self.deadline_s > 0):
             raise ValueError(f"deadline_s must be finite and > 0, got {self.deadline_s}")
+        for name in ("deadline_slack_s", "default_agent_s"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ValueError(f"{name} must be finite and >= 0, got {getattr(self, name)}")
         if not self.floor_reward < self.max_reward:
             raise ValueError(
                 f"floor_reward ({self.floor_reward}) must be below max_reward ({self.max_reward})"
@@ -181,6 +192,22 @@ def agent_budget_s(task_dir: Path) -> float | None:
     return _seconds(value) if not isinstance(value, bool) else None
 
 
+def task_deadline_s(task_dir: Path, config: AuditConfig) -> float:
+    """The `deadline_s` the audit gives each attempt at a task (see `AuditConfig.deadline_s`)."""
+    if config.deadline_s is not None:
+        return config.deadline_s
+
+    def timeout(phase: str, default: float) -> float:
+        value = _seconds(
+            _table(task_dir, phase, {"environment": "build_timeout_sec"}.get(phase, "timeout_sec"))
+        )
+        return value if value is not None and value > 0 else default
+
+    build = timeout("environment", HARBOR_BUILD_TIMEOUT_S)
+    verifier = timeout("verifier", HARBOR_VERIFIER_TIMEOUT_S)
+    return build + timeout("agent", config.default_agent_s) + verifier + config.deadline_slack_s
+
+
 def verifier_path(task_dir: Path) -> str | None:
     """The PATH the task's `[verifier] env` sets, or None."""
     value = _table(task_dir, "verifier", "env", "PATH")
@@ -230,14 +257,15 @@ class Cache:
 class _Runner:
     """Attempts with retries of infrastructure classes, at most `concurrency` in flight."""
 
-    def __init__(self, run: RunAttempt, config: AuditConfig) -> None:
-        self._run, self._config = run, config
-        self._slots = asyncio.Semaphore(config.concurrency)
+    def __init__(
+        self, run: RunAttempt, config: AuditConfig, slots: asyncio.Semaphore, deadline_s: float
+    ) -> None:
+        self._run, self._config, self._slots, self._deadline_s = run, config, slots, deadline_s
 
     async def once(self, task: str, agent: str, kwargs: Mapping[str, Any]) -> Attempt:
         async with self._slots:
             try:
-                return Attempt.from_answer(agent, await self._run(task, agent, kwargs))
+                return Attempt.from_answer(agent, await self._run(task, agent, kwargs, self._deadline_s))
             except RunFailed as exc:
                 return Attempt.from_answer(agent, None, transport_error=str(exc))
 
@@ -267,12 +295,23 @@ def _at_max(attempt: Attempt, config: AuditConfig) -> bool:
 
 
 async def audit_task(
-    name: str, task_dir: Path, run: RunAttempt, config: AuditConfig, agents: Collection[str]
+    name: str,
+    task_dir: Path,
+    run: RunAttempt,
+    config: AuditConfig,
+    agents: Collection[str],
+    slots: asyncio.Semaphore | None = None,
 ) -> TaskHealth:
-    """Every control `agents` (the server's agent names) allows, on one task."""
-    runner = _Runner(run, config)
+    """Every control `agents` (the server's agent names) allows, on one task; at most
+    `config.concurrency` attempts in flight (or `slots`' count, shared between tasks)."""
+    deadline_s = task_deadline_s(task_dir, config)
+    runner = _Runner(run, config, slots or asyncio.Semaphore(config.concurrency), deadline_s)
     retried: list[Attempt] = []
-    evidence: dict[str, Any] = {"digest": task_digest(task_dir), "retried_infra": retried}
+    evidence: dict[str, Any] = {
+        "digest": task_digest(task_dir),
+        "deadline_s": deadline_s,
+        "retried_infra": retried,
+    }
     verdicts: list[TaskVerdict] = []
     undecided: list[str] = []
     skipped = [str(c) for c, agent in CONTROL_AGENTS.items() if agent not in agents]
@@ -372,14 +411,16 @@ async def audit_tasks(
     agents: Collection[str],
     cache: Cache | None = None,
 ) -> list[TaskHealth]:
-    """Every task's health, in `tasks`' order; a task whose digest is cached is not run again."""
+    """Every task's health, in `tasks`' order; a task whose digest is cached is not run again.
+    At most `config.concurrency` attempts are in flight across all tasks."""
+    slots = asyncio.Semaphore(config.concurrency)
 
     async def one(name: str, task_dir: Path) -> TaskHealth:
         digest = task_digest(task_dir)
         if cache is not None and (hit := cache.get(name, digest)) is not None:
             hit.evidence["cached"] = True
             return hit
-        health = await audit_task(name, task_dir, run, config, agents)
+        health = await audit_task(name, task_dir, run, config, agents, slots)
         if cache is not None and not health.evidence.get("undecided"):
             cache.put(digest, health)
         health.evidence["cached"] = False

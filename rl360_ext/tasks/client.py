@@ -27,12 +27,12 @@ def _detail(response: httpx.Response) -> tuple[str, str]:
 
 
 class HarborClient:
-    """POST /run for the audit, every request with the same `deadline_s`."""
+    """POST /run for the audit; the client waits `deadline_s` plus `margin_s` for each answer."""
 
-    def __init__(self, url: str, deadline_s: float, token: str | None = None) -> None:
+    def __init__(self, url: str, token: str | None = None, margin_s: float = 30.0) -> None:
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=deadline_s + 30.0)
-        self._deadline_s = deadline_s
+        self._http = httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=30.0)
+        self._margin_s = margin_s
 
     async def agents(self) -> list[str]:
         """The agent names the server runs (its /health)."""
@@ -43,12 +43,14 @@ class HarborClient:
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             raise RunFailed(f"GET /health on the Harbor server failed: {exc}") from exc
 
-    async def __call__(self, task: str, agent: str, agent_kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
-        body: dict[str, Any] = {"task": task, "agent": agent, "deadline_s": self._deadline_s}
+    async def __call__(
+        self, task: str, agent: str, agent_kwargs: Mapping[str, Any], deadline_s: float
+    ) -> Mapping[str, Any]:
+        body: dict[str, Any] = {"task": task, "agent": agent, "deadline_s": deadline_s}
         if agent_kwargs:
             body["agent_kwargs"] = dict(agent_kwargs)
         try:
-            response = await self._http.post("/run", json=body)
+            response = await self._http.post("/run", json=body, timeout=deadline_s + self._margin_s)
         except httpx.HTTPError as exc:
             raise RunFailed(f"{type(exc).__name__}: {exc}") from exc
         if response.status_code == 200:

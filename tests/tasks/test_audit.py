@@ -68,9 +68,13 @@ class Scripted:
         self.script = script
         self.calls: dict[str, int] = defaultdict(int)
         self.kwargs: dict[str, dict[str, Any]] = {}
+        self.deadlines: set[float] = set()
 
-    async def __call__(self, task: str, agent: str, agent_kwargs: Mapping[str, Any]) -> Mapping[str, Any]:
+    async def __call__(
+        self, task: str, agent: str, agent_kwargs: Mapping[str, Any], deadline_s: float
+    ) -> Mapping[str, Any]:
         self.kwargs[agent] = dict(agent_kwargs)
+        self.deadlines.add(deadline_s)
         nth = self.calls[agent]
         self.calls[agent] += 1
         answer = self.script(agent, nth)
@@ -267,3 +271,19 @@ def test_verdicts_are_the_issue_vocabulary() -> None:
         "lint", "broken_env", "broken_oracle", "flaky", "vacuous", "flaky_verifier",
         "insensitive", "hackable", "leaky", "slow_oracle", "ok",
     }  # fmt: skip
+
+
+async def test_each_task_gets_a_deadline_from_its_own_timeouts(tmp_path: Path) -> None:
+    task = make_task(tmp_path, agent_timeout=60.0)
+    with (task / "task.toml").open("a") as toml:
+        toml.write("[verifier]\ntimeout_sec = 20.0\n[environment]\nbuild_timeout_sec = 30.0\n")
+    runner = Scripted(healthy)
+    health = await audit_task("t", task, runner, AuditConfig(deadline_slack_s=100.0), AGENTS)
+    assert runner.deadlines == {210.0} and health.evidence["deadline_s"] == 210.0
+    bare = make_task(tmp_path / "bare", agent_timeout=None)  # Harbor's defaults: 600 s build and verifier
+    runner = Scripted(healthy)
+    await audit_task("t", bare, runner, AuditConfig(default_agent_s=300.0, deadline_slack_s=0.0), AGENTS)
+    assert runner.deadlines == {1500.0}
+    runner = Scripted(healthy)
+    await audit_task("t", bare, runner, AuditConfig(deadline_s=42.0), AGENTS)
+    assert runner.deadlines == {42.0}
