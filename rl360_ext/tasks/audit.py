@@ -346,7 +346,11 @@ async def audit_task(
         runner.attempt(name, CONTROL_AGENTS[c], retried, _canary_kwargs(c, canary_kwargs))
         for c in canary_controls
     ]
-    results = await asyncio.gather(*oracle_jobs, *nop_jobs, *canary_jobs)
+    try:
+        results = await asyncio.gather(*oracle_jobs, *nop_jobs, *canary_jobs)
+    except TaskRejected as exc:  # the task changed under the audit and no longer loads
+        evidence[Control.LINT] = {"status": exc.status, "type": exc.kind, "message": exc.message}
+        return _finish(name, [TaskVerdict.LINT], evidence, retried)
     oracle = results[: config.oracle_runs]
     nop = [first, *results[config.oracle_runs : config.oracle_runs + len(nop_jobs)]]
     canaries = results[config.oracle_runs + len(nop_jobs) :]

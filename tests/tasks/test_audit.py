@@ -171,6 +171,15 @@ async def test_a_task_the_server_refuses_is_lint_and_nothing_else_runs(tmp_path:
     assert dict(runner.calls) == {"nop": 1}
 
 
+async def test_a_task_that_stops_loading_during_the_audit_is_lint(tmp_path: Path) -> None:
+    def script(agent: str, nth: int) -> Mapping[str, Any] | BaseException:
+        return healthy(agent, nth) if agent == "nop" else TaskRejected(422, "task_invalid", "changed")
+
+    health = await audit(tmp_path, script)
+    assert health.verdicts == [TaskVerdict.LINT]
+    assert health.evidence["lint"]["message"] == "changed"
+
+
 async def test_an_environment_that_never_starts_is_broken_env_after_its_retries(tmp_path: Path) -> None:
     runner = Scripted(lambda agent, nth: SANDBOX_FAILED)
     health = await audit_task("t", make_task(tmp_path), runner, AuditConfig(retries=2), AGENTS)
