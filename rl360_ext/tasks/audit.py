@@ -365,7 +365,10 @@ async def audit_task(
     elif passes < len(valid_oracle):
         verdicts.append(TaskVerdict.FLAKY)
     budget = agent_budget_s(task_dir)
-    oracle_agent_s = max((a.agent_s for a in valid_oracle if a.agent_s is not None), default=None)
+    # Time is measured whatever the reward: an oracle cut off at its agent budget (agent_timeout,
+    # which the server never grades) took at least that long.
+    timed = [a for a in oracle if a.valid or a.failure_cause == Cause.AGENT_TIMEOUT]
+    oracle_agent_s = max((a.agent_s for a in timed if a.agent_s is not None), default=None)
     evidence["oracle_agent_s"], evidence["agent_budget_s"] = oracle_agent_s, budget
     if budget is not None and oracle_agent_s is not None and oracle_agent_s > config.slow_fraction * budget:
         verdicts.append(TaskVerdict.SLOW_ORACLE)

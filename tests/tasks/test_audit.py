@@ -163,6 +163,13 @@ async def test_an_oracle_over_the_fraction_of_its_budget_is_slow(tmp_path: Path)
     assert fine.verdicts == [TaskVerdict.OK]
 
 
+async def test_an_oracle_cut_off_at_its_budget_is_slow_but_not_broken(tmp_path: Path) -> None:
+    timed_out = {**infra("agent_timeout", "infra:agent_timeout"), "phase_timings": {"agent": 60.2}}
+    health = await audit(tmp_path, lambda agent, nth: timed_out if agent == "oracle" else valid(0.0))
+    assert health.verdicts == [TaskVerdict.SLOW_ORACLE]
+    assert health.evidence["undecided"] == [Control.ORACLE]
+
+
 async def test_a_task_the_server_refuses_is_lint_and_nothing_else_runs(tmp_path: Path) -> None:
     runner = Scripted(lambda agent, nth: TaskRejected(422, "task_invalid", "bad task.toml"))
     health = await audit_task("t", make_task(tmp_path), runner, AuditConfig(), AGENTS)
