@@ -223,7 +223,7 @@ def find_tasks(tasks_root: Path, names: Collection[str] = ()) -> list[tuple[str,
     if not names:
         return found
     if missing := sorted(set(names) - {name for name, _ in found}):
-        raise ValueError(f"--task: no task {', '.join(missing)} under {tasks_root}")
+        raise ValueError(f"no task {', '.join(missing)} under {tasks_root}")
     return [(name, path) for name, path in found if name in names]
 
 
