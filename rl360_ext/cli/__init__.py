@@ -95,6 +95,24 @@ def doctor() -> None:
     raise typer.Exit(0 if all(c.ok for c in checks) else 1)
 
 
+def _audit_demo_tasks(out: Path) -> None:
+    """`rl360 tasks audit` of the demo's quiz tasks into OUT/task-health (cached by content); a
+    quiz task with any finding ends the demo before it starts."""
+    from rl360_ext.cli.tasks import audit_tree, print_health
+    from rl360_ext.local.fixtures import quiz_task_names, tasks_root
+    from rl360_ext.tasks.audit import AuditConfig, find_tasks
+
+    health_dir = out / "task-health"
+    root = tasks_root()
+    results = audit_tree(
+        root, find_tasks(root, quiz_task_names(root)), AuditConfig(), health_dir, health_dir / "cache"
+    )
+    print_health(results, health_dir)
+    if bad := [r.task for r in results if r.quarantined]:
+        typer.echo(f"rl360 demo: the task audit quarantined {', '.join(bad)}; see {health_dir}", err=True)
+        raise typer.Exit(1)
+
+
 @app.command()
 def demo(
     steps: int = typer.Option(20, min=1, help="Rollout steps (one train step and weight push after each)."),
@@ -123,6 +141,12 @@ def demo(
     ),
     top_logprobs_num: int = typer.Option(
         5, min=0, help="Top-k log-probs the engines return per generated token, for top-k parity (0: off)."
+    ),
+    audit_tasks: bool = typer.Option(
+        False,
+        "--audit-tasks",
+        help="First audit the quiz tasks (rl360 tasks audit, cached in OUT/task-health); "
+        "a quiz task that is not ok stops the demo (exit status 1).",
     ),
     compare: str | None = typer.Option(
         None,
@@ -168,6 +192,8 @@ def demo(
         except ValueError as err:
             raise typer.BadParameter(str(err), param_hint="--compare") from None
     preflight(demo_stack_config(config), "rl360 demo", install=True)
+    if audit_tasks:
+        _audit_demo_tasks(out)
     if compare == "schedules":
         from rl360_ext.local.demo import compare_schedules
 

@@ -16,6 +16,8 @@ from rich.table import Table
 
 from rl360_ext.cli.fields import config_command
 from rl360_ext.tasks.audit import (
+    QUARANTINE_FILE,
+    TASK_HEALTH_FILE,
     AuditConfig,
     Cache,
     RunFailed,
@@ -168,29 +170,18 @@ def _table(results: list[TaskHealth]) -> Table:
     return table
 
 
-def _run(
-    config: AuditConfig,
+def audit_tree(
     tasks_root: Path,
-    task: list[str] | None,
-    harbor: str | None,
-    token_file: Path | None,
+    tasks: list[tuple[str, Path]],
+    config: AuditConfig,
     out: Path,
-    cache_dir: Path | None,
-    no_cache: bool,
-    as_json: bool,
-) -> None:
-    """Audit every task under TASKS_ROOT with controls (lint, environment, oracle, nop, slow oracle,
-    reward-file canary) through a Harbor /run server; write task_health.jsonl and quarantine.json."""
-    from rl360_ext.util.console import make_console, print_table
-
-    if not tasks_root.is_dir():
-        raise typer.BadParameter(f"{tasks_root} is not a directory", param_hint="TASKS_ROOT")
-    try:
-        tasks = find_tasks(tasks_root, task or ())
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--task") from None
-    token = token_file.read_text().splitlines()[0].strip() if token_file is not None else None
-    cache = None if no_cache else (cache_dir or out / "cache")
+    cache: Path | None,
+    harbor: str | None = None,
+    token: str | None = None,
+) -> list[TaskHealth]:
+    """The audit of `tasks` (under `tasks_root`) through `harbor` or a server started for it,
+    every task served from `cache` when it can be; writes OUT's files. A server that cannot be
+    reached ends the command with one line on stderr, exit status 1."""
     # A server this command starts runs these agents: every task cached for them needs none started.
     results = (
         None
@@ -205,13 +196,45 @@ def _run(
             except (RunFailed, ValueError) as exc:
                 typer.echo(f"rl360 tasks audit: {exc}", err=True)
                 raise typer.Exit(1) from None
-    health_path, quarantine_path = write_outputs(results, out)
+    write_outputs(results, out)
+    return results
+
+
+def print_health(results: list[TaskHealth], out: Path) -> None:
+    """The audit's table, and where its files went."""
+    from rl360_ext.util.console import make_console, print_table
+
+    console = make_console()
+    print_table(console, _table(results))
+    console.out(f"wrote {out / TASK_HEALTH_FILE} and {out / QUARANTINE_FILE}", highlight=False)
+
+
+def _run(
+    config: AuditConfig,
+    tasks_root: Path,
+    task: list[str] | None,
+    harbor: str | None,
+    token_file: Path | None,
+    out: Path,
+    cache_dir: Path | None,
+    no_cache: bool,
+    as_json: bool,
+) -> None:
+    """Audit every task under TASKS_ROOT with controls (lint, environment, oracle, nop, slow oracle,
+    canary hacks, leak probe) through a Harbor /run server; write task_health.jsonl and quarantine.json."""
+    if not tasks_root.is_dir():
+        raise typer.BadParameter(f"{tasks_root} is not a directory", param_hint="TASKS_ROOT")
+    try:
+        tasks = find_tasks(tasks_root, task or ())
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--task") from None
+    token = token_file.read_text().splitlines()[0].strip() if token_file is not None else None
+    cache = None if no_cache else (cache_dir or out / "cache")
+    results = audit_tree(tasks_root, tasks, config, out, cache, harbor, token)
     if as_json:
         typer.echo(json.dumps(document(results), sort_keys=True))
         return
-    console = make_console()
-    print_table(console, _table(results))
-    console.out(f"wrote {health_path} and {quarantine_path}", highlight=False)
+    print_health(results, out)
 
 
 app.command("audit")(config_command(AuditConfig, _run, extra=_EXTRA))
