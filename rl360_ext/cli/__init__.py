@@ -28,6 +28,7 @@ from typer.core import TyperGroup
 from rl360_ext.cli.engine import app as engine_app
 from rl360_ext.cli.harbor import app as harbor_app
 from rl360_ext.cli.session import app as session_app
+from rl360_ext.cli.tasks import app as tasks_app
 from rl360_ext.cli.templates import app as template_app
 from rl360_ext.util.prereqs import EXIT_UNAVAILABLE, Unavailable, package_remedy
 from rl360_ext.util.procs import ServiceStartError
@@ -74,6 +75,7 @@ app.add_typer(engine_app, name="engine")
 app.add_typer(session_app, name="session")
 app.add_typer(template_app, name="template")
 app.add_typer(harbor_app, name="harbor")
+app.add_typer(tasks_app, name="tasks")
 bench_app = typer.Typer(
     help="Benchmarks: each prints a table and compares against its baseline in the same run."
 )
@@ -91,6 +93,24 @@ def doctor() -> None:
         table.add_row(check.name, "[green]OK[/]" if check.ok else "[red]MISSING[/]", check.detail)
     Console().print(table)
     raise typer.Exit(0 if all(c.ok for c in checks) else 1)
+
+
+def _audit_demo_tasks(out: Path) -> None:
+    """`rl360 tasks audit` of the demo's quiz tasks into OUT/task-health (cached by content); a
+    quiz task with any finding ends the demo before it starts."""
+    from rl360_ext.cli.tasks import audit_tree, print_health
+    from rl360_ext.local.fixtures import quiz_task_names, tasks_root
+    from rl360_ext.tasks.audit import AuditConfig, find_tasks
+
+    health_dir = out / "task-health"
+    root = tasks_root()
+    results = audit_tree(
+        root, find_tasks(root, quiz_task_names(root)), AuditConfig(), health_dir, health_dir / "cache"
+    )
+    print_health(results, health_dir)
+    if bad := [r.task for r in results if r.quarantined]:
+        typer.echo(f"rl360 demo: the task audit quarantined {', '.join(bad)}; see {health_dir}", err=True)
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -128,6 +148,12 @@ def demo(
         help="Miles' --eval-interval: before training and after every N train steps (and the last), "
         "evaluate the training tasks and held-out quiz tasks (greedy and sampled) through the generate "
         "hook with evaluation=True and the eval log hook; the report draws eval beside training.",
+    ),
+    audit_tasks: bool = typer.Option(
+        False,
+        "--audit-tasks",
+        help="First audit the quiz tasks (rl360 tasks audit, cached in OUT/task-health); "
+        "a quiz task that is not ok stops the demo (exit status 1).",
     ),
     compare: str | None = typer.Option(
         None,
@@ -174,6 +200,8 @@ def demo(
         except ValueError as err:
             raise typer.BadParameter(str(err), param_hint="--compare") from None
     preflight(demo_stack_config(config), "rl360 demo", install=True)
+    if audit_tasks:
+        _audit_demo_tasks(out)
     if compare == "schedules":
         from rl360_ext.local.demo import compare_schedules
 

@@ -5,7 +5,8 @@ each bound when the server starts to a Harbor built-in (the defaults: `oracle`, 
 `terminus-2`) or to a `module.path:Class` the operator named with `--agent NAME=module:Class`
 (imported and checked then). A request's `agent` is only ever looked up in that table: no
 client-named module is imported. Also owns turning an entry plus the request's model settings
-into Harbor's `AgentConfig`: utility agents (oracle, nop) get no model; terminus-2 gets
+into Harbor's `AgentConfig`: utility agents (oracle, nop, and import-path classes that declare
+`MODEL_FREE = True`) get no model; terminus-2 gets
 `openai/<model>` through LiteLLM with `api_base` = the session's base URL, the request's
 temperature/top_p/max tokens, its context length, and no terminal recording; import-path agents
 (such as rl360's demo agent) get the rl360 kwargs `api_base`, `api_model`, `sampling_params`,
@@ -28,6 +29,9 @@ from harbor.utils.import_path import import_class
 UTILITY_AGENTS = frozenset({AgentName.ORACLE.value, AgentName.NOP.value})
 TERMINUS_2 = AgentName.TERMINUS_2.value
 DEFAULT_AGENTS = (AgentName.ORACLE.value, AgentName.NOP.value, TERMINUS_2)
+# An agent class with `MODEL_FREE = True` (like the audit's canaries) runs like oracle and nop:
+# requests need no base_url or model, and it gets only the request's agent_kwargs.
+MODEL_FREE_ATTRIBUTE = "MODEL_FREE"
 PLACEHOLDER_API_KEY = "rl360-session"  # session servers do not check keys; LiteLLM insists on one
 # Keys Harbor's agent factory and trial pass to an agent's constructor themselves: a client
 # value would collide (TypeError) or silently redirect Harbor (logs_dir, load_trajectory, ...).
@@ -48,15 +52,16 @@ class AgentEntry:
     name: str
     harbor_name: str | None = None
     import_path: str | None = None
+    model_free: bool = False  # an import-path agent whose class says `MODEL_FREE = True`
 
     @property
     def needs_model(self) -> bool:
-        return self.harbor_name not in UTILITY_AGENTS
+        return not self.model_free and self.harbor_name not in UTILITY_AGENTS
 
 
-def _import_checked(path: str) -> None:
+def _import_checked(path: str) -> type[BaseAgent]:
     try:
-        import_class(path, base=BaseAgent, label="agent")
+        return import_class(path, base=BaseAgent, label="agent")
     except (ValueError, TypeError, ImportError) as exc:
         raise UnknownAgent(f"agent {path!r} cannot be imported: {exc}") from exc
 
@@ -70,8 +75,8 @@ def parse_entry(spec: str) -> AgentEntry:
     if not name or not target:
         raise UnknownAgent(f"--agent expects NAME=module.path:Class or a Harbor agent name, got {spec!r}")
     if ":" in target:
-        _import_checked(target)
-        return AgentEntry(name=name, import_path=target)
+        model_free = getattr(_import_checked(target), MODEL_FREE_ATTRIBUTE, False) is True
+        return AgentEntry(name=name, import_path=target, model_free=model_free)
     if target not in AgentName.values():
         raise UnknownAgent(f"agent {target!r} is not a Harbor agent name or a module.path:Class")
     return AgentEntry(name=name, harbor_name=target)

@@ -68,6 +68,7 @@ class Cause(StrEnum):
     TRANSPORT_ERROR = "transport_error"
     SESSION_VANISHED = "session_vanished"
     RUN_REJECTED = "run_rejected"
+    TASK_QUARANTINED = "task_quarantined"
 
 
 # Causes where the policy failed and the verifier's grade of what it left still counts.
@@ -107,6 +108,7 @@ INFRA_CAUSES: dict[Cause, str] = {
     Cause.AGENT_TIMEOUT: "the agent timed out (policy 'mask', or no verifier reward after the timeout)",
     Cause.NO_VERIFIER_REWARD: "the run reported no failure but its reward was not written by a verifier",
     Cause.UNCLASSIFIED: "a failure this classifier does not know",
+    Cause.TASK_QUARANTINED: "the task is on the task audit's quarantine list: not run, masked, never scored",
 }
 
 # The failure -> infra map: each server or client cause that is not itself an infra cause (nor a
@@ -141,6 +143,7 @@ CLIENT_CAUSES = frozenset(
         Cause.SESSION_VANISHED,
         Cause.NO_ENGINE_AVAILABLE,
         Cause.ABORTED,
+        Cause.TASK_QUARANTINED,  # the agent function did not run a task the audit quarantined
     }
 )
 

@@ -9,8 +9,10 @@ answer carries its verdict (`attempt_class`), read here with `rl360_ext.outcomes
 attempt_class`, never classified again; the only causes this module names are the client's own
 (`Cause.CLIENT_DEADLINE`, `Cause.TRANSPORT_ERROR`, `Cause.RUN_REJECTED`, `Cause.NO_SANDBOX` and
 `Cause.SANDBOX_LOST` for a replica that refused the connection or went away mid-run, and
-`Cause.HARBOR_INTERNAL_ERROR` for a server that answered 500 or no JSON). It does not touch
-sessions or samples (the generate hook does).
+`Cause.HARBOR_INTERNAL_ERROR` for a server that answered 500 or no JSON, and
+`Cause.TASK_QUARANTINED` for a task on the `--rl360-quarantine-file` of `rl360 tasks audit`: that
+attempt is not run, and its sample is masked like any infrastructure failure, never scored 0).
+It does not touch sessions or samples (the generate hook does).
 
 Several Harbor /run servers (a `rl360_ext.harbor.pool.HarborPool`'s replicas) are given as a
 comma-separated URL list; each attempt goes to the replica its image group pins
@@ -44,6 +46,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -53,6 +56,7 @@ from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, FAILURE_CAUSE, PHASE_TI
 from rl360_ext.outcomes.verdict import attempt_class
 from rl360_ext.rollout.config import AgentConfig, flag_name
 from rl360_ext.rollout.harbor_routing import HarborRouter
+from rl360_ext.tasks.audit import read_quarantine
 
 logger = logging.getLogger(__name__)
 
@@ -240,6 +244,22 @@ def _image_group(settings: AgentConfig, metadata: Mapping[str, Any]) -> str:
 # ---- Miles' agent-function contract -------------------------------------------------------------
 
 
+def _quarantined(settings: AgentConfig, task: str) -> dict[str, Any] | None:
+    """The masked result for a task on the audit's quarantine list (not run), else None."""
+    if settings.quarantine_file is None:
+        return None
+    try:
+        quarantine = read_quarantine(Path(settings.quarantine_file))
+    except (OSError, ValueError) as exc:
+        raise AgentConfigError(f"--rl360-quarantine-file: {exc}") from exc
+    if task not in quarantine:
+        return None
+    why = ", ".join(quarantine[task]) or "no verdict"
+    return failure_metadata(
+        Cause.TASK_QUARANTINED, f"task {task!r} is quarantined ({why}) by {settings.quarantine_file}"
+    )
+
+
 async def run(
     base_url: str,
     prompt: Any,
@@ -259,7 +279,8 @@ async def run(
     settings = rl360_config if rl360_config is not None else AgentConfig.from_env()
     router = harbor_router(settings)
     body = build_run_body(settings, base_url, request_kwargs, metadata)
-    result = await _post_run(settings, router, body, metadata)
+    masked = _quarantined(settings, body["task"])
+    result = masked if masked is not None else await _post_run(settings, router, body, metadata)
     if metadata.get(EVALUATION_KEY) is True:
         result[EVALUATION_KEY] = True
     return result

@@ -64,6 +64,11 @@ class AgentConfig:
         "score",
         choices=AGENT_TIMEOUT_POLICIES,
     )
+    quarantine_file: str | None = _doc(
+        "quarantine.json of `rl360 tasks audit`: its tasks are not run, their attempts masked "
+        "(infra:task_quarantined, never a 0 reward).",
+        None,
+    )
 
     def __post_init__(self) -> None:
         if not self.deadline_s > 0:

@@ -22,7 +22,8 @@ kept_mean,attempts,valid_fraction}, count/{attempts,valid,infra,trained,masked,k
 dropped_groups,unused_groups}, count/infra/<cause>, count/dropped_groups/<reason>,
 tito/render_mismatch_frac (of trained attempts the session compared, the fraction whose tokens
 drift from the canonical render of their final messages), audit/* (what upstream defaults would
-have done to this step; see rl360_ext.rollout.audit), and
+have done to this step; see rl360_ext.rollout.audit), tasks/* (groups the filter would hide
+as always-pass or always-fail, the vacuous-verifier signature; rl360_ext.tasks.signals), and
 occupancy/{queue,sandbox_setup,model,tools,verifier} over every attempt in flight
 (rl360_ext.rollout.occupancy).
 """
@@ -55,6 +56,7 @@ from rl360_ext.rollout.audit import AuditAttempt, audit_step
 from rl360_ext.rollout.config import MetricsConfig, add_dataclass_arguments, env_name
 from rl360_ext.rollout.occupancy import step_occupancy
 from rl360_ext.rollout.rewards import flatten_group, reward_value
+from rl360_ext.tasks.signals import task_signals, vacuous_signature_tasks
 from rl360_ext.templates.drift import DRIFT_KEY
 
 logger = logging.getLogger(__name__)
@@ -64,6 +66,7 @@ METRICS_PATH_ENV = env_name("metrics_path")  # RL360_METRICS_PATH
 METRICS_ATTEMPTS_ENV = env_name("metrics_attempts")  # RL360_METRICS_ATTEMPTS
 MAX_PENDING_GROUPS = 16384
 TEMPLATE_DRIFT = DRIFT_KEY  # metadata key: the session's drift record of the trajectory
+TASK_KEY = "task"  # metadata key: the Harbor task (AgentConfig.task_key's default)
 ROUTING_BYTES = "routing_bytes"  # metadata key: bytes of routing-replay (R3) data the attempt carried
 
 
@@ -141,6 +144,8 @@ def attempt_summary(sample: Any, reward_key: str | None = None) -> dict[str, Any
         "reward": reward_value(sample, reward_key) if cls == VALID else None,
         "reward_source": metadata.get(REWARD_SOURCE),
         "failure_cause": metadata.get(FAILURE_CAUSE),
+        "exception_type": metadata.get("exception_type"),
+        "task": metadata.get(TASK_KEY),
         "domain": metadata.get(DOMAIN),
         "status": _status(sample),
         "response_length": getattr(sample, "response_length", None),
@@ -187,6 +192,8 @@ def step_metrics(trained: Sequence[Mapping[str, Any]], seen: Sequence[GroupRecor
     metrics["tito/render_mismatch_frac"] = sum(compared) / len(compared) if compared else None
     metrics.update(_prefilter_metrics(seen, seen_attempts, trained_groups))
     metrics.update(_domain_metrics(trained, seen_attempts))
+    if seen is not None:
+        metrics.update(task_signals([group.attempts for group in seen]))
     in_flight = trained if seen_attempts is None else seen_attempts
     metrics.update(step_occupancy(a.get("phase_timings") for a in in_flight))
     audit = audit_step(
@@ -314,6 +321,9 @@ def log_rollout_metrics(
             "prefilter": prefilter,
             "registry_overflowed_groups": overflowed,
             "metrics": metrics,
+            "vacuous_signature_tasks": None
+            if seen is None
+            else vacuous_signature_tasks([g.attempts for g in seen]),
             "miles_metrics": dict(extra_metrics or {}),
         }
         attempts = _attempt_lines(rollout_id, trained, seen) if _attempts_enabled(args) else []

@@ -95,3 +95,15 @@ def test_demo_agent_maps_sglang_sampling_params() -> None:
     params, extra = request_params({"temperature": 1.0, "max_new_tokens": 64, "top_k": 5, "seed": 3})
     assert params == {"temperature": 1.0, "seed": 3, "max_tokens": 64}
     assert extra == {"top_k": 5}
+
+
+def test_an_agent_class_that_declares_itself_model_free_runs_like_oracle() -> None:
+    from rl360_ext.harbor.canaries import CANARY_AGENTS
+
+    (name, path), *_ = CANARY_AGENTS.items()
+    canary = agents.parse_entry(f"{name}={path}")
+    assert canary.model_free and not canary.needs_model
+    no_model = agents.ModelSettings(None, None, {}, None)
+    config = agents.agent_config(canary, no_model, 4, {"reward": 2.0}, timeout_s=30, setup_timeout_s=5)
+    assert (config.import_path, config.model_name, config.kwargs) == (path, None, {"reward": 2.0})
+    assert agents.parse_entry(f"demo={DEMO_AGENT}").needs_model

@@ -341,3 +341,39 @@ async def test_an_eval_attempt_sends_the_eval_sampling_params_and_says_it_is_an_
     assert result["evaluation"] is True and result["attempt_class"] == "valid"
     assert "evaluation" not in trained
     assert bodies[0]["sampling_params"] == eval_params and "evaluation" not in bodies[0]
+
+
+# ---- the task audit's quarantine ------------------------------------------------------------------
+
+
+async def test_a_quarantined_task_is_not_run_and_its_attempt_is_masked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    from rl360_ext.tasks.audit import TaskHealth, write_outputs
+    from rl360_ext.tasks.verdicts import TaskVerdict
+
+    good, bad = TaskHealth("good", [TaskVerdict.OK], {}), TaskHealth("bad", [TaskVerdict.VACUOUS], {})
+    write_outputs([good, bad], tmp_path)
+    ran: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        ran.append(json.loads(request.content)["task"])
+        return _graded(request)
+
+    (url, _) = _replicas(monkeypatch, handler)
+    config = AgentConfig(harbor_url=url, quarantine_file=str(tmp_path / "quarantine.json"))
+    masked = await agent.run("http://s/sessions/x", None, {}, {"task": "bad"}, rl360_config=config)
+    assert masked["attempt_class"] == "infra:task_quarantined"
+    assert masked["reward"] is None and masked["reward_source"] is None
+    assert "vacuous" in masked["exception_message"]
+    graded = await agent.run("http://s/sessions/x", None, {}, {"task": "good"}, rl360_config=config)
+    assert graded["attempt_class"] == "valid" and ran == ["good"]
+    assert attempt_class_of(masked) == "infra:task_quarantined"
+
+
+async def test_a_quarantine_file_that_is_not_one_is_a_configuration_error(tmp_path: Any) -> None:
+    bad = tmp_path / "quarantine.json"
+    bad.write_text('{"tasks": ["a"]}')
+    config = AgentConfig(harbor_url="http://h:1", quarantine_file=str(bad))
+    with pytest.raises(AgentConfigError, match="quarantine"):
+        await agent.run("http://s", None, {}, {"task": "a"}, rl360_config=config)

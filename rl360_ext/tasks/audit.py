@@ -1,0 +1,489 @@
+"""The task audit: run each control against a task through a `/run` callable and give verdicts.
+
+Owns the controls' decisions (which answers make which `TaskVerdict`), their retries, the task's
+content digest and the cache keyed by it, and the audit's output files (`task_health.jsonl`,
+`quarantine.json`). It makes no HTTP call itself: `RunAttempt` is any async callable returning
+a Harbor `/run` answer (`rl360_ext.tasks.client` is the HTTP one). Whether an attempt's reward
+counts is never decided here: `rl360_ext.outcomes.verdict.attempt_class` is the one verdict;
+an infrastructure attempt is retried and is never evidence for or against the task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import tomllib
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rl360_ext.outcomes.causes import Cause
+from rl360_ext.outcomes.provenance import FAILURE_CAUSE, VALID
+from rl360_ext.outcomes.verdict import attempt_class
+from rl360_ext.tasks.verdicts import CANARY_VERDICTS, CONTROL_AGENTS, Control, TaskVerdict
+
+TASK_HEALTH_FILE = "task_health.jsonl"
+QUARANTINE_FILE = "quarantine.json"
+# Failure causes that say the sandbox never started (the environment control's finding).
+ENVIRONMENT_START_CAUSES = frozenset({Cause.SANDBOX_FAILED, Cause.ENVIRONMENT_START_TIMEOUT})
+_CACHE_VERSION = 1
+_REWARD_TOLERANCE = 1e-9
+
+
+class TaskRejected(Exception):
+    """The server refused to run the task at all (a 4xx naming the task): the lint control's finding."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(f"{status} {kind}: {message}")
+        self.status, self.kind, self.message = status, kind, message
+
+
+class RunFailed(Exception):
+    """No `/run` answer came back (connection, protocol): an infrastructure failure, retried."""
+
+
+# (task, agent, agent_kwargs, deadline_s) -> the /run answer
+RunAttempt = Callable[[str, str, Mapping[str, Any], float], Awaitable[Mapping[str, Any]]]
+# Harbor's task.toml defaults (harbor.models.task.config) where a task declares no timeout.
+HARBOR_BUILD_TIMEOUT_S = 600.0
+HARBOR_VERIFIER_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    """How many runs each control makes and where its thresholds lie."""
+
+    oracle_runs: int = 3
+    """Oracle runs per task: 0 of them at the maximum reward is broken_oracle, some is flaky."""
+    nop_runs: int = 2
+    """Nop runs per task: any above the floor is vacuous."""
+    retries: int = 2
+    """Retries of an attempt whose class is infrastructure (never evidence either way)."""
+    max_reward: float = 1.0
+    """The maximum reward a task's verifier gives (the oracle must reach it)."""
+    floor_reward: float = 0.0
+    """The reward of doing nothing (nop must not score above it)."""
+    slow_fraction: float = 0.5
+    """slow_oracle when an oracle run's agent phase takes over this fraction of the agent budget."""
+    deadline_s: float | None = None
+    """`deadline_s` of every /run request (default: each task's own, see `deadline_slack_s`)."""
+    deadline_slack_s: float = 120.0
+    """Without --deadline-s, a task's deadline is its build + agent + verifier timeouts (Harbor's
+    defaults where task.toml has none; agent: --default-agent-s) plus this slack."""
+    default_agent_s: float = 600.0
+    """The agent time a task's deadline plans for when task.toml declares no [agent] timeout_sec."""
+    concurrency: int = 8
+    """/run requests in flight at once."""
+    verifier_timeout_factor: float = 3.0
+    """Suggested verifier timeout: this factor times the longest verifier phase observed."""
+    min_verifier_timeout_s: float = 10.0
+    """The suggested verifier timeout's lower clamp."""
+    max_verifier_timeout_s: float = 3600.0
+    """The suggested verifier timeout's upper clamp."""
+
+    def __post_init__(self) -> None:
+        for name in ("oracle_runs", "nop_runs", "concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.retries < 0:
+            raise ValueError(f"retries must be at least 0, got {self.retries}")
+        if not 0 < self.slow_fraction <= 1:
+            raise ValueError(f"slow_fraction must be in (0, 1], got {self.slow_fraction}")
+        if self.deadline_s is not None and not (math.isfinite(self.deadline_s) and self.deadline_s > 0):
+            raise ValueError(f"deadline_s must be finite and > 0, got {self.deadline_s}")
+        for name in ("deadline_slack_s", "default_agent_s"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ValueError(f"{name} must be finite and >= 0, got {getattr(self, name)}")
+        if not self.floor_reward < self.max_reward:
+            raise ValueError(
+                f"floor_reward ({self.floor_reward}) must be below max_reward ({self.max_reward})"
+            )
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One /run attempt as evidence: its class, reward and phase times."""
+
+    agent: str
+    attempt_class: str
+    reward: float | None
+    failure_cause: str | None
+    agent_s: float | None
+    verifier_s: float | None
+
+    @property
+    def valid(self) -> bool:
+        return self.attempt_class == VALID
+
+    @classmethod
+    def from_answer(
+        cls, agent: str, answer: Mapping[str, Any] | None, transport_error: str | None = None
+    ) -> Attempt:
+        recorded = dict(answer) if answer is not None else None
+        klass = attempt_class(recorded, transport_error=transport_error)
+        timings = (recorded or {}).get("phase_timings") or {}
+        reward = (recorded or {}).get("reward") if klass == VALID else None
+        return cls(
+            agent=agent,
+            attempt_class=klass,
+            reward=float(reward) if reward is not None else None,
+            failure_cause=(recorded or {}).get(FAILURE_CAUSE),
+            agent_s=_seconds(timings.get("agent")),
+            verifier_s=_seconds(timings.get("verifier")),
+        )
+
+
+def _seconds(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+@dataclass
+class TaskHealth:
+    """The audit's result for one task: its verdicts and the evidence behind them."""
+
+    task: str
+    verdicts: list[TaskVerdict]
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def quarantined(self) -> bool:
+        """Anything but a clean `ok`: a finding, or a control no valid attempt could decide."""
+        return self.verdicts != [TaskVerdict.OK]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"task": self.task, "verdicts": [str(v) for v in self.verdicts], "evidence": self.evidence}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TaskHealth:
+        return cls(data["task"], [TaskVerdict(v) for v in data["verdicts"]], dict(data["evidence"]))
+
+
+def task_digest(task_dir: Path) -> str:
+    """sha256 over every regular file of a task (relative path and bytes, in path order); links
+    are hashed by their target text, so a changed task never reuses a cached result."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in task_dir.rglob("*") if p.is_symlink() or p.is_file()):
+        rel = path.relative_to(task_dir).as_posix().encode()
+        body = b"link:" + str(path.readlink()).encode() if path.is_symlink() else path.read_bytes()
+        digest.update(len(rel).to_bytes(8, "big") + rel + len(body).to_bytes(8, "big") + body)
+    return digest.hexdigest()
+
+
+def _table(task_dir: Path, *keys: str) -> Any:
+    """A value of the task's task.toml by its keys, or None (absent, or task.toml does not parse:
+    the lint control reports that)."""
+    try:
+        value: Any = tomllib.loads((task_dir / "task.toml").read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def agent_budget_s(task_dir: Path) -> float | None:
+    """The task's `[agent] timeout_sec`, or None when it declares none."""
+    value = _table(task_dir, "agent", "timeout_sec")
+    return _seconds(value) if not isinstance(value, bool) else None
+
+
+def task_deadline_s(task_dir: Path, config: AuditConfig) -> float:
+    """The `deadline_s` the audit gives each attempt at a task (see `AuditConfig.deadline_s`)."""
+    if config.deadline_s is not None:
+        return config.deadline_s
+
+    def timeout(phase: str, default: float) -> float:
+        value = _seconds(
+            _table(task_dir, phase, {"environment": "build_timeout_sec"}.get(phase, "timeout_sec"))
+        )
+        return value if value is not None and value > 0 else default
+
+    build = timeout("environment", HARBOR_BUILD_TIMEOUT_S)
+    verifier = timeout("verifier", HARBOR_VERIFIER_TIMEOUT_S)
+    return build + timeout("agent", config.default_agent_s) + verifier + config.deadline_slack_s
+
+
+def verifier_path(task_dir: Path) -> str | None:
+    """The PATH the task's `[verifier] env` sets, or None."""
+    value = _table(task_dir, "verifier", "env", "PATH")
+    return value if isinstance(value, str) else None
+
+
+def find_tasks(tasks_root: Path, names: Collection[str] = ()) -> list[tuple[str, Path]]:
+    """(name, directory) of every task directly under `tasks_root` (a directory holding task.toml),
+    or of those in `names` only; a name that is no task there is a ValueError naming it."""
+    if not tasks_root.is_dir():
+        raise FileNotFoundError(f"tasks root {tasks_root} is not a directory")
+    found = [(p.name, p) for p in sorted(tasks_root.iterdir()) if p.is_dir() and (p / "task.toml").is_file()]
+    if not names:
+        return found
+    if missing := sorted(set(names) - {name for name, _ in found}):
+        raise ValueError(f"no task {', '.join(missing)} under {tasks_root}")
+    return [(name, path) for name, path in found if name in names]
+
+
+class Cache:
+    """Audit results by (task content digest, audit config, agents): a JSON file each."""
+
+    def __init__(self, directory: Path, config: AuditConfig, agents: Collection[str]) -> None:
+        self.directory = directory
+        key = json.dumps([_CACHE_VERSION, dataclasses.asdict(config), sorted(agents)], sort_keys=True)
+        self._salt = hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    def _path(self, digest: str) -> Path:
+        return self.directory / f"{digest}-{self._salt}.json"
+
+    def get(self, name: str, digest: str) -> TaskHealth | None:
+        try:
+            data = json.loads(self._path(digest).read_text())
+        except (OSError, ValueError):
+            return None
+        health = TaskHealth.from_json(data)
+        health.task = name
+        return health
+
+    def put(self, digest: str, health: TaskHealth) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self._path(digest).with_suffix(".tmp")
+        tmp.write_text(json.dumps(health.as_json(), sort_keys=True))
+        tmp.replace(self._path(digest))
+
+
+class _Runner:
+    """Attempts with retries of infrastructure classes, at most `concurrency` in flight."""
+
+    def __init__(
+        self, run: RunAttempt, config: AuditConfig, slots: asyncio.Semaphore, deadline_s: float
+    ) -> None:
+        self._run, self._config, self._slots, self._deadline_s = run, config, slots, deadline_s
+
+    async def once(self, task: str, agent: str, kwargs: Mapping[str, Any]) -> Attempt:
+        async with self._slots:
+            try:
+                return Attempt.from_answer(agent, await self._run(task, agent, kwargs, self._deadline_s))
+            except RunFailed as exc:
+                return Attempt.from_answer(agent, None, transport_error=str(exc))
+
+    async def attempt(
+        self, task: str, agent: str, retried: list[Attempt], kwargs: Mapping[str, Any] | None = None
+    ) -> Attempt:
+        """The first valid attempt, else the last of 1 + retries; each infra one goes to `retried`."""
+        for _ in range(self._config.retries):
+            result = await self.once(task, agent, kwargs or {})
+            if result.valid:
+                return result
+            retried.append(result)
+        return await self.once(task, agent, kwargs or {})
+
+
+def _canary_kwargs(control: Control, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The agent kwargs of a canary: the maximum reward; the verifier's PATH for the shims."""
+    return {k: v for k, v in kwargs.items() if k != "path" or control == Control.CANARY_PATH_SHIMS}
+
+
+def _record(attempts: Sequence[Attempt]) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(a) for a in attempts]
+
+
+def _at_max(attempt: Attempt, config: AuditConfig) -> bool:
+    return attempt.reward is not None and attempt.reward >= config.max_reward - _REWARD_TOLERANCE
+
+
+async def audit_task(
+    name: str,
+    task_dir: Path,
+    run: RunAttempt,
+    config: AuditConfig,
+    agents: Collection[str],
+    slots: asyncio.Semaphore | None = None,
+) -> TaskHealth:
+    """Every control `agents` (the server's agent names) allows, on one task; at most
+    `config.concurrency` attempts in flight (or `slots`' count, shared between tasks)."""
+    deadline_s = task_deadline_s(task_dir, config)
+    runner = _Runner(run, config, slots or asyncio.Semaphore(config.concurrency), deadline_s)
+    retried: list[Attempt] = []
+    evidence: dict[str, Any] = {
+        "digest": task_digest(task_dir),
+        "deadline_s": deadline_s,
+        "retried_infra": retried,
+    }
+    verdicts: list[TaskVerdict] = []
+    undecided: list[str] = []
+    skipped = [str(c) for c, agent in CONTROL_AGENTS.items() if agent not in agents]
+    if str(Control.ENVIRONMENT) in skipped or str(Control.ORACLE) in skipped:
+        raise ValueError(
+            f"the server must run the agents {sorted({'nop', 'oracle'})}; it runs {sorted(agents)}"
+        )
+
+    # Lint and environment: one nop run. A refusal is lint; a sandbox that never starts is broken_env.
+    try:
+        first = await runner.attempt(name, CONTROL_AGENTS[Control.ENVIRONMENT], retried)
+    except TaskRejected as exc:
+        evidence[Control.LINT] = {"status": exc.status, "type": exc.kind, "message": exc.message}
+        return _finish(name, [TaskVerdict.LINT], evidence, retried)
+    evidence[Control.LINT] = "loaded"
+    if not first.valid and first.failure_cause in ENVIRONMENT_START_CAUSES:
+        evidence[Control.ENVIRONMENT] = dataclasses.asdict(first)
+        return _finish(name, [TaskVerdict.BROKEN_ENV], evidence, retried)
+    evidence[Control.ENVIRONMENT] = "started"
+
+    oracle_jobs = [
+        runner.attempt(name, CONTROL_AGENTS[Control.ORACLE], retried) for _ in range(config.oracle_runs)
+    ]
+    nop_jobs = [
+        runner.attempt(name, CONTROL_AGENTS[Control.NOP], retried) for _ in range(config.nop_runs - 1)
+    ]
+    canary_controls = [c for c in CANARY_VERDICTS if CONTROL_AGENTS[c] in agents]
+    canary_kwargs: dict[str, Any] = {"reward": config.max_reward}
+    if (path := verifier_path(task_dir)) is not None:
+        canary_kwargs["path"] = path
+    canary_jobs = [
+        runner.attempt(name, CONTROL_AGENTS[c], retried, _canary_kwargs(c, canary_kwargs))
+        for c in canary_controls
+    ]
+    try:
+        results = await asyncio.gather(*oracle_jobs, *nop_jobs, *canary_jobs)
+    except TaskRejected as exc:  # the task changed under the audit and no longer loads
+        evidence[Control.LINT] = {"status": exc.status, "type": exc.kind, "message": exc.message}
+        return _finish(name, [TaskVerdict.LINT], evidence, retried)
+    oracle = results[: config.oracle_runs]
+    nop = [first, *results[config.oracle_runs : config.oracle_runs + len(nop_jobs)]]
+    canaries = results[config.oracle_runs + len(nop_jobs) :]
+
+    valid_oracle = [a for a in oracle if a.valid]
+    passes = sum(_at_max(a, config) for a in valid_oracle)
+    evidence[Control.ORACLE] = {"passed": passes, "valid": len(valid_oracle), "attempts": _record(oracle)}
+    if not valid_oracle:
+        undecided.append(Control.ORACLE)
+    elif passes == 0:
+        verdicts.append(TaskVerdict.BROKEN_ORACLE)
+    elif passes < len(valid_oracle):
+        verdicts.append(TaskVerdict.FLAKY)
+    budget = agent_budget_s(task_dir)
+    # Time is measured whatever the reward: an oracle cut off at its agent budget (agent_timeout,
+    # which the server never grades) took at least that long.
+    timed = [a for a in oracle if a.valid or a.failure_cause == Cause.AGENT_TIMEOUT]
+    oracle_agent_s = max((a.agent_s for a in timed if a.agent_s is not None), default=None)
+    evidence["oracle_agent_s"], evidence["agent_budget_s"] = oracle_agent_s, budget
+    if budget is not None and oracle_agent_s is not None and oracle_agent_s > config.slow_fraction * budget:
+        verdicts.append(TaskVerdict.SLOW_ORACLE)
+
+    valid_nop = [a for a in nop if a.valid]
+    above_floor = sum(
+        a.reward is not None and a.reward > config.floor_reward + _REWARD_TOLERANCE for a in valid_nop
+    )
+    evidence[Control.NOP] = {"above_floor": above_floor, "valid": len(valid_nop), "attempts": _record(nop)}
+    if not valid_nop:
+        undecided.append(Control.NOP)
+    elif above_floor:
+        verdicts.append(TaskVerdict.VACUOUS)
+
+    for control, hack in zip(canary_controls, canaries, strict=True):
+        evidence[control] = dataclasses.asdict(hack)
+        verdict = CANARY_VERDICTS[control]
+        if not hack.valid:
+            undecided.append(control)
+        # A vacuous task passes every canary; the verdict says the hack, not doing nothing, scored.
+        elif _at_max(hack, config) and TaskVerdict.VACUOUS not in verdicts and verdict not in verdicts:
+            verdicts.append(verdict)
+
+    verifier_s = [a.verifier_s for a in [*oracle, *nop, *canaries] if a.valid and a.verifier_s is not None]
+    if verifier_s:
+        suggested = config.verifier_timeout_factor * max(verifier_s)
+        clamped = min(max(suggested, config.min_verifier_timeout_s), config.max_verifier_timeout_s)
+        evidence["suggested_timeouts"] = {"verifier_s": round(clamped, 3)}
+    evidence["skipped"] = skipped
+    evidence["undecided"] = [str(c) for c in undecided]
+    if not verdicts and not undecided:
+        verdicts.append(TaskVerdict.OK)
+    return _finish(name, verdicts, evidence, retried)
+
+
+def _finish(
+    name: str, verdicts: list[TaskVerdict], evidence: dict[str, Any], retried: list[Attempt]
+) -> TaskHealth:
+    evidence["retried_infra"] = _record(retried)
+    return TaskHealth(name, verdicts, {str(k): v for k, v in evidence.items()})
+
+
+async def audit_tasks(
+    tasks: Sequence[tuple[str, Path]],
+    run: RunAttempt,
+    config: AuditConfig,
+    agents: Collection[str],
+    cache: Cache | None = None,
+) -> list[TaskHealth]:
+    """Every task's health, in `tasks`' order; a task whose digest is cached is not run again.
+    At most `config.concurrency` attempts are in flight across all tasks."""
+    slots = asyncio.Semaphore(config.concurrency)
+
+    async def one(name: str, task_dir: Path) -> TaskHealth:
+        digest = task_digest(task_dir)
+        if cache is not None and (hit := cache.get(name, digest)) is not None:
+            hit.evidence["cached"] = True
+            return hit
+        health = await audit_task(name, task_dir, run, config, agents, slots)
+        if cache is not None and not health.evidence.get("undecided"):
+            cache.put(digest, health)
+        health.evidence["cached"] = False
+        return health
+
+    return list(await asyncio.gather(*(one(name, path) for name, path in tasks)))
+
+
+def from_cache(tasks: Sequence[tuple[str, Path]], cache: Cache) -> list[TaskHealth] | None:
+    """Every task's cached health, in `tasks`' order, or None when any task is not cached."""
+    results = []
+    for name, task_dir in tasks:
+        hit = cache.get(name, task_digest(task_dir))
+        if hit is None:
+            return None
+        hit.evidence["cached"] = True
+        results.append(hit)
+    return results
+
+
+def document(results: Sequence[TaskHealth]) -> dict[str, Any]:
+    """The `--json` document: `{"tasks": [{"task", "verdicts", "evidence"}, ...]}`."""
+    return {"tasks": [r.as_json() for r in results]}
+
+
+def write_outputs(results: Sequence[TaskHealth], out_dir: Path) -> tuple[Path, Path]:
+    """task_health.jsonl (one task a line) and quarantine.json (every task not clean `ok`: its verdicts
+    and undecided controls), in `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    health_path, quarantine_path = out_dir / TASK_HEALTH_FILE, out_dir / QUARANTINE_FILE
+    health_path.write_text("".join(json.dumps(r.as_json(), sort_keys=True) + "\n" for r in results))
+    quarantine = {
+        "tasks": {
+            r.task: {"verdicts": [str(v) for v in r.verdicts], "undecided": r.evidence.get("undecided", [])}
+            for r in results
+            if r.quarantined
+        }
+    }
+    quarantine_path.write_text(json.dumps(quarantine, indent=2, sort_keys=True) + "\n")
+    return health_path, quarantine_path
+
+
+def read_quarantine(path: Path) -> dict[str, list[str]]:
+    """The quarantined tasks of a quarantine.json: name -> its verdicts and undecided controls.
+    A file that is not one is a ValueError naming it."""
+    stat = path.stat()
+    return dict(_read_quarantine(str(path), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _read_quarantine(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, list[str]], ...]:
+    try:
+        tasks = json.loads(Path(path).read_text())["tasks"]
+        return tuple(
+            (str(name), [str(v) for v in entry["verdicts"]] + [f"undecided:{c}" for c in entry["undecided"]])
+            for name, entry in tasks.items()
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{path} is not a quarantine.json of rl360 tasks audit: {exc!r}") from exc

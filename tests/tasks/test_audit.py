@@ -1,0 +1,305 @@
+"""The task audit's decisions, with scripted /run answers (no server): every verdict, retries of
+infrastructure failures, the cache by content digest and the output files."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rl360_ext.tasks.audit import (
+    QUARANTINE_FILE,
+    TASK_HEALTH_FILE,
+    AuditConfig,
+    Cache,
+    RunFailed,
+    TaskHealth,
+    TaskRejected,
+    audit_task,
+    audit_tasks,
+    find_tasks,
+    from_cache,
+    task_digest,
+    write_outputs,
+)
+from rl360_ext.tasks.verdicts import CONTROL_AGENTS, Control, TaskVerdict
+
+CANARY = CONTROL_AGENTS[Control.CANARY_REWARD_FILE]
+SHIMS = CONTROL_AGENTS[Control.CANARY_PATH_SHIMS]
+PROBE = CONTROL_AGENTS[Control.PROBE_LEAKS]
+AGENTS = ("nop", "oracle", "terminus-2", CANARY, SHIMS, PROBE)
+
+
+def valid(reward: float, agent_s: float = 0.1, verifier_s: float = 0.2) -> dict[str, Any]:
+    return {
+        "attempt_class": "valid",
+        "reward": reward,
+        "rewards": {"reward": reward},
+        "reward_source": "verifier",
+        "failure_cause": None,
+        "exception_type": None,
+        "phase_timings": {"agent": agent_s, "verifier": verifier_s},
+    }
+
+
+def infra(cause: str, klass: str) -> dict[str, Any]:
+    return {
+        "attempt_class": klass,
+        "reward": None,
+        "rewards": None,
+        "reward_source": None,
+        "failure_cause": cause,
+    }
+
+
+SANDBOX_FAILED = infra("sandbox_failed", "infra:sandbox_lost")
+CRASHED = infra("verifier_crash", "infra:verifier_crash")
+Script = Callable[[str, int], Mapping[str, Any] | BaseException]  # (agent, nth call of it) -> answer
+
+
+class Scripted:
+    """A RunAttempt answering from a script, counting calls per agent."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.calls: dict[str, int] = defaultdict(int)
+        self.kwargs: dict[str, dict[str, Any]] = {}
+        self.deadlines: set[float] = set()
+
+    async def __call__(
+        self, task: str, agent: str, agent_kwargs: Mapping[str, Any], deadline_s: float
+    ) -> Mapping[str, Any]:
+        self.kwargs[agent] = dict(agent_kwargs)
+        self.deadlines.add(deadline_s)
+        nth = self.calls[agent]
+        self.calls[agent] += 1
+        answer = self.script(agent, nth)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+
+def healthy(agent: str, nth: int) -> Mapping[str, Any]:
+    return valid(1.0 if agent == "oracle" else 0.0)
+
+
+def make_task(root: Path, name: str = "t", agent_timeout: float | None = 60.0) -> Path:
+    task = root / name
+    (task / "tests").mkdir(parents=True)
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    budget = f"[agent]\ntimeout_sec = {agent_timeout}\n" if agent_timeout is not None else ""
+    (task / "task.toml").write_text(f'schema_version = "1.4"\n{budget}')
+    return task
+
+
+async def audit(
+    tmp_path: Path, script: Script, agents: tuple[str, ...] = AGENTS, **config: Any
+) -> TaskHealth:
+    return await audit_task("t", make_task(tmp_path), Scripted(script), AuditConfig(**config), agents)
+
+
+async def test_a_healthy_task_is_ok_with_its_evidence(tmp_path: Path) -> None:
+    health = await audit(tmp_path, healthy)
+    assert health.verdicts == [TaskVerdict.OK]
+    assert not health.quarantined
+    assert health.evidence["oracle"]["passed"] == 3 and health.evidence["nop"]["valid"] == 2
+    assert health.evidence["suggested_timeouts"] == {"verifier_s": 10.0}  # 3 x 0.2 s, clamped up
+
+
+async def test_oracle_never_at_the_maximum_is_broken_oracle(tmp_path: Path) -> None:
+    health = await audit(tmp_path, lambda agent, nth: valid(0.5 if agent == "oracle" else 0.0))
+    assert health.verdicts == [TaskVerdict.BROKEN_ORACLE]
+
+
+async def test_oracle_sometimes_at_the_maximum_is_flaky(tmp_path: Path) -> None:
+    health = await audit(tmp_path, lambda agent, nth: valid(float(nth != 1) if agent == "oracle" else 0.0))
+    assert health.verdicts == [TaskVerdict.FLAKY]
+    assert health.evidence["oracle"]["passed"] == 2
+
+
+async def test_nop_above_the_floor_is_vacuous_and_not_also_hackable(tmp_path: Path) -> None:
+    health = await audit(tmp_path, lambda agent, nth: valid(1.0 if agent != "nop" or nth == 1 else 0.0))
+    assert health.verdicts == [TaskVerdict.VACUOUS]
+
+
+@pytest.mark.parametrize(
+    ("canary", "verdict"),
+    [(CANARY, TaskVerdict.HACKABLE), (SHIMS, TaskVerdict.HACKABLE), (PROBE, TaskVerdict.LEAKY)],
+)
+async def test_a_canary_at_the_maximum_gives_its_verdict(
+    tmp_path: Path, canary: str, verdict: TaskVerdict
+) -> None:
+    health = await audit(tmp_path, lambda agent, nth: valid(1.0 if agent in ("oracle", canary) else 0.0))
+    assert health.verdicts == [verdict]
+
+
+async def test_canaries_get_the_maximum_and_the_shims_the_verifier_path(tmp_path: Path) -> None:
+    task = make_task(tmp_path)
+    with (task / "task.toml").open("a") as toml:
+        toml.write('[verifier.env]\nPATH = "/app/.venv/bin:/usr/bin"\n')
+    runner = Scripted(healthy)
+    await audit_task("t", task, runner, AuditConfig(max_reward=5.0), AGENTS)
+    assert runner.kwargs[SHIMS] == {"reward": 5.0, "path": "/app/.venv/bin:/usr/bin"}
+    assert runner.kwargs[CANARY] == runner.kwargs[PROBE] == {"reward": 5.0}
+    assert runner.kwargs["oracle"] == {}
+
+
+async def test_a_canary_the_server_lacks_is_skipped_not_passed(tmp_path: Path) -> None:
+    health = await audit(tmp_path, healthy, agents=("nop", "oracle", SHIMS))
+    assert health.verdicts == [TaskVerdict.OK]
+    assert health.evidence["skipped"] == [Control.CANARY_REWARD_FILE, Control.PROBE_LEAKS]
+
+
+async def test_an_oracle_over_the_fraction_of_its_budget_is_slow(tmp_path: Path) -> None:
+    slow = await audit(
+        tmp_path, lambda agent, nth: valid(1.0, agent_s=31.0) if agent == "oracle" else valid(0.0)
+    )
+    assert slow.verdicts == [TaskVerdict.SLOW_ORACLE]
+    fine = await audit(tmp_path / "b", lambda a, n: valid(1.0, agent_s=29.0) if a == "oracle" else valid(0.0))
+    assert fine.verdicts == [TaskVerdict.OK]
+
+
+async def test_an_oracle_cut_off_at_its_budget_is_slow_but_not_broken(tmp_path: Path) -> None:
+    timed_out = {**infra("agent_timeout", "infra:agent_timeout"), "phase_timings": {"agent": 60.2}}
+    health = await audit(tmp_path, lambda agent, nth: timed_out if agent == "oracle" else valid(0.0))
+    assert health.verdicts == [TaskVerdict.SLOW_ORACLE]
+    assert health.evidence["undecided"] == [Control.ORACLE]
+
+
+async def test_a_task_the_server_refuses_is_lint_and_nothing_else_runs(tmp_path: Path) -> None:
+    runner = Scripted(lambda agent, nth: TaskRejected(422, "task_invalid", "bad task.toml"))
+    health = await audit_task("t", make_task(tmp_path), runner, AuditConfig(), AGENTS)
+    assert health.verdicts == [TaskVerdict.LINT]
+    assert health.evidence["lint"]["type"] == "task_invalid"
+    assert dict(runner.calls) == {"nop": 1}
+
+
+async def test_a_task_that_stops_loading_during_the_audit_is_lint(tmp_path: Path) -> None:
+    def script(agent: str, nth: int) -> Mapping[str, Any] | BaseException:
+        return healthy(agent, nth) if agent == "nop" else TaskRejected(422, "task_invalid", "changed")
+
+    health = await audit(tmp_path, script)
+    assert health.verdicts == [TaskVerdict.LINT]
+    assert health.evidence["lint"]["message"] == "changed"
+
+
+async def test_an_environment_that_never_starts_is_broken_env_after_its_retries(tmp_path: Path) -> None:
+    runner = Scripted(lambda agent, nth: SANDBOX_FAILED)
+    health = await audit_task("t", make_task(tmp_path), runner, AuditConfig(retries=2), AGENTS)
+    assert health.verdicts == [TaskVerdict.BROKEN_ENV]
+    assert dict(runner.calls) == {"nop": 3}
+    assert len(health.evidence["retried_infra"]) == 2
+
+
+async def test_infrastructure_failures_are_retried_and_never_evidence(tmp_path: Path) -> None:
+    # Each agent's first two attempts fail as infrastructure (a crash, a lost connection); the third is fine.
+    def flaky_infra(agent: str, nth: int) -> Mapping[str, Any] | BaseException:
+        if nth % 3 == 0:
+            return CRASHED
+        if nth % 3 == 1:
+            return RunFailed("connection reset")
+        return healthy(agent, nth)
+
+    health = await audit(tmp_path, flaky_infra, oracle_runs=1, nop_runs=1)
+    assert health.verdicts == [TaskVerdict.OK]
+    classes = {a["attempt_class"] for a in health.evidence["retried_infra"]}
+    assert classes == {"infra:verifier_crash", "infra:transport_error"}
+
+
+async def test_a_control_with_no_valid_attempt_is_undecided_not_ok(tmp_path: Path) -> None:
+    health = await audit(tmp_path, lambda agent, nth: CRASHED if agent == "oracle" else healthy(agent, nth))
+    assert health.verdicts == []
+    assert health.evidence["undecided"] == [Control.ORACLE]
+    assert health.quarantined
+
+
+async def test_results_are_cached_by_content_digest(tmp_path: Path) -> None:
+    task = make_task(tmp_path / "tasks")
+    cache = Cache(tmp_path / "cache", AuditConfig(), AGENTS)
+    runner = Scripted(healthy)
+    (first,) = await audit_tasks([("t", task)], runner, AuditConfig(), AGENTS, cache)
+    calls = sum(runner.calls.values())
+    (again,) = await audit_tasks([("t", task)], runner, AuditConfig(), AGENTS, cache)
+    assert sum(runner.calls.values()) == calls and again.evidence["cached"] is True
+    assert again.verdicts == first.verdicts
+    assert from_cache([("t", task)], cache) is not None
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 0 > /logs/verifier/reward.txt\n")
+    assert from_cache([("t", task)], cache) is None
+    assert from_cache([("t", task)], Cache(tmp_path / "cache", AuditConfig(oracle_runs=5), AGENTS)) is None
+
+
+def test_the_digest_covers_names_and_bytes(tmp_path: Path) -> None:
+    task = make_task(tmp_path)
+    before = task_digest(task)
+    (task / "tests" / "test.sh").rename(task / "tests" / "grade.sh")
+    renamed = task_digest(task)
+    assert len({before, renamed}) == 2
+    assert task_digest(task) == renamed
+
+
+def test_outputs_quarantine_every_task_not_ok(tmp_path: Path) -> None:
+    results = [
+        TaskHealth("good", [TaskVerdict.OK], {"undecided": []}),
+        TaskHealth("bad", [TaskVerdict.VACUOUS, TaskVerdict.SLOW_ORACLE], {"undecided": []}),
+        TaskHealth("unknown", [], {"undecided": ["oracle"]}),
+    ]
+    write_outputs(results, tmp_path)
+    lines = [json.loads(line) for line in (tmp_path / TASK_HEALTH_FILE).read_text().splitlines()]
+    assert [line["task"] for line in lines] == ["good", "bad", "unknown"]
+    quarantine = json.loads((tmp_path / QUARANTINE_FILE).read_text())["tasks"]
+    assert quarantine == {
+        "bad": {"verdicts": ["vacuous", "slow_oracle"], "undecided": []},
+        "unknown": {"verdicts": [], "undecided": ["oracle"]},
+    }
+
+
+def test_find_tasks_lists_task_dirs_and_names_a_missing_one(tmp_path: Path) -> None:
+    make_task(tmp_path, "a")
+    make_task(tmp_path, "b")
+    (tmp_path / "not-a-task").mkdir()
+    assert [name for name, _ in find_tasks(tmp_path)] == ["a", "b"]
+    assert [name for name, _ in find_tasks(tmp_path, ["b"])] == ["b"]
+    with pytest.raises(ValueError, match="no task c"):
+        find_tasks(tmp_path, ["c"])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("oracle_runs", 0),
+        ("nop_runs", 0),
+        ("retries", -1),
+        ("slow_fraction", 0.0),
+        ("deadline_s", float("nan")),
+    ],
+)
+def test_a_bad_config_names_its_field(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        AuditConfig(**{field: value})
+
+
+def test_verdicts_are_the_issue_vocabulary() -> None:
+    assert {v.value for v in TaskVerdict} == {
+        "lint", "broken_env", "broken_oracle", "flaky", "vacuous", "flaky_verifier",
+        "insensitive", "hackable", "leaky", "slow_oracle", "ok",
+    }  # fmt: skip
+
+
+async def test_each_task_gets_a_deadline_from_its_own_timeouts(tmp_path: Path) -> None:
+    task = make_task(tmp_path, agent_timeout=60.0)
+    with (task / "task.toml").open("a") as toml:
+        toml.write("[verifier]\ntimeout_sec = 20.0\n[environment]\nbuild_timeout_sec = 30.0\n")
+    runner = Scripted(healthy)
+    health = await audit_task("t", task, runner, AuditConfig(deadline_slack_s=100.0), AGENTS)
+    assert runner.deadlines == {210.0} and health.evidence["deadline_s"] == 210.0
+    bare = make_task(tmp_path / "bare", agent_timeout=None)  # Harbor's defaults: 600 s build and verifier
+    runner = Scripted(healthy)
+    await audit_task("t", bare, runner, AuditConfig(default_agent_s=300.0, deadline_slack_s=0.0), AGENTS)
+    assert runner.deadlines == {1500.0}
+    runner = Scripted(healthy)
+    await audit_task("t", bare, runner, AuditConfig(deadline_s=42.0), AGENTS)
+    assert runner.deadlines == {42.0}

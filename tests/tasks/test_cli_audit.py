@@ -1,0 +1,63 @@
+"""`rl360 demo --audit-tasks`: the audit runs first; a quarantined quiz task stops the demo."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from rl360_ext.cli import app
+from rl360_ext.tasks.audit import TaskHealth
+from rl360_ext.tasks.verdicts import TaskVerdict
+
+
+@pytest.fixture
+def demo_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    import rl360_ext.local.demo as demo
+    import rl360_ext.local.stack as stack
+
+    calls: list[str] = []
+    monkeypatch.setattr(stack, "preflight", lambda *args, **kwargs: None)
+    monkeypatch.setattr(
+        demo, "run_demo", lambda **kwargs: calls.append("demo") or SimpleNamespace(problems=[])
+    )
+    return calls
+
+
+def audited(monkeypatch: pytest.MonkeyPatch, verdicts: dict[str, list[TaskVerdict]]) -> list[dict[str, Any]]:
+    import rl360_ext.cli.tasks as cli_tasks
+
+    seen: list[dict[str, Any]] = []
+
+    def audit_tree(
+        root: Path, tasks: list[tuple[str, Path]], config: Any, out: Path, cache: Path | None
+    ) -> Any:
+        seen.append({"tasks": [name for name, _ in tasks], "out": out, "cache": cache})
+        return [TaskHealth(name, verdicts.get(name, [TaskVerdict.OK]), {}) for name, _ in tasks]
+
+    monkeypatch.setattr(cli_tasks, "audit_tree", audit_tree)
+    return seen
+
+
+def test_the_demo_runs_after_a_clean_audit_of_its_quiz_tasks(
+    monkeypatch: pytest.MonkeyPatch, demo_calls: list[str], tmp_path: Path
+) -> None:
+    seen = audited(monkeypatch, {})
+    result = CliRunner().invoke(app, ["demo", "--audit-tasks", "--steps", "1", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert seen[0]["tasks"] == [f"quiz-{i:02d}" for i in range(1, 13)]
+    assert seen[0]["cache"] == tmp_path / "task-health" / "cache"
+    assert demo_calls == ["demo"]
+
+
+def test_a_quarantined_quiz_task_stops_the_demo(
+    monkeypatch: pytest.MonkeyPatch, demo_calls: list[str], tmp_path: Path
+) -> None:
+    audited(monkeypatch, {"quiz-03": [TaskVerdict.VACUOUS]})
+    result = CliRunner().invoke(app, ["demo", "--audit-tasks", "--steps", "1", "--out", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "quiz-03" in result.output
+    assert demo_calls == []
