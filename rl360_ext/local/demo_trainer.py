@@ -195,11 +195,8 @@ class DemoTrainer:
     ) -> tuple[Path, dict[str, float]]:
         """Train on one step's kept samples, save the weights as `version`, append the train record."""
         # the weights this step starts from were pushed as pushed_version(step - 1) == str(step)
-        metrics = (
-            self.trainer.train_step(samples, advantages, raw_rewards, policy_version=step) if samples else {}
-        )
-        metrics.setdefault("train/valid_samples", 0.0)
-        metrics.setdefault("train/masked_samples", 0.0)
+        # called with no samples too: the trainer holds every version it starts a step from
+        metrics = self.trainer.train_step(samples, advantages, raw_rewards, policy_version=step)
         path = self.save(version)
         record = {"kind": TRAIN_KIND, "rollout_id": step, "metrics": metrics, "chance_level": CHANCE_LEVEL}
         append_records(metrics_path, [record])

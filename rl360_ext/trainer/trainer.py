@@ -365,19 +365,28 @@ class Trainer:
         policy_version: int | None,
     ) -> dict[str, float]:
         started = time.perf_counter()
+        version = self.steps_done if policy_version is None else policy_version
+        # every version the step starts from is held, trained on or not: the next step's samples
+        # were sampled with it (a step with nothing to train still publishes it)
+        self.history.remember(version, self.weights)
+        if not samples:
+            return {
+                "train/valid_samples": 0.0,
+                "train/masked_samples": 0.0,
+                "train/loss_scale": 0.0,
+                "train/time_s": time.perf_counter() - started,
+            }
         data = train_data(samples, rewards, raw_rewards)
         valid = data.valid
         metrics: dict[str, float] = {
             "train/valid_samples": float(sum(valid)),
             "train/masked_samples": float(len(data) - sum(valid)),
         }
-        version = self.steps_done if policy_version is None else policy_version
         metrics.update(sample_staleness_metrics(samples, version))
         if not any(valid):
             metrics["train/loss_scale"] = 0.0
             metrics["train/time_s"] = time.perf_counter() - started
             return metrics
-        self.history.remember(version, self.weights)
         token_versions = [
             sample_versions(sample, len(tokens), f"samples[{i}]")
             for i, (sample, tokens) in enumerate(zip(samples, data.tokens, strict=True))

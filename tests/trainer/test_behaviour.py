@@ -182,6 +182,21 @@ def test_tokens_older_than_the_history_are_refused_or_left_unscored() -> None:
     assert metrics["train/parity_unscored_tokens"] == 0 and metrics["train/logprob_abs_diff_max"] <= 1e-9
 
 
+def test_a_step_with_nothing_to_train_still_holds_its_version_for_the_next() -> None:
+    """One-step-off: step 1 has only masked samples and step 2 none, so version 1's weights are
+    published unchanged as version 2; step 3's samples were sampled with version 2 and must be
+    scored with it (the demo crashed here when only steps that trained were remembered)."""
+    w0 = small_weights()
+    trainer = Trainer(SMALL, w0, TrainerConfig(lr=3e-2, keep_old_actor=True))
+    trainer.train_step([sample(w0, 20 + i) for i in range(4)], REWARDS, policy_version=0)
+    w1 = {k: v.copy() for k, v in trainer.weights.items()}
+    masked = [sample(w1, 60 + i, version=1, remove=True) for i in range(4)]
+    assert trainer.train_step(masked, REWARDS, policy_version=1)["train/valid_samples"] == 0.0
+    assert trainer.train_step([], [], policy_version=2)["train/valid_samples"] == 0.0
+    metrics = trainer.train_step([sample(w1, 70 + i, version=2) for i in range(4)], REWARDS, policy_version=3)
+    assert metrics["train/logprob_abs_diff_max"] <= 1e-9 and metrics["train/parity_unscored_tokens"] == 0
+
+
 def test_max_token_age_is_validated() -> None:
     with pytest.raises(ValueError, match="max_token_age"):
         TrainerConfig(max_token_age=-1)
