@@ -3,9 +3,10 @@ suite is split over pytest-xdist workers (docs/testing.md).
 
 Distribution: one work unit per test file, so a module's shared stack (a tiny engine, a session
 server, a fault-matrix stack, a Ray cluster) starts once, on one worker; the demo tests, each of
-which starts a whole local stack (engines, SMG, Harbor, Ray), are one unit, so no two of them run
-at once. Units are handed out in collection order, which puts the longest first: the demo, then
-the other integration tests, then the unit tests, which fill the gaps at the end. Tests that bind
+which starts a whole local stack (engines, SMG, Harbor, Ray), are split into two units of about
+equal length, so at most two of them run at once. Units are handed out in collection order, which
+puts the longest first: the demo, then the other integration tests, then the unit tests, which
+fill the gaps at the end. Tests that bind
 ports take them from the kernel (port 0), sandboxes and task copies live under per-test or
 per-worker folders, and each worker starts its own local Ray, so workers never share a port, a
 folder or a cluster.
@@ -25,16 +26,22 @@ settings.register_profile(
 )
 settings.load_profile("rl360")
 
-# Work units that hold more than one file: each starts a whole local stack per test.
-WHOLE_STACK_DIRS = ("integration_tests/demo/",)
-# Collection order, longest first: the demo's unit, the other integration tests, the unit tests.
-RUN_ORDER = (*WHOLE_STACK_DIRS, "integration_tests/", "tests/")
+# The tests that start a whole local stack each: two work units, the second named by these prefixes.
+WHOLE_STACK_DIR = "integration_tests/demo/"
+SECOND_STACK_UNIT = (
+    "integration_tests/demo/test_compare.py",
+    "integration_tests/demo/test_demo.py::test_demo_scales_out",
+    "integration_tests/demo/test_demo.py::test_a_replica_killed",
+)
+# Collection order, longest first: the demo's units, the other integration tests, the unit tests.
+RUN_ORDER = (WHOLE_STACK_DIR, "integration_tests/", "tests/")
 
 
 def work_unit(nodeid: str) -> str:
-    """The xdist work unit of a test: its directory for whole-stack tests, else its file."""
-    path = nodeid.split("::", 1)[0]
-    return next((d for d in WHOLE_STACK_DIRS if path.startswith(d)), path)
+    """The xdist work unit of a test: one of the two whole-stack units, else its file."""
+    if nodeid.startswith(WHOLE_STACK_DIR):
+        return "whole-stack-2" if nodeid.startswith(SECOND_STACK_UNIT) else "whole-stack-1"
+    return nodeid.split("::", 1)[0]
 
 
 def _run_rank(nodeid: str) -> int:

@@ -38,13 +38,13 @@ def _needs_the_stack() -> None:
     skip_if_missing(bwrap_problem)
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(720)
 def test_compare_upstream_runs_both_arms_on_one_plan(tmp_path: Path) -> None:
     out = tmp_path / "ab"
     flags = ["--steps", str(STEPS), "--tasks", str(TASKS), "--attempts", str(ATTEMPTS), "--engines", "1"]
     argv = rl360_argv("demo", "--out", str(out), *flags, "--faults", str(FAULTS), "--compare", "upstream")
     run = subprocess.run(
-        argv, capture_output=True, text=True, timeout=400, env={**os.environ, "COLUMNS": "160"}
+        argv, capture_output=True, text=True, timeout=660, env={**os.environ, "COLUMNS": "160"}
     )
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]

@@ -26,6 +26,7 @@ __all__ = ["_needs_the_stack"]  # the stack/bwrap skip fixture (autouse) applies
 STEPS = 2
 
 
+@pytest.mark.timeout(480)
 def test_in_flight_step(tmp_path: Path) -> None:
     pause_mode = "in_place"
     out, token = tmp_path / "demo", uuid.uuid4().hex
@@ -35,7 +36,7 @@ def test_in_flight_step(tmp_path: Path) -> None:
         env=_env(token),
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=420,  # a small run while the other test workers share the 2 cores
     )
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
