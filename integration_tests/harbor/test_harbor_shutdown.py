@@ -48,6 +48,11 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+def _entries(directory: Path) -> int:
+    """Entries of a folder the server creates when its first sandbox starts (0 before that)."""
+    return len(os.listdir(directory)) if directory.is_dir() else 0
+
+
 def running(service: Service) -> int:
     return int(httpx.get(service.url + "/health", timeout=5).json()["running"])
 
@@ -67,7 +72,7 @@ async def test_sigterm_answers_every_client_cancelled(
                 for _ in range(3)
             ]
             await asyncio.to_thread(
-                wait_for, lambda: running(service) == 2 and len(os.listdir(sandboxes)) == 2
+                wait_for, lambda: running(service) == 2 and _entries(sandboxes) == 2
             )
             await asyncio.sleep(1.0)  # the agents are inside their sandboxes now
             os.kill(service.pid, signal.SIGTERM)
@@ -86,7 +91,7 @@ async def test_after_sigkill_the_next_server_cleans_what_was_left(
     with harbor_server(tmp_path / "first", *flags) as first:
         async with httpx.AsyncClient(base_url=first.url, timeout=120) as http:
             call = asyncio.create_task(http.post("/run", json={"task": "slow", "deadline_s": 200}))
-            await asyncio.to_thread(wait_for, lambda: running(first) == 1 and len(os.listdir(sandboxes)) == 1)
+            await asyncio.to_thread(wait_for, lambda: running(first) == 1 and _entries(sandboxes) == 1)
             await asyncio.sleep(1.0)
             dead = owner_tag(first.pid)
             os.kill(first.pid, signal.SIGKILL)

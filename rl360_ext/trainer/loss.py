@@ -148,8 +148,10 @@ def reducer_coefficients(
 
 def _agrees(reducer: Reducer, coefficients: np.ndarray, values: np.ndarray) -> bool:
     value, expected = float(reducer(values)), float((coefficients * values).sum())
-    scale = float(np.abs(coefficients * values).sum())
-    return bool(np.isclose(value, expected, rtol=0, atol=1e-9 * max(scale, 1.0)))
+    # relative to the reducer's own magnitude (no absolute floor: a reducer whose coefficients are
+    # 1e-9 apart must not pass as uniform because they are small)
+    scale = max(float(np.abs(coefficients * values).sum()), abs(value))
+    return abs(value - expected) <= 1e-9 * scale
 
 
 def check_linear(reducer: Reducer, coefficients: np.ndarray, values: np.ndarray, what: str) -> float:
