@@ -71,9 +71,7 @@ async def test_sigterm_answers_every_client_cancelled(
                 asyncio.create_task(http.post("/run", json={"task": "slow", "deadline_s": 200}))
                 for _ in range(3)
             ]
-            await asyncio.to_thread(
-                wait_for, lambda: running(service) == 2 and _entries(sandboxes) == 2
-            )
+            await asyncio.to_thread(wait_for, lambda: running(service) == 2 and _entries(sandboxes) == 2)
             await asyncio.sleep(1.0)  # the agents are inside their sandboxes now
             os.kill(service.pid, signal.SIGTERM)
             responses = await asyncio.gather(*calls)
