@@ -53,6 +53,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: _run_rank(item.nodeid))
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: absent where xdist is not installed
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """xdist's scope scheduler with `work_unit` as the scope, units in collection order."""
     from xdist.scheduler import LoadScopeScheduling
