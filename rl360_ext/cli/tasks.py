@@ -32,6 +32,12 @@ from rl360_ext.tasks.verdicts import CONTROL_AGENTS, Control
 
 app = typer.Typer(help="Task health: audit a task set with controls before training.", no_args_is_help=True)
 
+
+def _keyword(name: str, annotation: object, option: object) -> inspect.Parameter:
+    """A keyword-only parameter of the derived command: its name, type and typer option."""
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=option)
+
+
 _EXTRA = [
     inspect.Parameter(
         "tasks_root",
@@ -41,57 +47,40 @@ _EXTRA = [
             ..., help="Directory whose subdirectories (each with task.toml) are the tasks."
         ),
     ),
-    inspect.Parameter(
+    _keyword(
         "task",
-        inspect.Parameter.KEYWORD_ONLY,
-        annotation=list[str] | None,
-        default=typer.Option(None, "--task", help="Audit only this task (repeatable; default: every task)."),
+        list[str] | None,
+        typer.Option(None, "--task", help="Audit only this task (repeatable; default: every task)."),
     ),
-    inspect.Parameter(
+    _keyword(
         "harbor",
-        inspect.Parameter.KEYWORD_ONLY,
-        annotation=str | None,
-        default=typer.Option(
+        str | None,
+        typer.Option(
             None,
             "--harbor",
             help="URL of a running Harbor /run server over the same TASKS_ROOT (default: start one).",
         ),
     ),
-    inspect.Parameter(
+    _keyword(
         "token_file",
-        inspect.Parameter.KEYWORD_ONLY,
-        annotation=Path | None,
-        default=typer.Option(
-            None, "--token-file", help="Bearer token for --harbor (first line of the file)."
-        ),
+        Path | None,
+        typer.Option(None, "--token-file", help="Bearer token for --harbor (first line of the file)."),
     ),
-    inspect.Parameter(
+    _keyword(
         "out",
-        inspect.Parameter.KEYWORD_ONLY,
-        annotation=Path,
-        default=typer.Option(
-            Path("task-health"), "--out", help="Where task_health.jsonl and quarantine.json go."
-        ),
+        Path,
+        typer.Option(Path("task-health"), "--out", help="Where task_health.jsonl and quarantine.json go."),
     ),
-    inspect.Parameter(
+    _keyword(
         "cache_dir",
-        inspect.Parameter.KEYWORD_ONLY,
-        annotation=Path | None,
-        default=typer.Option(
-            None, "--cache-dir", help="Result cache by task content digest (default: OUT/cache)."
-        ),
+        Path | None,
+        typer.Option(None, "--cache-dir", help="Result cache by task content digest (default: OUT/cache)."),
     ),
-    inspect.Parameter(
-        "no_cache",
-        inspect.Parameter.KEYWORD_ONLY,
-        annotation=bool,
-        default=typer.Option(False, "--no-cache", help="Run every task's controls again."),
-    ),
-    inspect.Parameter(
+    _keyword("no_cache", bool, typer.Option(False, "--no-cache", help="Run every task's controls again.")),
+    _keyword(
         "as_json",
-        inspect.Parameter.KEYWORD_ONLY,
-        annotation=bool,
-        default=typer.Option(False, "--json", help='Print {"tasks": [{"task", "verdicts", "evidence"}]}.'),
+        bool,
+        typer.Option(False, "--json", help='Print {"tasks": [{"task", "verdicts", "evidence"}]}.'),
     ),
 ]
 
