@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,22 @@ from rl360_ext.util import prereqs
 # The probes the commands themselves stop on (rl360_ext.util.prereqs); bubblewrap's runs once.
 bwrap_problem = functools.cache(prereqs.bwrap_problem)
 smg_problem = prereqs.smg_problem
+
+
+def mark_checkout_folder(
+    items: list[pytest.Item], folder: Path, skip_reason: Callable[[], str | None]
+) -> None:
+    """Mark the tests under `folder` (a suite that runs against an upstream checkout) integration
+    and miles, each skipped with `skip_reason()`'s answer when it gives one (asked only if any is)."""
+    ours = [item for item in items if folder in Path(str(item.path)).resolve().parents]
+    if not ours:
+        return
+    reason = skip_reason()
+    for item in ours:
+        item.add_marker(pytest.mark.integration)
+        item.add_marker(pytest.mark.miles)
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def skip_if_missing(*probes: Callable[[], str | None]) -> None:

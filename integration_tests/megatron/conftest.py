@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from integration_tests.components import mark_checkout_folder
+
 HERE = Path(__file__).resolve().parent
 ENVS = ("MILES_SRC", "MEGATRON_SRC")
 STRICT_ENV = "RL360_MILES_STRICT"
@@ -63,15 +65,7 @@ def _skip_reason() -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    ours = [item for item in items if HERE in Path(str(item.path)).resolve().parents]
-    if not ours:
-        return
-    reason = _skip_reason()
-    for item in ours:
-        item.add_marker(pytest.mark.integration)
-        item.add_marker(pytest.mark.miles)
-        if reason is not None:
-            item.add_marker(pytest.mark.skip(reason=reason))
+    mark_checkout_folder(items, HERE, _skip_reason)
 
 
 @pytest.fixture(scope="session")
