@@ -94,7 +94,6 @@ async def test_every_writable_path_shares_one_capped_disk(tmp_path: Path) -> Non
     env = await _started(make_env(tmp_path, disk_mb=16, max_inodes=256))
     root = env.sandbox_dir.parent
     try:
-        free_before = os.statvfs(root).f_bavail * os.statvfs(root).f_frsize
         fill = await env.exec(
             "head -c 10M /dev/zero > /app/a; echo $?; head -c 10M /dev/zero > /logs/agent/b; echo $?; "
             "ulimit -f"
@@ -104,8 +103,12 @@ async def test_every_writable_path_shares_one_capped_disk(tmp_path: Path) -> Non
         assert fsize == str(16 * 1024)  # RLIMIT_FSIZE, in 1 KiB blocks
         used = sum(p.stat().st_size for p in env.files_dir.rglob("*") if p.is_file())
         assert used <= 16 * 2**20
-        free_after = os.statvfs(root).f_bavail * os.statvfs(root).f_frsize
-        assert free_before - free_after < 4 * 2**20  # nothing landed on the host's disk
+        # nothing landed on the host's disk: the bytes are held by the sandbox's own capped tmpfs,
+        # a filesystem apart from the host directory it is mounted under
+        assert os.stat(env.files_dir).st_dev != os.stat(root).st_dev
+        tmpfs = os.statvfs(env.files_dir)
+        assert tmpfs.f_blocks * tmpfs.f_frsize <= 16 * 2**20
+        assert (tmpfs.f_blocks - tmpfs.f_bfree) * tmpfs.f_frsize >= 10 * 2**20
         inodes = await env.exec(
             "rm -f /app/a /logs/agent/b; mkdir /tmp/d{1..1000} 2>/dev/null; ls /tmp | wc -l"
         )

@@ -8,7 +8,8 @@ reads. It does not run trials (the rl360 Harbor server does) or decide validity:
 answer carries its verdict (`attempt_class`), read here with `rl360_ext.outcomes.verdict.
 attempt_class`, never classified again; the only causes this module names are the client's own
 (`Cause.CLIENT_DEADLINE`, `Cause.TRANSPORT_ERROR`, `Cause.RUN_REJECTED`, `Cause.NO_SANDBOX` and
-`Cause.SANDBOX_LOST` for a replica that refused the connection or went away mid-run, and
+`Cause.SANDBOX_LOST` for a replica that refused the connection or went away mid-run (a refused
+attempt first moves to every other live replica: nothing ran), and
 `Cause.HARBOR_INTERNAL_ERROR` for a server that answered 500 or no JSON, and
 `Cause.TASK_QUARANTINED` for a task on the `--rl360-quarantine-file` of `rl360 tasks audit`: that
 attempt is not run, and its sample is masked like any infrastructure failure, never scored 0).
@@ -289,28 +290,46 @@ async def run(
 async def _post_run(
     settings: AgentConfig, router: HarborRouter, body: dict[str, Any], metadata: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """POST the body to the replica the attempt's image group pins; the answer as the agent's dict."""
+    """POST the body to the replica the attempt's image group pins; the answer as the agent's dict.
+
+    A refused connection reached no server, so nothing ran: the attempt moves to the next live
+    replica it has not tried, within the same client deadline. Only when every replica refused is
+    it `infra:no_sandbox`. Any other failure is final (a sandbox may have run)."""
     limit_s = body["deadline_s"] + settings.client_margin_s
     started = time.monotonic()
-    with router.attempt(_image_group(settings, metadata)) as replica:
-        url = replica + "/run"
-        try:
-            async with asyncio.timeout(limit_s):
-                async with httpx.AsyncClient(timeout=httpx.Timeout(limit_s, connect=30.0)) as http:
-                    response = await http.post(url, json=body, headers=_headers(settings))
-        except (TimeoutError, httpx.TimeoutException) as exc:
-            elapsed = time.monotonic() - started
-            message = f"no answer from {url} within the client deadline ({limit_s:.1f}s incl. margin)"
-            logger.warning("rl360 agent: %s (task %s)", message, body["task"])
-            return failure_metadata(Cause.CLIENT_DEADLINE, message, type(exc).__name__, elapsed)
-        except httpx.HTTPError as exc:
-            elapsed = time.monotonic() - started
-            cause = _transport_cause(exc)
-            if cause != Cause.TRANSPORT_ERROR:
-                router.mark_down(replica)
-            message = f"{type(exc).__name__} talking to {url}: {exc}"
-            logger.warning("rl360 agent: %s (task %s)", message, body["task"])
-            return failure_metadata(cause, message, type(exc).__name__, elapsed)
+    tried: list[str] = []
+    refused: dict[str, Any] | None = None
+    while True:
+        with router.attempt(_image_group(settings, metadata), exclude=tried) as replica:
+            spent_s = time.monotonic() - started
+            if refused is not None and (replica is None or spent_s >= body["deadline_s"]):
+                return refused
+            assert replica is not None  # a first try always has one: a router has >= 1 replica
+            tried.append(replica)
+            url, left_s = replica + "/run", limit_s - spent_s
+            sent = body if refused is None else {**body, "deadline_s": body["deadline_s"] - spent_s}
+            try:
+                async with asyncio.timeout(left_s):
+                    async with httpx.AsyncClient(timeout=httpx.Timeout(left_s, connect=30.0)) as http:
+                        response = await http.post(url, json=sent, headers=_headers(settings))
+            except (TimeoutError, httpx.TimeoutException) as exc:
+                elapsed = time.monotonic() - started
+                message = f"no answer from {url} within the client deadline ({limit_s:.1f}s incl. margin)"
+                logger.warning("rl360 agent: %s (task %s)", message, body["task"])
+                return failure_metadata(Cause.CLIENT_DEADLINE, message, type(exc).__name__, elapsed)
+            except httpx.HTTPError as exc:
+                elapsed = time.monotonic() - started
+                cause = _transport_cause(exc)
+                if cause != Cause.TRANSPORT_ERROR:
+                    router.mark_down(replica)
+                message = f"{type(exc).__name__} talking to {url}: {exc}"
+                logger.warning("rl360 agent: %s (task %s)", message, body["task"])
+                failure = failure_metadata(cause, message, type(exc).__name__, elapsed)
+                if cause != Cause.NO_SANDBOX:
+                    return failure
+                refused = failure
+                continue
+        break
     elapsed = time.monotonic() - started
     try:
         decoded: Any = response.json()

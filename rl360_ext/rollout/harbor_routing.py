@@ -6,8 +6,9 @@ Owns the client-side routing over a pool of Harbor /run servers (`rl360_ext.harb
   moves only the groups that hashed to it;
 - spill-over: when the pinned replica has `spill_over` more attempts in flight (from this client)
   than the least-loaded live one, the attempt goes to the least-loaded one instead;
-- a replica whose connection failed is skipped for `down_s` seconds (its attempt is already an
-  infrastructure failure; the next ones go elsewhere while the pool replaces it);
+- a replica whose connection failed is skipped for `down_s` seconds (the next attempts go
+  elsewhere while the pool replaces it); `attempt(..., exclude=)` skips replicas an attempt already
+  tried (a refused connection started nothing, so the agent function moves the attempt on);
 - a replaced replica: `replace_url(old, new)` swaps a URL in every router of this process (the
   pool's `on_replace` callback), and the swapped-in URL is live at once; a replacement on its
   predecessor's URL (`old == new`) clears that URL's down mark.
@@ -21,7 +22,7 @@ import hashlib
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 DEFAULT_SPILL_OVER = 4
 DEFAULT_DOWN_S = 30.0
@@ -90,17 +91,21 @@ class HarborRouter:
         self.update([new if url == old else url for url in self.urls])
         return True
 
-    def _live(self) -> list[str]:
+    def _live(self, exclude: Collection[str] = ()) -> list[str]:
         now = self._clock()
-        live = [url for url in self.urls if self._down_until.get(url, 0.0) <= now]
-        return live or list(self.urls)
+        untried = [url for url in self.urls if url not in exclude]
+        live = [url for url in untried if self._down_until.get(url, 0.0) <= now]
+        return live or untried
 
     def pinned(self, image_group: str) -> str:
         """The replica `image_group` hashes to among all replicas (live or not)."""
         return max(self.urls, key=lambda url: _score(url, image_group))
 
-    def choose(self, image_group: str) -> str:
-        live = self._live()
+    def choose(self, image_group: str, exclude: Collection[str] = ()) -> str | None:
+        """The replica for an attempt of `image_group`, never one in `exclude` (None: all are)."""
+        live = self._live(exclude)
+        if not live:
+            return None
         pinned = max(live, key=lambda url: _score(url, image_group))
         least = min(live, key=lambda url: (self.in_flight[url], url != pinned))
         if self.in_flight[pinned] - self.in_flight[least] > self.spill_over:
@@ -113,9 +118,13 @@ class HarborRouter:
             self._down_until[url] = self._clock() + self.down_s
 
     @contextlib.contextmanager
-    def attempt(self, image_group: str) -> Iterator[str]:
-        """Choose a replica and count the attempt in flight there until the block exits."""
-        url = self.choose(image_group)
+    def attempt(self, image_group: str, exclude: Collection[str] = ()) -> Iterator[str | None]:
+        """Choose a replica (not one in `exclude`) and count the attempt in flight there until the
+        block exits; yields None when every replica is excluded."""
+        url = self.choose(image_group, exclude)
+        if url is None:
+            yield None
+            return
         self.in_flight[url] += 1
         try:
             yield url

@@ -280,7 +280,6 @@ async def test_attempts_follow_their_image_group_across_replicas(monkeypatch: py
 @pytest.mark.parametrize(
     ("error", "expected"),
     [
-        (httpx.ConnectError("refused"), "infra:no_sandbox"),
         (httpx.ReadError("connection reset mid-run"), "infra:sandbox_lost"),
         (httpx.RemoteProtocolError("server disconnected"), "infra:sandbox_lost"),
     ],
@@ -306,6 +305,49 @@ async def test_a_replica_that_goes_away_masks_its_attempt_and_is_routed_around(
     )
     assert again["attempt_class"] == "valid"  # the next attempt went to the other replica
     assert agent.harbor_router(config).in_flight == {url: 0 for url in agent.harbor_router(config).urls}
+
+
+async def test_a_refused_attempt_moves_to_the_next_live_replica(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refused connection ran nothing, so the attempt is sent on to a replica it has not tried
+    (the pool is replacing the dead one): it is graded, not lost; the dead replica is routed around."""
+    config = AgentConfig(harbor_url="http://replica-a:8765,http://replica-b:8765")
+    victim = agent.harbor_router(config).pinned("g")
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(str(request.url))
+        if str(request.url).startswith(victim):
+            raise httpx.ConnectError("refused")
+        return _graded(request)
+
+    _replicas(monkeypatch, handler)
+    moved = await agent.run(
+        "http://s/sessions/x", None, {}, {"task": "t", "image_group": "g"}, rl360_config=config
+    )
+    assert moved["attempt_class"] == "valid" and moved["reward"] == 1.0
+    assert len(seen) == 2 and seen[0].startswith(victim) and not seen[1].startswith(victim)
+    again = await agent.run(
+        "http://s/sessions/x", None, {}, {"task": "t", "image_group": "g"}, rl360_config=config
+    )
+    assert again["attempt_class"] == "valid" and len(seen) == 3  # straight to the live one
+    assert agent.harbor_router(config).in_flight == {url: 0 for url in agent.harbor_router(config).urls}
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+async def test_an_attempt_every_replica_refused_is_no_sandbox(
+    monkeypatch: pytest.MonkeyPatch, replicas: int
+) -> None:
+    config = AgentConfig(harbor_url=",".join(f"http://refusing-{i}:8765" for i in range(replicas)))
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.host)
+        raise httpx.ConnectError("refused")
+
+    _replicas(monkeypatch, handler)
+    lost = await agent.run("http://s/sessions/x", None, {}, {"task": "t"}, rl360_config=config)
+    assert (lost["attempt_class"], lost["reward"]) == ("infra:no_sandbox", None)
+    assert sorted(seen) == [f"refusing-{i}" for i in range(replicas)]  # each tried once
 
 
 async def test_abort_flushes_every_replica(monkeypatch: pytest.MonkeyPatch) -> None:

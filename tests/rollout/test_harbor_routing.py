@@ -76,6 +76,27 @@ def test_all_replicas_down_still_routes_somewhere() -> None:
     assert router.choose(GROUPS[2]) in URLS[:2]
 
 
+@settings(max_examples=50, deadline=None)
+@given(st.sets(st.sampled_from(URLS)), st.sets(st.sampled_from(URLS)), st.sampled_from(GROUPS))
+def test_an_attempt_never_returns_to_a_replica_it_tried(tried: set[str], down: set[str], group: str) -> None:
+    """Untried replicas are chosen before any tried one, live ones first; none left: None."""
+    router = HarborRouter(URLS)
+    for url in down:
+        router.mark_down(url)
+    chosen = router.choose(group, exclude=tried)
+    untried = set(URLS) - tried
+    if not untried:
+        assert chosen is None
+        with router.attempt(group, exclude=tried) as replica:
+            assert replica is None
+        return
+    assert chosen in untried
+    assert chosen not in down or untried <= down
+    with router.attempt(group, exclude=tried) as replica:
+        assert replica == chosen and router.in_flight[chosen] == 1
+    assert router.in_flight[chosen] == 0
+
+
 def test_update_keeps_counts_of_kept_replicas() -> None:
     router = HarborRouter(URLS[:2])
     with router.attempt(GROUPS[3]) as url:
