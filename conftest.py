@@ -10,10 +10,17 @@ fill the gaps at the end. Tests that bind
 ports take them from the kernel (port 0), sandboxes and task copies live under per-test or
 per-worker folders, and each worker starts its own local Ray, so workers never share a port, a
 folder or a cluster.
+
+Caches: the run shares one rl360 cache folder (`RL360_CACHE_DIR`, made by the controlling process
+and removed at its end, unless the caller set one), so the demo's deterministic warm start is
+computed once per run instead of once per demo test; the workers and the demo processes inherit it.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from typing import Any
 
 import pytest
@@ -35,6 +42,26 @@ SECOND_STACK_UNIT = (
 )
 # Collection order, longest first: the demo's units, the other integration tests, the unit tests.
 RUN_ORDER = (WHOLE_STACK_DIR, "integration_tests/", "tests/")
+
+
+_OWN_CACHE = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The run's shared cache folder, made once by the controlling process (workers inherit it)."""
+    from rl360_ext.util.cache import CACHE_DIR_ENV
+
+    if hasattr(config, "workerinput") or os.environ.get(CACHE_DIR_ENV):
+        return
+    folder = tempfile.mkdtemp(prefix="rl360-test-cache-")
+    os.environ[CACHE_DIR_ENV] = folder
+    config.stash[_OWN_CACHE] = folder
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(_OWN_CACHE, None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def work_unit(nodeid: str) -> str:

@@ -18,16 +18,25 @@ The warm start's prompts are the quiz agent's own conversation up to its answer 
 (`rl360_ext.local.quiz_agent.look_messages`, a look turn of random tokens, the probe's tool
 message with the task's options), rendered with the session's chat template, so the head is
 fitted where the agent reads its answer.
+
+The warm start is deterministic, so its result is cached (`cache_dir`, the demo passes
+`rl360_ext.util.cache.cache_root()`): the key is a digest of everything it reads (the prompts and
+labels as token ids, the model config, the seed, the step count, numpy's version and the source of
+every module that computes it), so an entry is only hit by a run with the same inputs and code.
+A cached start says so (`WarmStart.cached`) and keeps the seconds it took to compute.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -49,6 +58,7 @@ from rl360_ext.tiny_engine.model import ModelConfig, init_weights
 from rl360_ext.trainer.backward import TrainModel
 from rl360_ext.trainer.trainer import Trainer, TrainerConfig
 from rl360_ext.trainer.warm_start import fit_head, fit_labels, head_features, separation
+from rl360_ext.util.cache import write_atomically
 
 CHANCE_LEVEL = 1.0 / len(LETTERS)  # a uniform guess among A-D
 WARM_START_LOOKS = 2  # random look turns per question in the warm start's prompts
@@ -56,6 +66,15 @@ WARM_START_LOOKS = 2  # random look turns per question in the warm start's promp
 
 WARM_START_LABEL_LOOKS = 4  # random look turns per question in the base-model stage's prompts
 WARM_START_LABEL_STEPS = 30  # AdamW steps of the base stage (12 prompts each)
+WARM_START_CACHE = "warm-start"  # the cache folder's name under the cache root
+# The modules whose code computes the warm start: their source is part of the cache key.
+WARM_START_MODULES = (
+    "rl360_ext.local.demo_trainer",
+    "rl360_ext.trainer.warm_start",
+    "rl360_ext.trainer.backward",
+    "rl360_ext.tiny_engine.model",
+)
+_META = "__warm_start__"  # the cache entry's key holding the WarmStart fields (JSON)
 
 
 @dataclass(frozen=True)
@@ -72,6 +91,7 @@ class WarmStart:
     cosine_before: float = 1.0
     cosine_after: float = 1.0
     look_end_prob: float = 0.0  # the probability that the look turn ends at once (end-of-turn token)
+    cached: bool = False  # read from the cache (`seconds` is what computing it took)
 
 
 def question_labels(tokenizer: Any, questions: Sequence[tuple[str, str]]) -> list[int]:
@@ -125,6 +145,51 @@ def answer_prompts(
     return prompts
 
 
+@dataclass(frozen=True)
+class WarmStartInputs:
+    """Everything the warm starts read besides the model config, as token ids."""
+
+    prompts: list[list[int]]  # the format stage's prompts (the agent's answer position)
+    label_prompts: list[list[int]]  # the base stage's prompts, the look-turn prompts last
+    labels: list[int]  # the base stage's target per label prompt (the end token for look prompts)
+    look_prompts: list[list[int]]  # the look turn's prompts (its end-of-turn probability is reported)
+    letters: list[int]  # the answer letters' token ids
+    end: int  # the end-of-turn token id
+    questions: int
+    seed: int
+
+    def key(self, model_config: ModelConfig) -> str:
+        """A digest of these inputs, the model config, the constants, numpy's version and the source
+        of every module that computes the warm start."""
+        digest = hashlib.sha256()
+        fields = {**dataclasses.asdict(self), "model": repr(model_config), "numpy": np.__version__}
+        fields["constants"] = [WARM_START_LOOKS, WARM_START_LABEL_LOOKS, WARM_START_LABEL_STEPS]
+        digest.update(json.dumps(fields, sort_keys=True).encode())
+        for name in WARM_START_MODULES:
+            digest.update(Path(str(sys.modules[name].__file__)).read_bytes())
+        return digest.hexdigest()[:32]
+
+
+def read_warm_start(path: Path) -> tuple[dict[str, np.ndarray], WarmStart] | None:
+    """A cached warm start, or None when there is none (or it cannot be read: it is computed again)."""
+    try:
+        with np.load(path) as data:
+            arrays = {name: data[name] for name in data.files}
+        meta = json.loads(str(arrays.pop(_META)))
+        return arrays, dataclasses.replace(WarmStart(**meta), cached=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_warm_start(path: Path, weights: dict[str, np.ndarray], warm: WarmStart) -> None:
+    meta = np.array(json.dumps(dataclasses.asdict(warm)))
+
+    def write(handle: IO[bytes]) -> None:
+        np.savez(handle, **weights, **{_META: meta})
+
+    write_atomically(path, write)
+
+
 class DemoTrainer:
     """The demo's policy weights, trained by the reference trainer once per rollout step."""
 
@@ -135,12 +200,12 @@ class DemoTrainer:
         questions: Sequence[tuple[str, str]],
         seed: int,
         config: TrainerConfig,
+        cache_dir: Path | None = None,
     ) -> None:
         tokenizer = load_hf_tokenizer(str(tokenizer_dir))
         self.directory = directory
         self.model_config = ModelConfig(vocab_size=len(tokenizer))
         renderer = ChatRenderer(tokenizer)
-        started = time.perf_counter()
         vocab = self.model_config.vocab_size
         prompts = answer_prompts(renderer, questions, vocab, seed)
         label_prompts = answer_prompts(renderer, questions, vocab, seed + 1, WARM_START_LABEL_LOOKS)
@@ -151,20 +216,42 @@ class DemoTrainer:
         # last one Miles' merge keeps, so the answer turn would never reach the trainer.
         end = tokenizer.convert_tokens_to_ids(TURN_END)
         look_prompts = [renderer.prompt_ids(look_messages(instruction)) for instruction, _ in questions]
-        label_prompts += look_prompts
-        labels += [end] * len(look_prompts)
-        groups = [q for q in range(len(questions)) for _ in range(WARM_START_LOOKS)]
-        weights = init_weights(self.model_config, seed)
-        before = separation(head_features(self.model_config, weights, prompts), groups)
-        weights, label_prob, label_steps = fit_labels(
-            self.model_config, weights, label_prompts, labels, steps=WARM_START_LABEL_STEPS, seed=seed
-        )
-        after = separation(head_features(self.model_config, weights, prompts), groups)
         letters = [tokenizer.convert_tokens_to_ids(letter) for letter in LETTERS]
-        weights, mass = fit_head(self.model_config, weights, prompts, letters)
-        look_end = float(np.mean([np.exp(self._log_prob(weights, p, end)) for p in look_prompts]))
-        self.warm_start = WarmStart(
-            len(prompts) + len(label_prompts),
+        inputs = WarmStartInputs(
+            prompts, label_prompts + look_prompts, labels + [end] * len(look_prompts), look_prompts,
+            letters, end, len(questions), seed,
+        )  # fmt: skip
+        entry = (
+            None
+            if cache_dir is None
+            else cache_dir / WARM_START_CACHE / f"{inputs.key(self.model_config)}.npz"
+        )
+        cached = read_warm_start(entry) if entry is not None else None
+        if cached is not None:
+            weights, self.warm_start = cached
+        else:
+            weights, self.warm_start = self._warm_start(inputs)
+            if entry is not None:
+                write_warm_start(entry, weights, self.warm_start)
+        self.trainer = Trainer(self.model_config, weights, config)
+
+    def _warm_start(self, inputs: WarmStartInputs) -> tuple[dict[str, np.ndarray], WarmStart]:
+        """Both warm starts from the seed weights: the base-model stage, then the format head."""
+        started = time.perf_counter()
+        groups = [q for q in range(inputs.questions) for _ in range(WARM_START_LOOKS)]
+        weights = init_weights(self.model_config, inputs.seed)
+        before = separation(head_features(self.model_config, weights, inputs.prompts), groups)
+        weights, label_prob, label_steps = fit_labels(
+            self.model_config, weights, inputs.label_prompts, inputs.labels,
+            steps=WARM_START_LABEL_STEPS, seed=inputs.seed,
+        )  # fmt: skip
+        after = separation(head_features(self.model_config, weights, inputs.prompts), groups)
+        weights, mass = fit_head(self.model_config, weights, inputs.prompts, inputs.letters)
+        look_end = float(
+            np.mean([np.exp(self._log_prob(weights, p, inputs.end)) for p in inputs.look_prompts])
+        )
+        warm = WarmStart(
+            len(inputs.prompts) + len(inputs.label_prompts),
             mass,
             time.perf_counter() - started,
             label_steps,
@@ -173,7 +260,7 @@ class DemoTrainer:
             after,
             look_end,
         )
-        self.trainer = Trainer(self.model_config, weights, config)
+        return weights, warm
 
     def _log_prob(self, weights: dict[str, np.ndarray], prompt: Sequence[int], token: int) -> float:
         log_prob, _ = TrainModel(self.model_config, weights).forward(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -10,14 +11,22 @@ import pytest
 from rl360_ext.diagnostics.report_data import TRAIN_KIND
 from rl360_ext.local.demo import learning_line, train_line
 from rl360_ext.local.demo_plan import StepSummary
-from rl360_ext.local.demo_trainer import CHANCE_LEVEL, DemoTrainer, answer_prompts, question_labels
+from rl360_ext.local.demo_trainer import (
+    CHANCE_LEVEL,
+    WARM_START_CACHE,
+    DemoTrainer,
+    WarmStartInputs,
+    answer_prompts,
+    question_labels,
+    read_warm_start,
+)
 from rl360_ext.local.fixtures import quiz_task_names, tasks_root
 from rl360_ext.local.quiz_agent import LETTERS, extract_answer, probe_output
 from rl360_ext.rollout.metrics import read_records
 from rl360_ext.rollout.sample import Sample
 from rl360_ext.templates.render import ChatRenderer
 from rl360_ext.templates.tokenizer import load_hf_tokenizer
-from rl360_ext.tiny_engine.model import KVState, TinyMoEModel, log_softmax
+from rl360_ext.tiny_engine.model import KVState, ModelConfig, TinyMoEModel, log_softmax
 from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
 from rl360_ext.trainer.trainer import TrainerConfig
 
@@ -32,10 +41,50 @@ def _questions(count: int = 3) -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def policy(tmp_path_factory: pytest.TempPathFactory) -> DemoTrainer:
+def warm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory: pytest.TempPathFactory, warm_cache: Path) -> DemoTrainer:
     return DemoTrainer(
-        tmp_path_factory.mktemp("weights"), default_tokenizer_dir(), _questions(), 0, TrainerConfig(lr=1e-3)
+        tmp_path_factory.mktemp("weights"), default_tokenizer_dir(), _questions(), 0, TrainerConfig(lr=1e-3),
+        cache_dir=warm_cache,
+    )  # fmt: skip
+
+
+def test_a_second_warm_start_is_read_from_the_cache_and_equal(
+    policy: DemoTrainer, warm_cache: Path, tmp_path: Path
+) -> None:
+    (entry,) = (warm_cache / WARM_START_CACHE).iterdir()
+    assert not policy.warm_start.cached
+    again = DemoTrainer(
+        tmp_path, default_tokenizer_dir(), _questions(), 0, TrainerConfig(), cache_dir=warm_cache
     )
+    assert again.warm_start == dataclasses.replace(policy.warm_start, cached=True)
+    cached = read_warm_start(entry)
+    assert cached is not None
+    weights = cached[0]
+    assert weights.keys() == again.trainer.weights.keys()
+    for name, value in weights.items():
+        np.testing.assert_array_equal(value, again.trainer.weights[name])
+    assert read_warm_start(tmp_path / "missing.npz") is None
+    (tmp_path / "bad.npz").write_bytes(b"not an npz")  # an unreadable entry is computed again
+    assert read_warm_start(tmp_path / "bad.npz") is None
+
+
+def test_the_warm_start_key_changes_with_every_input() -> None:
+    config = ModelConfig(vocab_size=580)
+    base = WarmStartInputs([[1, 2]], [[3]], [4], [[5]], [6, 7], 8, 1, 0)
+    keys = {
+        base.key(config),
+        dataclasses.replace(base, seed=1).key(config),
+        dataclasses.replace(base, prompts=[[1, 3]]).key(config),
+        dataclasses.replace(base, labels=[5]).key(config),
+        dataclasses.replace(base, letters=[7, 6]).key(config),
+        base.key(ModelConfig(vocab_size=581)),
+    }
+    assert len(keys) == 6 and base.key(config) == base.key(ModelConfig(vocab_size=580))
 
 
 def test_every_quiz_ships_its_options_for_the_probe_alone() -> None:
