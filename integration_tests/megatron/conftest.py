@@ -3,10 +3,8 @@
 Owns the switch (MILES_SRC and MEGATRON_SRC both set, else every test here is skipped with the
 reason; set but not importable: skipped with the import error, or an error under run.sh, which
 sets RL360_MILES_STRICT=1), puts both checkouts on `sys.path` (refusing a `megatron` imported
-from anywhere else), applies the CPU shims (cpu_shims.py) and sets up the single-process world
-Megatron needs: a gloo process group on a FileStore under tmp_path (no port) and Megatron's
-model-parallel state with every size 1, plus Miles' single-process ParallelState (its tp group
-Megatron's, as Miles' Megatron actor sets it: the vocab-parallel cross-entropy reads it).
+from anywhere else), and the session fixture `megatron_world`: the CPU shims and the
+single-process world Megatron needs (world.py, its gloo store under tmp_path).
 """
 
 from __future__ import annotations
@@ -15,7 +13,6 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -71,40 +68,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def megatron_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     """Shims applied, a one-rank gloo group, Megatron's and Miles' parallel state; yields the shims."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-    from miles.backends.training_utils.parallel import GroupInfo, ParallelState, set_parallel_state
+    from integration_tests.megatron.world import single_rank_world
 
-    from integration_tests.megatron.cpu_shims import apply_cpu_shims
-
-    shims = apply_cpu_shims()
-    store = dist.FileStore(str(tmp_path_factory.mktemp("gloo") / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    parallel_state.initialize_model_parallel()
-    trivial = GroupInfo(rank=0, size=1, group=None)
-    tp = GroupInfo(
-        rank=0, size=1, group=parallel_state.get_tensor_model_parallel_group()
-    )  # vocab-parallel CE
-    set_parallel_state(
-        ParallelState(
-            intra_dp=trivial,
-            intra_dp_cp=trivial,
-            cp=trivial,
-            tp=tp,
-            pp=trivial,
-            ep=trivial,
-            etp=trivial,
-            indep_dp=trivial,
-            is_pp_last_stage=True,
-        )
-    )
-    yield shims
-    parallel_state.destroy_model_parallel()
-    dist.destroy_process_group()
-
-
-def causal_mask(n: int) -> Any:
-    """Megatron's [1, 1, n, n] attention mask (True = masked), passed in so no CUDA default is built."""
-    import torch
-
-    return torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)[None, None]
+    with single_rank_world(tmp_path_factory.mktemp("gloo")) as shims:
+        yield shims

@@ -26,17 +26,27 @@ from __future__ import annotations
 
 import json
 import time
-import types
-from argparse import Namespace
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from integration_tests.megatron.conftest import causal_mask
 from integration_tests.megatron.mapping import build_gpt_model, from_megatron, load_into
+from integration_tests.megatron.parity import (
+    MergedCase,
+    agreement,
+    fill_replay,
+    forward_logits,
+    miles_batch,
+    miles_loss_args,
+    miles_loss_backward,
+    reference_gradient,
+    relative_errors,
+    replayed,
+    response_logprobs,
+    routing_of,
+)
 from integration_tests.megatron.precision import float64_islands
 from integration_tests.session.conftest import merged, new_session, start_session_server
 from integration_tests.trainer.test_trainer_session import _conversation, _engine_logprobs
@@ -54,22 +64,6 @@ GRADIENT_TOL = 1e-6
 STOCK_FORWARD_BOUND = 1e-5  # float32 RoPE / router softmax: measured ~1e-6, bounded here
 FLOAT32_ROUNDING = 2.0**-23
 FIGURES: dict[str, float] = {}
-
-
-@dataclass
-class MergedCase:
-    sample: Sample
-    engine_logprobs: np.ndarray  # float64 prefill log-prob of every token (index 0 is nan)
-    config: ModelConfig
-    weights: dict[str, np.ndarray]
-
-    @property
-    def prompt(self) -> int:
-        return len(self.sample.tokens) - self.sample.response_length
-
-    @property
-    def sampled(self) -> np.ndarray:
-        return np.asarray(self.sample.loss_mask) > 0
 
 
 @pytest.fixture(scope="module")
@@ -116,91 +110,17 @@ def figures(tmp_path_factory: pytest.TempPathFactory) -> Any:
     print(f"\nmegatron parity figures ({out}):\n{json.dumps(FIGURES, indent=2, sort_keys=True)}")
 
 
-def _logits(model: Any, tokens: list[int]) -> Any:
-    import torch
-
-    n = len(tokens)
-    ids = torch.tensor(tokens, dtype=torch.long)[None]
-    return model(ids, torch.arange(n)[None], attention_mask=causal_mask(n))
-
-
-def _response_logprobs(model: Any, case: MergedCase) -> np.ndarray:
-    import torch
-
-    tokens = case.sample.tokens
-    with torch.no_grad():
-        logits = _logits(model, tokens)[0, :-1]
-    picked = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens[1:])[:, None])[:, 0]
-    return picked.numpy()[case.prompt - 1 :]
-
-
-def _routing_of(model: Any, case: MergedCase) -> np.ndarray:
-    """Megatron's chosen experts per (token, layer) as a [T, layers, experts] bool map."""
-    import torch
-
-    maps: list[Any] = []
-    hooks = [
-        layer.mlp.router.register_forward_hook(lambda _m, _i, out: maps.append(out[1].detach().clone()))
-        for layer in model.decoder.layers
-    ]
-    try:
-        with torch.no_grad():
-            _logits(model, case.sample.tokens)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return np.stack([m.numpy() for m in maps], axis=1)
-
-
-def _agreement(routing_map: np.ndarray, recorded: np.ndarray) -> float:
-    """Share of (token, layer) rows whose chosen set equals the recorded top-k (rows of tokens[:-1])."""
-    rows, layers, experts = recorded.shape[0], recorded.shape[1], routing_map.shape[2]
-    onehot = np.zeros((rows, layers, experts), bool)
-    np.put_along_axis(onehot, recorded.astype(np.int64), True, axis=-1)
-    return float((routing_map[:rows] == onehot).all(axis=-1).mean())
-
-
-def _fill_replay(model: Any, case: MergedCase, rows: np.ndarray) -> None:
-    """Miles' own replay fill: `fill_replay_data` over a Miles `DataIterator`.
-
-    The streams are mapped to the MoE layers by Miles' `register_replay_list_moe`.
-    """
-    import torch
-    from miles.backends.megatron_utils.replay_utils import register_replay_list_moe
-    from miles.backends.training_utils.data import DataIterator
-    from miles.backends.training_utils.replay_data import fill_replay_data
-    from miles.utils.replay_base import routing_replay_manager
-
-    routing_replay_manager.clear_all()
-    tokens = torch.tensor(case.sample.tokens, dtype=torch.long)
-    rollout_data = {
-        "rollout_routed_experts": [torch.from_numpy(np.ascontiguousarray(rows))],
-        "tokens": [tokens],
-        "max_seq_lens": [len(tokens)],
-    }
-    args = Namespace(
-        qkv_format="thd", data_pad_size_multiplier=1, allgather_cp=False, sequence_parallel=False
-    )
-    fill_replay_data(
-        args=args, models=[types.SimpleNamespace(module=model)],
-        data_iterator=[DataIterator(rollout_data, micro_batch_size=1)], num_microbatches=[1],
-        rollout_data=rollout_data, data_key=routing_replay_manager.data_key,
-        replay_list=routing_replay_manager.replays, register_replay_list_func=register_replay_list_moe,
-        if_sp_region=routing_replay_manager.if_sp_region,
-    )  # fmt: skip
-
-
 def test_forward_matches_the_engine(gpt: Any, case: MergedCase, figures: dict[str, float]) -> None:
     expected = case.engine_logprobs[case.prompt :]
     sampled = case.sampled
-    stock = np.abs(_response_logprobs(gpt, case) - expected)[sampled]
+    stock = np.abs(response_logprobs(gpt, case) - expected)[sampled]
     with float64_islands(gpt, case.config.rope_theta):
-        lifted_logprobs = _response_logprobs(gpt, case)
+        lifted_logprobs = response_logprobs(gpt, case)
     lifted = np.abs(lifted_logprobs - expected)[sampled]
     with float64_islands(gpt, case.config.rope_theta, rope=False):
-        rope_only = np.abs(_response_logprobs(gpt, case) - expected)[sampled]
+        rope_only = np.abs(response_logprobs(gpt, case) - expected)[sampled]
     with float64_islands(gpt, case.config.rope_theta, router=False):
-        router_only = np.abs(_response_logprobs(gpt, case) - expected)[sampled]
+        router_only = np.abs(response_logprobs(gpt, case) - expected)[sampled]
     recorded = np.asarray(case.sample.rollout_log_probs)
     figures.update(
         forward_sampled_tokens=float(sampled.sum()),
@@ -223,20 +143,20 @@ def test_routing_with_and_without_miles_replay(gpt: Any, case: MergedCase, figur
     recorded = np.asarray(case.sample.rollout_routed_experts)
     assert recorded.shape == (len(case.sample.tokens) - 1, case.config.layers, case.config.top_k)
     routing_replay_manager.stage = "fallthrough"
-    own_stock = _agreement(_routing_of(gpt, case), recorded)
+    own_stock = agreement(routing_of(gpt, case), recorded)
     with float64_islands(gpt, case.config.rope_theta):
-        own_float64 = _agreement(_routing_of(gpt, case), recorded)
+        own_float64 = agreement(routing_of(gpt, case), recorded)
     # rows the router would not pick (each expert id shifted by one): replay must follow them
     shifted = ((recorded + 1) % case.config.experts).astype(recorded.dtype)
     routing_replay_manager.stage = "replay_forward"
     try:
-        _fill_replay(gpt, case, shifted)
-        forced_map = _routing_of(gpt, case)
-        forced, forced_vs_recorded = _agreement(forced_map, shifted), _agreement(forced_map, recorded)
-        _fill_replay(gpt, case, recorded)
-        replayed = _agreement(_routing_of(gpt, case), recorded)
+        fill_replay(gpt, case, shifted)
+        forced_map = routing_of(gpt, case)
+        forced, forced_vs_recorded = agreement(forced_map, shifted), agreement(forced_map, recorded)
+        fill_replay(gpt, case, recorded)
+        replayed = agreement(routing_of(gpt, case), recorded)
         routing_replay_manager.clear_all_forward()
-        replayed_logprobs = _response_logprobs(gpt, case)
+        replayed_logprobs = response_logprobs(gpt, case)
     finally:
         routing_replay_manager.stage = "fallthrough"
         routing_replay_manager.clear_all()
@@ -255,104 +175,6 @@ def test_routing_with_and_without_miles_replay(gpt: Any, case: MergedCase, figur
     assert gap.max() <= STOCK_FORWARD_BOUND
 
 
-REWARD = 1.0
-
-
-def _miles_loss_args(trainer: Trainer) -> Namespace:
-    """The trainer's Miles flags plus the other fields Miles' loss path reads, at Miles' defaults."""
-    args = trainer.config.miles_args()
-    fields = dict(
-        loss_type="policy_loss", advantage_estimator="grpo", use_rollout_logprobs=False,
-        skip_actor_forward_only=False, entropy_coef=0.0, observe_training_entropy=False, use_opsm=False,
-        get_mismatch_metrics=False, use_kl_loss=False, use_unbiased_kl=False, true_on_policy_mode=False,
-        allgather_cp=False, recompute_loss_function=False, rollout_temperature=1.0,
-        log_probs_chunk_size=-1, use_dynamic_global_batch_size=False, global_batch_size=1,
-        custom_loss_function_path=None, dump_details=None, data_pad_size_multiplier=1,
-    )  # fmt: skip
-    for name, value in fields.items():
-        setattr(args, name, value)
-    return args
-
-
-def _reference_gradient(case: MergedCase, config: TrainerConfig) -> dict[str, np.ndarray]:
-    """The reference trainer's gradient of one train step on the sample (captured before AdamW)."""
-    trainer = Trainer(case.config, init_weights(case.config, SEED), config)
-    captured: dict[str, np.ndarray] = {}
-    step = trainer.optimizer.step
-
-    def capture(grads: dict[str, np.ndarray], clip_grad: float | None = None) -> float:
-        captured.update({name: value.copy() for name, value in grads.items()})
-        return step(grads, clip_grad)
-
-    trainer.optimizer.step = capture  # type: ignore[method-assign]
-    metrics = trainer.train_step([case.sample], [REWARD])
-    assert metrics["train/optimizer_steps"] == 1.0
-    return captured
-
-
-def _miles_batch(case: MergedCase, old_log_probs: Any) -> dict[str, Any]:
-    """One sample's micro-batch as Miles' `get_rollout_data` / `get_batch` hand it to the loss."""
-    import torch
-
-    sample = case.sample
-    tokens = torch.tensor(sample.tokens, dtype=torch.long)
-    response = sample.response_length
-    mask = torch.tensor(sample.loss_mask, dtype=torch.int)
-    return {
-        "unconcat_tokens": [tokens],
-        "tokens": [tokens],
-        "total_lengths": [len(sample.tokens)],
-        "response_lengths": [response],
-        "loss_masks": [mask],
-        "rollout_mask_sums": torch.tensor([float(mask.sum())], dtype=torch.float32),
-        "advantages": [torch.full((response,), REWARD, dtype=torch.float64)],
-        "returns": [torch.full((response,), REWARD, dtype=torch.float64)],
-        "log_probs": [old_log_probs],
-        "rollout_log_probs": [torch.tensor(sample.rollout_log_probs, dtype=torch.float64)],
-    }
-
-
-def _replayed(model: Any, case: MergedCase, rows: np.ndarray, stage: str, run: Any) -> Any:
-    """`run(model, case)` with Miles' replay filled from `rows` and the manager at `stage`.
-
-    Miles' actor scores old log-probs under "replay_forward" and trains under "replay_backward".
-    """
-    from miles.utils.replay_base import routing_replay_manager
-
-    _fill_replay(model, case, rows)
-    routing_replay_manager.stage = stage
-    try:
-        return run(model, case)
-    finally:
-        routing_replay_manager.stage = "fallthrough"
-        routing_replay_manager.clear_all()
-
-
-def _miles_loss_backward(
-    args: Namespace, batch: dict[str, Any], logits: Any, *, true_on_policy: bool
-) -> float:
-    """Miles' `loss_function` as its Megatron forward step binds it (one micro-batch), then backward.
-
-    `true_on_policy`: Miles' `--true-on-policy-mode` log-prob path, which keeps the logits' dtype
-    (float64 here); without it Miles asserts float32/bf16 logits and computes log-probs in float32.
-    """
-    from miles.backends.training_utils.loss import loss_function
-
-    args.true_on_policy_mode = true_on_policy
-    loss, _normalizer, _log = loss_function(
-        args, batch, 1, logits, apply_megatron_loss_scaling=True, num_rollouts=1
-    )
-    loss.backward()
-    return float(loss.detach())
-
-
-def _relative_errors(got: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> dict[str, float]:
-    return {
-        name: float(np.linalg.norm(got[name] - value) / max(np.linalg.norm(value), 1e-300))
-        for name, value in reference.items()
-    }
-
-
 @pytest.mark.parametrize("use_tis", [True, False], ids=["tis", "no-tis"])
 def test_gradient_through_miles_policy_loss(
     gpt: Any, case: MergedCase, figures: dict[str, float], use_tis: bool
@@ -364,15 +186,15 @@ def test_gradient_through_miles_policy_loss(
     # r3, rl360's TIS function and pg-loss reducer (TrainerConfig's defaults), the recipe's clip range
     config = TrainerConfig(unversioned_as=0, eps_clip_high=0.28, use_tis=use_tis)
     assert config.tis_function_path and config.pg_loss_reducer_path and config.r3
-    reference = _reference_gradient(case, config)
-    args = _miles_loss_args(Trainer(case.config, case.weights, config))
+    reference = reference_gradient(case, config)
+    args = miles_loss_args(Trainer(case.config, case.weights, config))
 
     rows = np.asarray(case.sample.rollout_routed_experts)
     with float64_islands(gpt, case.config.rope_theta):
         old_log_probs = torch.from_numpy(
-            _replayed(gpt, case, rows, "replay_forward", _response_logprobs).copy()
+            replayed(gpt, case, rows, "replay_forward", response_logprobs).copy()
         )
-        batch = _miles_batch(case, old_log_probs)
+        batch = miles_batch(case, old_log_probs)
         grads = {}
         losses = {}
         for path, true_on_policy, cast in (
@@ -380,13 +202,15 @@ def test_gradient_through_miles_policy_loss(
             ("float32", False, torch.float32),
         ):
             gpt.zero_grad(set_to_none=True)
-            logits = _replayed(gpt, case, rows, "replay_backward", lambda m, c: _logits(m, c.sample.tokens))
-            losses[path] = _miles_loss_backward(args, batch, logits.to(cast), true_on_policy=true_on_policy)
+            logits = replayed(
+                gpt, case, rows, "replay_backward", lambda m, c: forward_logits(m, c.sample.tokens)
+            )
+            losses[path] = miles_loss_backward(args, batch, logits.to(cast), true_on_policy=true_on_policy)
             grads[path] = from_megatron(megatron_tensors(gpt, grads=True), case.config)
     float64_grads, float32_grads = grads["float64"], grads["float32"]
     float64_loss, float32_loss = losses["float64"], losses["float32"]
-    errors = _relative_errors(float64_grads, reference)
-    float32_errors = _relative_errors(float32_grads, reference)
+    errors = relative_errors(float64_grads, reference)
+    float32_errors = relative_errors(float32_grads, reference)
     worst = max(errors, key=errors.__getitem__)
     tag = "tis" if use_tis else "no_tis"
     figures.update(
@@ -444,13 +268,15 @@ def _round_trip(model: Any, case: MergedCase, figures: dict[str, float], tmp_pat
     from rl360_ext.weights.push import push_weights_from_disk
 
     config = TrainerConfig(unversioned_as=0, eps_clip_high=0.28)
-    args = _miles_loss_args(Trainer(case.config, case.weights, config))
+    args = miles_loss_args(Trainer(case.config, case.weights, config))
     rows = np.asarray(case.sample.rollout_routed_experts)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
     with float64_islands(model, case.config.rope_theta):
-        old = torch.from_numpy(_replayed(model, case, rows, "replay_forward", _response_logprobs).copy())
-        logits = _replayed(model, case, rows, "replay_backward", lambda m, c: _logits(m, c.sample.tokens))
-        _miles_loss_backward(args, _miles_batch(case, old), logits, true_on_policy=True)
+        old = torch.from_numpy(replayed(model, case, rows, "replay_forward", response_logprobs).copy())
+        logits = replayed(
+            model, case, rows, "replay_backward", lambda m, c: forward_logits(m, c.sample.tokens)
+        )
+        miles_loss_backward(args, miles_batch(case, old), logits, true_on_policy=True)
     optimizer.step()
     stepped = from_megatron(megatron_tensors(model), case.config)
     moved = max(float(np.abs(stepped[name] - case.weights[name]).max()) for name in case.weights)
@@ -467,7 +293,7 @@ def _round_trip(model: Any, case: MergedCase, figures: dict[str, float], tmp_pat
     after = MergedCase(sample, engine_logprobs, case.config, stepped)
     sampled = after.sampled
     with float64_islands(model, case.config.rope_theta):
-        recomputed = _response_logprobs(model, after)
+        recomputed = response_logprobs(model, after)
     under_seed = TinyMoEModel(case.config, case.weights).sequence_logprobs(sample.tokens)[after.prompt - 1 :]
     expected = engine_logprobs[after.prompt :]
     gap = np.abs(recomputed - expected)[sampled]
@@ -499,7 +325,7 @@ def test_forward_backward_throughput(gpt: Any, case: MergedCase, figures: dict[s
 
     def megatron_step() -> None:
         gpt.zero_grad(set_to_none=True)
-        logits = _logits(gpt, case.sample.tokens)[0, prompt - 1 : -1]
+        logits = forward_logits(gpt, case.sample.tokens)[0, prompt - 1 : -1]
         picked = torch.log_softmax(logits, dim=-1).gather(1, torch.from_numpy(tokens[prompt:])[:, None])[:, 0]
         (picked * torch.from_numpy(dlogprobs)).sum().backward()
 

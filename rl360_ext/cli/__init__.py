@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 from typer.core import TyperGroup
 
+from rl360_ext.cli.ab import command as ab_command
 from rl360_ext.cli.engine import app as engine_app
 from rl360_ext.cli.harbor import app as harbor_app
 from rl360_ext.cli.session import app as session_app
@@ -76,6 +77,7 @@ app.add_typer(session_app, name="session")
 app.add_typer(template_app, name="template")
 app.add_typer(harbor_app, name="harbor")
 app.add_typer(tasks_app, name="tasks")
+app.command("ab")(ab_command)
 bench_app = typer.Typer(
     help="Benchmarks: each prints a table and compares against its baseline in the same run."
 )
@@ -149,6 +151,12 @@ def demo(
         "evaluate the training tasks and held-out quiz tasks (greedy and sampled) through the generate "
         "hook with evaluation=True and the eval log hook; the report draws eval beside training.",
     ),
+    engine_churn: str = typer.Option(
+        "",
+        help="Engine churn during the run: comma-separated kill:STEP (an engine dies mid-rollout of that "
+        "step, a replacement joins on the current weights) and hang:STEP (an engine stops answering at "
+        "the push after that step; the push fences it and retries), e.g. kill:1,hang:2,kill:3.",
+    ),
     audit_tasks: bool = typer.Option(
         False,
         "--audit-tasks",
@@ -184,6 +192,7 @@ def demo(
         "keep_old_actor": keep_old_actor,
         "top_logprobs_num": top_logprobs_num,
         "eval_interval": eval_interval,
+        "engine_churn": engine_churn,
     }
     try:
         config = DemoConfig(
@@ -272,11 +281,6 @@ BENCHES: dict[str, tuple[str, Callable[[], None] | None]] = {
         "CPU per attempt, RSS, memory per live sandbox.",
         _harbor_needs,
     ),
-    "trainer": (
-        "|Δ log p| and routing agreement of the reference trainer vs float64/float32 engines, R3 on and "
-        "off, and its forward+backward tokens/s.",
-        None,
-    ),
 }  # name -> (help, check or install what it needs first)
 
 
@@ -293,6 +297,32 @@ def _bench_command(name: str, needs: Callable[[], None] | None) -> Callable[[boo
 
 for _name, (_help, _needs) in BENCHES.items():
     bench_app.command(_name, help=_help)(_bench_command(_name, _needs))
+
+
+@bench_app.command("trainer")
+def bench_trainer(
+    megatron: bool = typer.Option(
+        False,
+        "--megatron",
+        help="Also measure Miles' Megatron fork on CPU (needs MILES_SRC, MEGATRON_SRC, the scratch venv "
+        "of integration_tests/miles/setup_venv.sh and this source checkout).",
+    ),
+    miles_src: str | None = typer.Option(
+        None, envvar="MILES_SRC", help="With --megatron: a radixark/miles checkout."
+    ),
+    megatron_src: str | None = typer.Option(
+        None, envvar="MEGATRON_SRC", help="With --megatron: radixark/Megatron-LM, branch miles-main."
+    ),
+    json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """|Δ log p| and routing agreement of the reference trainer vs float64/float32 engines, R3 on and
+    off, and its forward+backward tokens/s; with --megatron, Megatron-on-CPU's beside them."""
+    from rl360_ext.local.bench.megatron import find_setup
+    from rl360_ext.local.bench.trainer import main
+
+    setup = find_setup(miles_src, megatron_src) if megatron else None
+    with signals_raise(), showing_progress("rl360 bench trainer"):
+        main(as_json=json, megatron=setup)
 
 
 def _numbers(text: str, flag: str) -> list[int]:

@@ -69,7 +69,11 @@ _EXTRA = [
     _keyword(
         "out",
         Path,
-        typer.Option(Path("task-health"), "--out", help="Where task_health.jsonl and quarantine.json go."),
+        typer.Option(
+            Path("task-health"),
+            "--out",
+            help="Where task_health.jsonl, quarantine.json and task_health.html go.",
+        ),
     ),
     _keyword(
         "cache_dir",
@@ -186,6 +190,9 @@ def audit_tree(
                 typer.echo(f"rl360 tasks audit: {exc}", err=True)
                 raise typer.Exit(1) from None
     write_outputs(results, out)
+    from rl360_ext.diagnostics.task_health_page import write_task_health_page
+
+    write_task_health_page(results, out, str(tasks_root))
     return results
 
 
@@ -195,7 +202,10 @@ def print_health(results: list[TaskHealth], out: Path) -> None:
 
     console = make_console()
     print_table(console, _table(results))
-    console.out(f"wrote {out / TASK_HEALTH_FILE} and {out / QUARANTINE_FILE}", highlight=False)
+    from rl360_ext.diagnostics.task_health_page import TASK_HEALTH_PAGE
+
+    wrote = f"{out / TASK_HEALTH_FILE}, {out / QUARANTINE_FILE} and {out / TASK_HEALTH_PAGE}"
+    console.out(f"wrote {wrote}", highlight=False)
 
 
 def _run(
@@ -210,7 +220,8 @@ def _run(
     as_json: bool,
 ) -> None:
     """Audit every task under TASKS_ROOT with controls (lint, environment, oracle, nop, slow oracle,
-    canary hacks, leak probe) through a Harbor /run server; write task_health.jsonl and quarantine.json."""
+    verifier regrade, insensitive, canary hacks, leak probe) through a Harbor /run server; write
+    task_health.jsonl, quarantine.json and task_health.html."""
     if not tasks_root.is_dir():
         raise typer.BadParameter(f"{tasks_root} is not a directory", param_hint="TASKS_ROOT")
     try:

@@ -53,6 +53,7 @@ from rl360_ext.diagnostics.report_data import (
     Attempt,
     Run,
     Summary,
+    WeightPushRecord,
     cache_and_routing,
     chance_level,
     eval_metric_series,
@@ -768,6 +769,49 @@ PUSH_CALLS = (
 )
 
 
+PUSH_ENGINES = (
+    "chart-push-engines",
+    "7c. Weight pushes: engines and stale-served tokens",
+    "Per push: the live engines it had to reach (weights/engines_expected), those it reached "
+    "(weights/engines_reached), those it fenced for not confirming in time (weights/engines_fenced), "
+    "and policy tokens sampled on weights older than the published version since the previous push "
+    "(weights/stale_served_tokens). Reached below expected, or any stale-served token, is a push to read.",
+)
+
+
+def _push_metric(push: WeightPushRecord, name: str, fallback: float | None = None) -> float | None:
+    value = push.metrics.get(name, fallback)
+    return None if value is None or isinstance(value, bool) else float(value)
+
+
+def _push_engines(run: Run) -> str:
+    labels = [p.label for p in run.pushes]
+    series = [
+        Series(
+            "engines expected",
+            "#90caf9",
+            [_push_metric(p, "weights/engines_expected", p.engines_targeted) for p in run.pushes],
+        ),
+        Series(
+            "engines reached",
+            "#1e88e5",
+            [_push_metric(p, "weights/engines_reached", p.engines_reached) for p in run.pushes],
+        ),
+        Series("engines fenced", "#e53935", [_push_metric(p, "weights/engines_fenced") for p in run.pushes]),
+        Series(
+            "stale-served tokens",
+            "#6d4c41",
+            [_push_metric(p, "weights/stale_served_tokens") for p in run.pushes],
+        ),
+    ]
+    series = [s for s in series if any(v is not None for v in s.values)]
+    body = _empty_note(series, "engine counts (engines_targeted, weights/*)") or (
+        bar_chart(labels, series, x_label="push", y_label="engines / tokens", stacked=False, width=FULL_WIDTH)
+        + legend(series)
+    )
+    return page.section(*PUSH_ENGINES, body)
+
+
 def _push_duration(run: Run) -> str:
     labels = [p.label for p in run.pushes]
     paths = sorted({p.path for p in run.pushes})
@@ -778,7 +822,7 @@ def _push_duration(run: Run) -> str:
         for i, path in enumerate(paths)
     ]
     body = _empty_note(series, "push duration (duration_s)") or (
-        bar_chart(labels, series, x_label="push", y_label="seconds", fmt=format_seconds, width=HALF_WIDTH)
+        bar_chart(labels, series, x_label="push", y_label="duration", fmt=format_seconds, width=HALF_WIDTH)
         + legend(series)
     )
     return page.section(*PUSH_DURATION, body)
@@ -821,6 +865,8 @@ def _push_table(run: Run) -> str:
             _range(list(p.control_calls_per_engine.values())),
             {True: "yes", False: "NO", None: "n/a"}[p.complete],
             str(p.failures),
+            str(p.metrics.get("weights/reason", "n/a")),
+            {True: "YES", False: "no", None: "n/a"}[_degraded(p.metrics.get("weights/degraded"))],
         )
         for p in shown
     ]
@@ -835,9 +881,15 @@ def _push_table(run: Run) -> str:
         "control calls per engine",
         "complete",
         "failures",
+        "reason",
+        "degraded",
     )
-    numeric = (False, False, True, True, True, True, False, True)
+    numeric = (False, False, True, True, True, True, False, True, False, False)
     return f'<section class="table" id="push-table">{page.table(header, rows, numeric)}</section>'
+
+
+def _degraded(value: object) -> bool | None:
+    return value if isinstance(value, bool) else None
 
 
 def _push_sections(run: Run) -> str:
@@ -846,8 +898,12 @@ def _push_sections(run: Run) -> str:
             "no weight_push records. Miles' own weight sync does not write them (the metrics hook writes "
             "step and attempt lines only); rl360 demo appends one per push."
         )
-        return f'<div class="pair">{page.section(*PUSH_DURATION, why)}{page.section(*PUSH_CALLS, why)}</div>'
-    return f'<div class="pair">{_push_duration(run)}{_push_calls(run)}</div>{_push_table(run)}'
+        return (
+            f'<div class="pair">{page.section(*PUSH_DURATION, why)}{page.section(*PUSH_CALLS, why)}</div>'
+            + page.section(*PUSH_ENGINES, why)
+        )
+    pair = f'<div class="pair">{_push_duration(run)}{_push_calls(run)}</div>'
+    return pair + _push_engines(run) + _push_table(run)
 
 
 def render_report(run: Run) -> str:

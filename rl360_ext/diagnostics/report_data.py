@@ -198,6 +198,7 @@ class WeightPushRecord:
     control_calls_per_engine: dict[str, float]
     failures: int
     complete: bool | None
+    metrics: dict[str, Any] = field(default_factory=dict)  # the push's `weights/*` (rl360 demo)
 
     @property
     def label(self) -> str:
@@ -229,6 +230,11 @@ def _push(record: Mapping[str, Any], where: str) -> WeightPushRecord:
         control_calls_per_engine=_calls(record, "control_calls_per_engine", where),
         failures=len(_checked(record, "failures", (list,), where) or []),
         complete=_checked(record, "complete", (bool,), where),
+        metrics={
+            str(k): v
+            for k, v in (_checked(record, "metrics", (dict,), where) or {}).items()
+            if str(k).startswith("weights/")
+        },
     )
 
 

@@ -29,6 +29,11 @@ Order (read off radixark/miles 31f1ca96):
   completes, then the rollout log function over the kept samples, then reward post-processing
   (Miles logs before `convert_samples_to_train_data` applies the custom reward post-process).
 
+- `--engine-churn SPEC` (`rl360_ext.local.churn`): engines are killed mid-rollout and replaced, or
+  hang at a push; every push plans on the gateway's current workers, fences an engine that does
+  not confirm in time and retries (`rl360_ext.weights.push.push_with_fencing`), and records its
+  `weights/*` metrics, stale-served tokens included (`rl360_ext.weights.stale`).
+
 - eval (`--eval-interval N`; `RolloutManager.eval` -> `eval_rollout_single_dataset`): before
   training and after the push of every N-th train step and the last (train_async.py), every
   eval dataset's attempts through the generate hook with `evaluation=True`, then the eval log
@@ -50,6 +55,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib
 import json
 import logging
@@ -71,6 +77,7 @@ from rich.table import Table
 
 from rl360_ext.diagnostics.compare_report import ADVANTAGE_KIND
 from rl360_ext.local.arms import RL360_REWARD_POST_PROCESS, advantage_metrics, arm_rules
+from rl360_ext.local.churn import EngineChurn
 from rl360_ext.local.demo_plan import (
     AGE_BUCKETS,
     CLIENT_DEADLINE,
@@ -116,6 +123,7 @@ from rl360_ext.trainer.trainer import TrainerConfig
 from rl360_ext.util.console import make_console, print_table
 from rl360_ext.util.dotted import load_function
 from rl360_ext.util.procs import LOOPBACK
+from rl360_ext.weights.stale import stale_served_tokens
 
 GENERATE_PATH = "rl360_ext.rollout.generate.generate"
 FILTER_PATH = "rl360_ext.rollout.filters.check_valid_reward_nonzero_std"
@@ -236,7 +244,8 @@ class DemoDriver:
         self.weights = policy
         warm = self.weights.warm_start
         self.console.print(
-            f"warm start ({warm.prompts} answer prompts, {warm.seconds:.1f} s, no answers or rewards seen): "
+            f"warm start ({warm.prompts} answer prompts, {warm.seconds:.1f} s"
+            f"{', read from the cache' if warm.cached else ''}, no answers or rewards seen): "
             f"base stage {warm.label_steps} steps, question labels at p {warm.label_prob:.2f}, "
             f"answer-position cosine between questions {warm.cosine_before:.3f} -> {warm.cosine_after:.3f}, "
             f"look turn ends at once with p {warm.look_end_prob:.2f}; "
@@ -247,6 +256,13 @@ class DemoDriver:
         self.summaries: dict[int, StepSummary] = {}
         self.pushes: list[dict[str, Any]] = []
         self.problems: list[str] = []
+        self.published_version: str | None = None  # the last version every live engine confirmed
+        self._push_engines: list[str] | None = None  # the engines after the last push
+        self._calls_history: dict[str, list[int]] = {}  # calls per engine (max) of each path's pushes
+        self._stale_since_push = 0  # stale-served tokens of the attempts finished since the last push
+        self.churn: EngineChurn | None = None
+        if config.churn_events:
+            self.churn = EngineChurn(stack, config.churn_events, self._record_churn)
 
     # ---- the one-step-off loop (train_async.py) ---------------------------------------------------
 
@@ -258,14 +274,22 @@ class DemoDriver:
             notes = eval_notes(self.train_tasks, self.held_out_tasks)
             append_records(self.metrics_path, [{"kind": EVAL_NOTE_KIND, "datasets": notes}])
         rollouts: dict[int, asyncio.Task[StepData]] = {}
+        churning: dict[int, asyncio.Task[None]] = {}
         finished: dict[int, StepData] = {}
         trained: dict[int, Path] = {}
         try:
             for event in schedule_events(self.config.schedule, self.config.steps):
                 if event.action == START:
-                    rollouts[event.step] = asyncio.create_task(self.rollout(event.step))
+                    rollouts[event.step] = task = asyncio.create_task(self.rollout(event.step))
+                    if self.churn is not None:
+                        generating = functools.partial(self.await_generation, task)
+                        churning[event.step] = asyncio.create_task(
+                            self.churn.during_rollout(event.step, generating)
+                        )
                 elif event.action == WAIT:
                     finished[event.step] = await rollouts.pop(event.step)
+                    if event.step in churning:  # a kill and its replacement finish before the push
+                        await churning.pop(event.step)
                 elif event.action == TRAIN:
                     trained[event.step] = await self.train(finished.pop(event.step))
                 elif event.step is None:
@@ -278,9 +302,9 @@ class DemoDriver:
                     if should_evaluate(event.step, self.config):  # after the push (train_async.py:113)
                         await self.evaluate(event.step)
         finally:
-            for task in rollouts.values():
+            for task in [*rollouts.values(), *churning.values()]:
                 task.cancel()
-            for task in rollouts.values():
+            for task in [*rollouts.values(), *churning.values()]:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         return [self.summaries[step] for step in range(self.config.steps)]
@@ -345,22 +369,47 @@ class DemoDriver:
         """Push `weights_path` to every engine through SMG's RL fan-out and record it in the JSONL.
 
         With `generating` (the in-flight schedule's next rollout) the push waits for the engines to
-        be generating it first (`await_generation`, recorded under "in_flight")."""
-        from rl360_ext.rollout.metrics import append_records
-        from rl360_ext.weights.push import push_weights_from_disk
-
+        be generating it first (`await_generation`, recorded under "in_flight"). Each push plans on
+        the gateway's worker set at that moment and fences an engine that does not confirm within
+        `confirm_timeout_s` (`push_with_fencing`); under `--engine-churn` a hang is injected just
+        before it and fenced engines are replaced after it (`rl360_ext.local.churn`)."""
         version = pushed_version(step)
         in_flight = None if generating is None else await self.await_generation(generating)
+        async with self.churn.lock if self.churn is not None else contextlib.nullcontext():
+            return await self._push(step, weights_path, version, in_flight)
+
+    async def _push(
+        self, step: int | None, weights_path: Path, version: str, in_flight: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        from rl360_ext.rollout.metrics import append_records
+        from rl360_ext.weights.push import is_degraded, push_with_fencing
+
+        if self.churn is not None:
+            self.churn.before_push(step)
         # In flight, an in_place pause leaves requests holding KV, so SGLang would refuse the flush.
         flush = not (self.config.schedule == IN_FLIGHT and self.config.pause_mode == "in_place")
         push = await asyncio.to_thread(
-            push_weights_from_disk,
+            push_with_fencing,
             self.stack.gateway_url,
             str(weights_path),
             version,
+            fence=self._fence,
+            previous_engines=self._push_engines,
+            published=self.published_version,
             pause_mode=self.config.pause_mode,
             flush_cache=flush,
+            confirm_timeout_s=self.config.confirm_timeout_s,
         )
+        history = self._calls_history.setdefault(push.path, [])
+        push.degraded = is_degraded(push.calls_per_engine_max, history)
+        history.append(push.calls_per_engine_max)
+        push.stale_served_tokens, self._stale_since_push = self._stale_since_push, 0
+        if push.complete:
+            self.published_version = version
+        self._push_engines = push.engines_reached  # an engine joining after this push is new to the next
+        if self.churn is not None:
+            self.churn.publish(str(weights_path), version)
+            await asyncio.to_thread(self.churn.after_push)
         record = {"kind": "weight_push", "rollout_id": step, **push.to_dict()}
         if in_flight is not None:
             record["in_flight"] = in_flight
@@ -368,24 +417,33 @@ class DemoDriver:
         self.pushes.append(record)
         if step is not None:
             attach_push(self.summaries[step], record)
-        calls = ", ".join(f"{n}" for n in push.update_calls_per_engine.values())
         after = "" if step is None else f" (after step {step})"
         if in_flight is not None:
             after += (
                 f", sent after {in_flight['waited_s']:.1f} s with {in_flight['running_requests']} "
                 f"requests generating and {in_flight['requests_answered']} answered while it waited"
             )
-        self.console.print(
-            f"weight push v{version}{after}: {push.duration_s:.2f} s, "
-            f"{push.engines_reached}/{push.engines_targeted} engines, update calls per engine [{calls}], "
-            f"path {push.path}"
-        )
+        self.console.print(push_line(version, after, push.metrics()))
         if not push.complete:
             self._problem(
-                f"weight push v{version} incomplete: engine versions {push.engine_versions}, "
-                f"failures {push.failures}"
+                f"weight push v{version} incomplete: engine versions {push.final.engine_versions}, "
+                f"missed {push.final.missed}, failures {push.final.failures}"
             )
         return record
+
+    def _fence(self, url: str) -> None:
+        """A push's fence for an engine that did not confirm: with churn, the churn controller
+        (it replaces the engine after the push); else the stack removes it."""
+        if self.churn is not None:
+            self.churn.fence(url)
+        else:
+            self.stack.remove_engine(url)
+
+    def _record_churn(self, record: dict[str, Any]) -> None:
+        from rl360_ext.local.churn import churn_line
+
+        append_records(self.metrics_path, [record])
+        self.console.print(churn_line(record))
 
     # ---- one rollout (RolloutManager.generate) -----------------------------------------------------
 
@@ -447,6 +505,7 @@ class DemoDriver:
 
         async def attempt(plan: AttemptPlan) -> Any:
             state = self.deadline_state if plan.fault == CLIENT_DEADLINE else self.state
+            published = self.published_version  # what the attempt's first request is routed under
             output = await self.generate(
                 self._input_type(
                     state=state,
@@ -456,6 +515,7 @@ class DemoDriver:
                 )
             )
             sample = output.samples
+            self._stale_since_push += stale_served_tokens(sample, published)
             counts["valid" if is_valid(sample) else "infra"] += 1
             self.progress.update(
                 task_id, advance=1, phase=f"generating: {counts['valid']} valid, {counts['infra']} infra"
@@ -538,6 +598,25 @@ class DemoDriver:
         self.console.print(f"[bold red]MISMATCH[/] {message}")
 
 
+def push_line(version: str, after: str, metrics: Mapping[str, Any]) -> str:
+    """One console line per weight push, from its `weights/*` metrics."""
+    pause = metrics.get("weights/pause_s")
+    fenced = metrics.get("weights/engines_fenced") or 0
+    line = (
+        f"weight push v{version}{after}: {metrics['weights/duration_s']:.2f} s "
+        f"(paused {'n/a' if pause is None else f'{pause:.2f} s'}), path {metrics['weights/path']}, "
+        f"reason {metrics['weights/reason']}, {metrics['weights/engines_reached']}/"
+        f"{metrics['weights/engines_expected']} live engines reached, update calls per engine max "
+        f"{metrics['weights/calls_per_engine_max']}, "
+        f"stale-served tokens {metrics['weights/stale_served_tokens']}"
+    )
+    if fenced:
+        line += f", {fenced} engine(s) fenced, {metrics['weights/attempts']} attempts"
+    if metrics.get("weights/degraded"):
+        line += " [bold red]DEGRADED[/] (calls per engine over 2x the path's rolling median)"
+    return line
+
+
 def version_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
     """The per-token version metrics of a train step, as the trainer logged them
     (`rl360_ext.train.staleness`: staleness/*, kv/*, r3/*)."""
@@ -598,6 +677,7 @@ def demo_policy(config: DemoConfig) -> DemoTrainer:
     stack is up: run in a thread beside the stack's start-up, the process hung (every thread
     waiting on a lock) before Ray started."""
     from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
+    from rl360_ext.util.cache import cache_root
 
     root = demo_tasks_root()
     questions = [
@@ -620,6 +700,7 @@ def demo_policy(config: DemoConfig) -> DemoTrainer:
             max_token_age=max_token_age(config.schedule, config.steps),
             **arm_rules(config.rules).trainer,
         ),
+        cache_dir=cache_root(),
     )
 
 
@@ -904,6 +985,8 @@ def run_demo(
 def engine_idle_share(before: dict[str, float], after: dict[str, float], seconds: float) -> float | None:
     """The share of `seconds` x engines the engines spent outside model steps (None if unreadable)."""
     if not before or seconds <= 0 or any(v < 0 for v in (*before.values(), *after.values())):
+        return None
+    if set(before) != set(after):  # an engine was replaced (--engine-churn): no common clock
         return None
     busy = sum(after[name] - before[name] for name in before)
     return max(0.0, 1.0 - busy / (seconds * len(before)))

@@ -45,6 +45,7 @@ from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.provenance import VALID, attempt_class, infra_cause
 from rl360_ext.rollout.rewards import reward_value
 from rl360_ext.train.staleness import AGE_BUCKETS as STALENESS_AGE_BUCKETS
+from rl360_ext.weights.churn import ChurnEvent, parse_churn
 
 # Fault kinds; the two that are causes are named by the cause they produce.
 SANDBOX_START = "sandbox_start"
@@ -92,6 +93,8 @@ class DemoConfig:
     top_logprobs_num: int = 5  # the engines' top-k log-probs kept per generated token (0: off)
     eval_interval: int | None = None  # Miles' --eval-interval: eval after every N train steps (None: no eval)
     eval_held_out: int = 2  # quiz tasks held out of training and evaluated, when eval_interval is set
+    engine_churn: str = ""  # --engine-churn SPEC: kill:STEP / hang:STEP events (`rl360_ext.weights.churn`)
+    confirm_timeout_s: float = 10.0  # a push fences an engine that does not confirm a call within this
 
     def __post_init__(self) -> None:
         minimums = {
@@ -132,8 +135,19 @@ class DemoConfig:
         if self.pause_mode not in PAUSE_MODES:
             raise ValueError(f"--pause-mode must be one of {', '.join(PAUSE_MODES)}, got {self.pause_mode!r}")
         arm_rules(self.rules)
+        if not isinstance(self.engine_churn, str):
+            raise ValueError(f"--engine-churn must be a SPEC string, got {self.engine_churn!r}")
+        parse_churn(self.engine_churn, self.steps)
+        timeout = self.confirm_timeout_s
+        if isinstance(timeout, bool) or not (isinstance(timeout, int | float) and 1 <= timeout <= 600):
+            raise ValueError(f"confirm_timeout_s must be a number of seconds in [1, 600], got {timeout!r}")
         if not isinstance(self.seeded_sampling, bool):
             raise ValueError(f"seeded_sampling must be true or false, got {self.seeded_sampling!r}")
+
+    @property
+    def churn_events(self) -> tuple[ChurnEvent, ...]:
+        """The `--engine-churn` events, in step order."""
+        return parse_churn(self.engine_churn, self.steps)
 
     @property
     def attempt_fault_rate(self) -> float:

@@ -16,6 +16,12 @@ each service's argv `rl360_ext.local.services`; the session pool belongs to the 
 pool is shut down before that). It does not drive rollouts (`rl360_ext.local.demo`,
 `rl360_ext.local.fault_matrix`).
 
+The engine set can change while the stack runs (`rl360 demo --engine-churn`):
+`LocalStack.add_engine` starts one more engine, loads the published weights into it directly and
+only then adds it to SMG (`POST /workers`); `LocalStack.remove_engine` fences one (`DELETE
+/workers/{id}`, SIGTERM, SIGKILL after `FENCE_GRACE_S`); engines started later are stopped with
+the stack too.
+
 `demo_stack(config)` is the demo's stack. With `--faults` above 0, SMG runs with
 `--disable-retries --disable-circuit-breaker`: by default SMG retries a 503 up to five times and
 opens a circuit after ten failures, which would hide the injected engine 503s (or take a whole
@@ -29,9 +35,12 @@ import concurrent.futures
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
+import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +83,8 @@ DEMO_START_INTERVAL_S = 1.0  # the demo pool's start-rate window: a step's sandb
 RAY_OBJECT_STORE_BYTES = 256 * 1024**2
 RAY_CPUS = 2
 DEMO_HOST_TOOLS = ("bwrap", "tmux")
+FENCE_GRACE_S = 1.0  # a fenced engine that ignores SIGTERM this long is killed
+GATEWAY_WAIT_S = 30.0  # how long the gateway may take to add or drop a worker
 
 
 @dataclass(frozen=True)
@@ -197,6 +208,12 @@ class LocalStack:
     harbor_pool: HarborPool | None = None
     ray_address: str | None = None
     session_servers: list[str] = field(default_factory=list)
+    started: list[Service] = field(default_factory=list)
+    """Every process the stack stops on exit (engines started later, by `add_engine`, join it)."""
+    engine_flags: tuple[str, ...] = ()
+    """`rl360 engine serve` flags of every engine, a replacement's too (`StackConfig.engine_flags`)."""
+    engines_started: int = 0
+    """Engines started so far: the next one is `engine<N>`."""
 
     @property
     def gateway_url(self) -> str:
@@ -235,6 +252,47 @@ class LocalStack:
                 body["seed"] = body["seed"] + number
             httpx.post(f"{engine.url}/rl360/faults", json=body, timeout=10.0).raise_for_status()
 
+    def add_engine(self, model_path: str | None = None, weight_version: str | None = None) -> Service:
+        """Start one more engine and bring it into the gateway the way a replacement joins: first
+        its weights (`model_path` as `weight_version`, loaded directly: the gateway does not route
+        to it yet), then `POST /workers`, then wait until the gateway lists it healthy. It is
+        stopped with the stack."""
+        from rl360_ext.weights.push import load_engine
+
+        name = f"engine{self.engines_started}"
+        self.engines_started += 1
+        service = start_engine(self.logs, *self.engine_flags, name=name)
+        self.started.append(service)
+        if model_path is not None and weight_version is not None:
+            load_engine(service.url, model_path, weight_version)
+        if self.smg is not None:
+            add_gateway_worker(self.gateway_url, service.url)
+        self.engines = [*self.engines, service]
+        self.write_manifest()
+        return service
+
+    def remove_engine(self, url: str, grace_s: float = FENCE_GRACE_S) -> dict[str, Any]:
+        """Fence one engine: remove it from the gateway (`DELETE /workers/{id}`), then end its
+        process (SIGTERM; one that has not exited within `grace_s`, as a hung engine does not,
+        gets SIGKILL), then wait until the gateway no longer lists it. Returns what it took."""
+        started = time.monotonic()
+        engine = next((e for e in self.engines if e.url == url), None)
+        removed = remove_gateway_worker(self.gateway_url, url) if self.smg is not None else False
+        shutdown = "gone"
+        if engine is not None:
+            shutdown = end_process(engine, grace_s)
+            self.engines = [e for e in self.engines if e is not engine]
+            self.write_manifest()
+        gone = wait_gateway_without(self.gateway_url, url) if self.smg is not None else True
+        return {
+            "url": url,
+            "name": None if engine is None else engine.name,
+            "removed_from_gateway": removed,
+            "gateway_dropped": gone,
+            "shutdown": shutdown,
+            "seconds": time.monotonic() - started,
+        }
+
     def manifest(self) -> dict[str, Any]:
         """Every process and port the stack opened (pids of Ray's own processes are Ray's)."""
         entries = []
@@ -266,6 +324,69 @@ class LocalStack:
         path = self.logs / MANIFEST
         path.write_text(json.dumps(self.manifest(), indent=2) + "\n")
         return path
+
+
+def end_process(service: Service, grace_s: float = FENCE_GRACE_S) -> str:
+    """End `service`'s process group: "sigterm" when SIGTERM ended it within `grace_s`, "sigkill"
+    when it had to be killed (a hung engine), "gone" when it had already exited."""
+    if not service.alive():
+        service.stop()
+        return "gone"
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(service.pid, signal.SIGTERM)
+    try:
+        service.process.wait(timeout=grace_s)
+        how = "sigterm"
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(service.pid, signal.SIGKILL)
+        service.process.wait(timeout=10)
+        how = "sigkill"
+    service.stop()  # already exited: forgets it
+    return how
+
+
+def add_gateway_worker(gateway_url: str, url: str, timeout_s: float = GATEWAY_WAIT_S) -> None:
+    """`POST /workers {url}` and wait until the gateway lists the worker healthy (SMG registers it
+    in the background: it answers 202 first)."""
+    reply = httpx.post(f"{gateway_url}/workers", json={"url": url}, timeout=timeout_s)
+    if reply.status_code not in (200, 201, 202):
+        raise RuntimeError(f"the gateway refused worker {url}: {reply.status_code} {reply.text[:300]}")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            for worker in _gateway_worker_list(gateway_url):
+                if worker.get("url") == url and worker.get("is_healthy", True):
+                    return
+        time.sleep(0.1)
+    raise RuntimeError(f"the gateway did not list worker {url} healthy within {timeout_s:g} s")
+
+
+def remove_gateway_worker(gateway_url: str, url: str) -> bool:
+    """`DELETE /workers/{id}` for the worker at `url` (its id read from `GET /workers`); False
+    when the gateway does not list it."""
+    worker_id = next((w.get("id") for w in _gateway_worker_list(gateway_url) if w.get("url") == url), None)
+    if worker_id is None:
+        return False
+    reply = httpx.delete(f"{gateway_url}/workers/{worker_id}", timeout=GATEWAY_WAIT_S)
+    return reply.status_code in (200, 202, 204)
+
+
+def wait_gateway_without(gateway_url: str, url: str, timeout_s: float = GATEWAY_WAIT_S) -> bool:
+    """Wait until the gateway no longer lists `url` (SMG removes a worker in the background)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            if all(w.get("url") != url for w in _gateway_worker_list(gateway_url)):
+                return True
+        time.sleep(0.1)
+    return False
+
+
+def _gateway_worker_list(gateway_url: str) -> list[dict[str, Any]]:
+    body = httpx.get(f"{gateway_url}/workers", timeout=5.0).json()
+    workers = body.get("workers", body) if isinstance(body, dict) else body
+    return [w for w in workers if isinstance(w, dict)]
 
 
 def engine_fault_counts(engines: list[Service]) -> dict[str, int]:
@@ -421,13 +542,16 @@ def local_stack(config: StackConfig, what: str = "the local stack") -> Iterator[
     preflight(config, what)
     logs = config.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    started: list[Service] = []
     stack = LocalStack(
         out=config.out,
         logs=logs,
         tokenizer_dir=_tokenizer_dir(config),
         tasks_root=config.tasks_root or fixture_tasks_root(),
+        started=started,
+        engine_flags=config.engine_flags,
+        engines_started=config.engines,
     )
-    started: list[Service] = []
     ray_started = ray_touched = False
     try:
         starters: dict[str, Callable[[], Service]] = {
@@ -493,7 +617,9 @@ def demo_stack_config(config: DemoConfig) -> StackConfig:
     agent (one `rl360 harbor serve` process; with `--harbor-replicas` 2 or more a `HarborPool` of
     Ray actors under one pool-wide start-rate limit), local Ray; with `--faults`, engine 503s that
     SMG does not retry."""
-    gateway_flags = ["--enable-rl"]
+    # SMG times out an engine control call after the confirm timeout, so a push fences a silent
+    # engine instead of waiting on it (rl360_ext.weights.push.push_with_fencing).
+    gateway_flags = ["--enable-rl", "--rl-control-timeout-secs", str(math.ceil(config.confirm_timeout_s))]
     if config.faults > 0:
         gateway_flags += ["--disable-retries", "--disable-circuit-breaker"]
     concurrent = max(8, config.tasks * config.attempts)

@@ -23,7 +23,9 @@ dropped_groups,unused_groups}, count/infra/<cause>, count/dropped_groups/<reason
 tito/render_mismatch_frac (of trained attempts the session compared, the fraction whose tokens
 drift from the canonical render of their final messages), audit/* (what upstream defaults would
 have done to this step; see rl360_ext.rollout.audit), tasks/* (groups the filter would hide
-as always-pass or always-fail, the vacuous-verifier signature; rl360_ext.tasks.signals), and
+as always-pass or always-fail, the vacuous-verifier signature, the verifier's p95 against each
+task's timeout from the audit's task_health.jsonl next to `--rl360-quarantine-file`;
+rl360_ext.tasks.signals), and
 occupancy/{queue,sandbox_setup,model,tools,verifier} over every attempt in flight
 (rl360_ext.rollout.occupancy).
 """
@@ -53,10 +55,11 @@ from rl360_ext.outcomes.provenance import (
     attempt_class,
 )
 from rl360_ext.rollout.audit import AuditAttempt, audit_step
-from rl360_ext.rollout.config import MetricsConfig, add_dataclass_arguments, env_name
+from rl360_ext.rollout.config import AgentConfig, MetricsConfig, add_dataclass_arguments, env_name
 from rl360_ext.rollout.occupancy import step_occupancy
 from rl360_ext.rollout.rewards import flatten_group, reward_value
-from rl360_ext.tasks.signals import task_signals, vacuous_signature_tasks
+from rl360_ext.tasks.audit import TASK_HEALTH_FILE
+from rl360_ext.tasks.signals import task_signals, vacuous_signature_tasks, verifier_signals, verifier_timeouts
 from rl360_ext.templates.drift import DRIFT_KEY
 
 logger = logging.getLogger(__name__)
@@ -176,8 +179,13 @@ def _rewards(attempts: Iterable[Mapping[str, Any]]) -> list[float]:
     return [a["reward"] for a in attempts if a["attempt_class"] == VALID]
 
 
-def step_metrics(trained: Sequence[Mapping[str, Any]], seen: Sequence[GroupRecord] | None) -> dict[str, Any]:
-    """All metrics of one step from the trained attempts and the groups the filter saw (None: unknown)."""
+def step_metrics(
+    trained: Sequence[Mapping[str, Any]],
+    seen: Sequence[GroupRecord] | None,
+    verifier_timeouts_s: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """All metrics of one step from the trained attempts and the groups the filter saw (None: unknown);
+    `verifier_timeouts_s`: each task's verifier timeout, from the task audit."""
     kept_rewards = _rewards(trained)
     trained_groups = {a["group_index"] for a in trained}
     metrics: dict[str, Any] = {
@@ -195,6 +203,7 @@ def step_metrics(trained: Sequence[Mapping[str, Any]], seen: Sequence[GroupRecor
     if seen is not None:
         metrics.update(task_signals([group.attempts for group in seen]))
     in_flight = trained if seen_attempts is None else seen_attempts
+    metrics.update(verifier_signals(in_flight, verifier_timeouts_s or {}))
     metrics.update(step_occupancy(a.get("phase_timings") for a in in_flight))
     audit = audit_step(
         [
@@ -275,6 +284,13 @@ def _warn_once(key: str, message: str, *args: Any) -> None:
         logger.warning(message, *args)
 
 
+def audited_verifier_timeouts(args: Any) -> dict[str, float]:
+    """Each task's verifier timeout from the audit's task_health.jsonl, which `rl360 tasks audit`
+    writes next to the quarantine.json the agent function honours ({} without one)."""
+    quarantine = AgentConfig.from_args(args).quarantine_file
+    return {} if quarantine is None else verifier_timeouts(Path(quarantine).with_name(TASK_HEALTH_FILE))
+
+
 def log_rollout_metrics(
     rollout_id: int,
     args: Any,
@@ -309,7 +325,7 @@ def log_rollout_metrics(
         logger.warning(
             "rl360 metrics: %d filtered groups were dropped from the registry (bounded)", overflowed
         )
-    metrics = step_metrics(trained, seen)
+    metrics = step_metrics(trained, seen, audited_verifier_timeouts(args))
     path = metrics_path(args)
     if path is not None:
         step = {

@@ -25,13 +25,19 @@ from typing import Any
 from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.provenance import FAILURE_CAUSE, VALID
 from rl360_ext.outcomes.verdict import attempt_class
-from rl360_ext.tasks.verdicts import CANARY_VERDICTS, CONTROL_AGENTS, Control, TaskVerdict
+from rl360_ext.tasks.verdicts import (
+    CANARY_VERDICTS,
+    CONTROL_AGENTS,
+    VERIFIER_DISAGREED,
+    Control,
+    TaskVerdict,
+)
 
 TASK_HEALTH_FILE = "task_health.jsonl"
 QUARANTINE_FILE = "quarantine.json"
 # Failure causes that say the sandbox never started (the environment control's finding).
 ENVIRONMENT_START_CAUSES = frozenset({Cause.SANDBOX_FAILED, Cause.ENVIRONMENT_START_TIMEOUT})
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2
 _REWARD_TOLERANCE = 1e-9
 
 
@@ -62,6 +68,9 @@ class AuditConfig:
     """Oracle runs per task: 0 of them at the maximum reward is broken_oracle, some is flaky."""
     nop_runs: int = 2
     """Nop runs per task: any above the floor is vacuous."""
+    verifier_runs: int = 3
+    """Gradings of the oracle's one end state (the regrade control): rewards that differ are
+    flaky_verifier."""
     retries: int = 2
     """Retries of an attempt whose class is infrastructure (never evidence either way)."""
     max_reward: float = 1.0
@@ -87,6 +96,8 @@ class AuditConfig:
     """The suggested verifier timeout's upper clamp."""
 
     def __post_init__(self) -> None:
+        if self.verifier_runs < 2:
+            raise ValueError(f"verifier_runs must be at least 2, got {self.verifier_runs}")
         for name in ("oracle_runs", "nop_runs", "concurrency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -115,6 +126,8 @@ class Attempt:
     failure_cause: str | None
     agent_s: float | None
     verifier_s: float | None
+    exception_type: str | None = None
+    exception_message: str | None = None
 
     @property
     def valid(self) -> bool:
@@ -135,7 +148,14 @@ class Attempt:
             failure_cause=(recorded or {}).get(FAILURE_CAUSE),
             agent_s=_seconds(timings.get("agent")),
             verifier_s=_seconds(timings.get("verifier")),
+            exception_type=(recorded or {}).get("exception_type"),
+            exception_message=(recorded or {}).get("exception_message"),
         )
+
+    @property
+    def verifier_disagreed(self) -> bool:
+        """The regrade agent's finding: its gradings of one end state differed."""
+        return self.exception_type == VERIFIER_DISAGREED
 
 
 def _seconds(value: Any) -> float | None:
@@ -208,6 +228,13 @@ def task_deadline_s(task_dir: Path, config: AuditConfig) -> float:
     return build + timeout("agent", config.default_agent_s) + verifier + config.deadline_slack_s
 
 
+def verifier_timeout_s(task_dir: Path) -> float:
+    """The task's `[verifier] timeout_sec`, or Harbor's default where it declares none."""
+    value = _table(task_dir, "verifier", "timeout_sec")
+    seconds = _seconds(value) if not isinstance(value, bool) else None
+    return seconds if seconds is not None and seconds > 0 else HARBOR_VERIFIER_TIMEOUT_S
+
+
 def verifier_path(task_dir: Path) -> str | None:
     """The PATH the task's `[verifier] env` sets, or None."""
     value = _table(task_dir, "verifier", "env", "PATH")
@@ -270,12 +297,18 @@ class _Runner:
                 return Attempt.from_answer(agent, None, transport_error=str(exc))
 
     async def attempt(
-        self, task: str, agent: str, retried: list[Attempt], kwargs: Mapping[str, Any] | None = None
+        self,
+        task: str,
+        agent: str,
+        retried: list[Attempt],
+        kwargs: Mapping[str, Any] | None = None,
+        decisive: Callable[[Attempt], bool] = lambda attempt: attempt.valid,
     ) -> Attempt:
-        """The first valid attempt, else the last of 1 + retries; each infra one goes to `retried`."""
+        """The first valid (or else `decisive`) attempt, else the last of 1 + retries; each other
+        one goes to `retried`."""
         for _ in range(self._config.retries):
             result = await self.once(task, agent, kwargs or {})
-            if result.valid:
+            if decisive(result):
                 return result
             retried.append(result)
         return await self.once(task, agent, kwargs or {})
@@ -310,6 +343,7 @@ async def audit_task(
     evidence: dict[str, Any] = {
         "digest": task_digest(task_dir),
         "deadline_s": deadline_s,
+        "verifier_timeout_s": verifier_timeout_s(task_dir),
         "retried_infra": retried,
     }
     verdicts: list[TaskVerdict] = []
@@ -346,14 +380,26 @@ async def audit_task(
         runner.attempt(name, CONTROL_AGENTS[c], retried, _canary_kwargs(c, canary_kwargs))
         for c in canary_controls
     ]
+    regrade_agent = CONTROL_AGENTS[Control.VERIFIER_REGRADE]
+    regrade_jobs = [
+        runner.attempt(
+            name,
+            regrade_agent,
+            retried,
+            {"runs": config.verifier_runs},
+            decisive=lambda a: a.valid or a.verifier_disagreed,
+        )
+        for _ in range(int(regrade_agent in agents))
+    ]
     try:
-        results = await asyncio.gather(*oracle_jobs, *nop_jobs, *canary_jobs)
+        results = await asyncio.gather(*oracle_jobs, *nop_jobs, *canary_jobs, *regrade_jobs)
     except TaskRejected as exc:  # the task changed under the audit and no longer loads
         evidence[Control.LINT] = {"status": exc.status, "type": exc.kind, "message": exc.message}
         return _finish(name, [TaskVerdict.LINT], evidence, retried)
     oracle = results[: config.oracle_runs]
     nop = [first, *results[config.oracle_runs : config.oracle_runs + len(nop_jobs)]]
-    canaries = results[config.oracle_runs + len(nop_jobs) :]
+    canaries = results[config.oracle_runs + len(nop_jobs) : len(results) - len(regrade_jobs)]
+    regrades = results[len(results) - len(regrade_jobs) :]
 
     valid_oracle = [a for a in oracle if a.valid]
     passes = sum(_at_max(a, config) for a in valid_oracle)
@@ -383,16 +429,29 @@ async def audit_task(
     elif above_floor:
         verdicts.append(TaskVerdict.VACUOUS)
 
+    found_by: dict[str, str] = {}
     for control, hack in zip(canary_controls, canaries, strict=True):
         evidence[control] = dataclasses.asdict(hack)
         verdict = CANARY_VERDICTS[control]
         if not hack.valid:
             undecided.append(control)
         # A vacuous task passes every canary; the verdict says the hack, not doing nothing, scored.
-        elif _at_max(hack, config) and TaskVerdict.VACUOUS not in verdicts and verdict not in verdicts:
-            verdicts.append(verdict)
+        elif _at_max(hack, config) and TaskVerdict.VACUOUS not in verdicts:
+            found_by[str(control)] = str(verdict)
+            if verdict not in verdicts:
+                verdicts.append(verdict)
+    evidence["found_by"] = found_by
 
-    verifier_s = [a.verifier_s for a in [*oracle, *nop, *canaries] if a.valid and a.verifier_s is not None]
+    for hack in regrades:
+        evidence[Control.VERIFIER_REGRADE] = dataclasses.asdict(hack)
+        if hack.verifier_disagreed:
+            found_by[str(Control.VERIFIER_REGRADE)] = str(TaskVerdict.FLAKY_VERIFIER)
+            verdicts.append(TaskVerdict.FLAKY_VERIFIER)
+        elif not hack.valid:
+            undecided.append(Control.VERIFIER_REGRADE)
+
+    timed_attempts = [*oracle, *nop, *canaries, *regrades]
+    verifier_s = [a.verifier_s for a in timed_attempts if a.valid and a.verifier_s is not None]
     if verifier_s:
         suggested = config.verifier_timeout_factor * max(verifier_s)
         clamped = min(max(suggested, config.min_verifier_timeout_s), config.max_verifier_timeout_s)

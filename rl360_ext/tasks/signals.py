@@ -8,19 +8,32 @@ drops any) for what the filter would hide and what marks a vacuous verifier:
 - `tasks/vacuous_signature_attempts`: valid attempts whose reward is above the floor although the
   attempt ended in an exception (a policy failure Harbor still graded, e.g. the agent crashed):
   marin #7784's signature of a verifier that passes whatever it is given; `vacuous_signature_tasks`
-  names those tasks (sorted, at most `MAX_NAMED`) for the step record, since metrics stay numbers.
+  names those tasks (sorted, at most `MAX_NAMED`) for the step record, since metrics stay numbers;
+- `tasks/verifier_p95_s`: the 95th percentile (nearest rank) of the verifier phase over every
+  attempt whose verifier ran, valid or not (one cut off at its timeout is the point), and with
+  the audit's `task_health.jsonl` (each task's `verifier_timeout_s`, `verifier_timeouts`):
+  `tasks/verifier_p95_timeout_frac`, the largest per-task p95 over that task's timeout, and
+  `tasks/verifier_near_timeout_tasks`, the tasks whose p95 is over `NEAR_TIMEOUT` of it.
 Which attempts are valid is `attempt_class` as recorded (`rl360_ext.outcomes`), never decided here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+import json
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from rl360_ext.outcomes.provenance import VALID
 
 MAX_NAMED = 20
+NEAR_TIMEOUT = 0.5  # a task's verifier p95 over this fraction of its timeout is near it
 _TOLERANCE = 1e-9
+_log = logging.getLogger(__name__)
 
 
 def task_signals(
@@ -63,3 +76,70 @@ def _vacuous(groups: Sequence[Sequence[Mapping[str, Any]]], floor_reward: float)
         and a.get("reward") is not None
         and a["reward"] > floor_reward + _TOLERANCE
     ]
+
+
+def p95(values: Sequence[float]) -> float | None:
+    """The nearest-rank 95th percentile, or None for no values."""
+    ordered = sorted(values)
+    return ordered[math.ceil(0.95 * len(ordered)) - 1] if ordered else None
+
+
+def _verifier_s(attempt: Mapping[str, Any]) -> float | None:
+    value = (attempt.get("phase_timings") or {}).get("verifier")
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def verifier_signals(
+    attempts: Iterable[Mapping[str, Any]], timeouts: Mapping[str, float]
+) -> dict[str, float | int | None]:
+    """The step's verifier-duration metrics from attempt summaries (`task`, `phase_timings`) and
+    each task's verifier timeout (empty: the two timeout metrics are None)."""
+    by_task: dict[str, list[float]] = defaultdict(list)
+    every: list[float] = []
+    for attempt in attempts:
+        seconds = _verifier_s(attempt)
+        if seconds is None:
+            continue
+        every.append(seconds)
+        if attempt.get("task") is not None:
+            by_task[str(attempt["task"])].append(seconds)
+    fractions = [
+        p95(seconds) / timeouts[task]  # type: ignore[operator]
+        for task, seconds in by_task.items()
+        if timeouts.get(task, 0) > 0
+    ]
+    return {
+        "tasks/verifier_p95_s": p95(every),
+        "tasks/verifier_p95_timeout_frac": max(fractions) if fractions else None,
+        "tasks/verifier_near_timeout_tasks": sum(f > NEAR_TIMEOUT for f in fractions) if timeouts else None,
+    }
+
+
+def verifier_timeouts(task_health: Path) -> dict[str, float]:
+    """Each audited task's verifier timeout (`evidence.verifier_timeout_s`) from the audit's
+    task_health.jsonl, re-read when the file changes; {} (with a warning for a file that is not
+    one) when there is none: the metrics hook never stops training over it."""
+    try:
+        stat = task_health.stat()
+    except OSError:
+        return {}
+    return dict(_verifier_timeouts(str(task_health), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=4)
+def _verifier_timeouts(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, float], ...]:
+    found: list[tuple[str, float]] = []
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.strip():
+                entry = json.loads(line)
+                timeout = entry["evidence"].get("verifier_timeout_s")
+                if isinstance(timeout, int | float) and timeout > 0:
+                    found.append((str(entry["task"]), float(timeout)))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        _log.warning(
+            "%s is not a task_health.jsonl of rl360 tasks audit (%r): no verifier timeouts", path, exc
+        )
+        return ()
+    return tuple(found)

@@ -36,6 +36,9 @@ class Control(StrEnum):
     CANARY_REWARD_FILE = "canary_reward_file"
     CANARY_PATH_SHIMS = "canary_path_shims"
     PROBE_LEAKS = "probe_leaks"
+    CANARY_CONFTEST = "canary_conftest"
+    INSENSITIVE = "insensitive"
+    VERIFIER_REGRADE = "verifier_regrade"
 
 
 # The /run agent name each control runs (the server's agent table must list it).
@@ -46,6 +49,9 @@ CONTROL_AGENTS: dict[Control, str] = {
     Control.CANARY_REWARD_FILE: "rl360-canary-reward-file",
     Control.CANARY_PATH_SHIMS: "rl360-canary-path-shims",
     Control.PROBE_LEAKS: "rl360-probe-leaks",
+    Control.CANARY_CONFTEST: "rl360-canary-conftest",
+    Control.INSENSITIVE: "rl360-canary-insensitive",
+    Control.VERIFIER_REGRADE: "rl360-oracle-regrade",
 }
 # The canary controls and the verdict each gives when it scores the maximum. Their agents are
 # rl360's (`rl360_ext.harbor.canaries`), given the maximum reward as the `reward` agent kwarg.
@@ -53,4 +59,9 @@ CANARY_VERDICTS: dict[Control, TaskVerdict] = {
     Control.CANARY_REWARD_FILE: TaskVerdict.HACKABLE,
     Control.CANARY_PATH_SHIMS: TaskVerdict.HACKABLE,
     Control.PROBE_LEAKS: TaskVerdict.LEAKY,
+    Control.CANARY_CONFTEST: TaskVerdict.HACKABLE,
+    Control.INSENSITIVE: TaskVerdict.INSENSITIVE,
 }
+# The regrade control's agent (the oracle, then the verifier `runs` times on its end state) ends
+# with this exception type when the gradings differ: the flaky_verifier finding.
+VERIFIER_DISAGREED = "VerifierDisagreed"

@@ -123,12 +123,18 @@ class TrainModel:
     # ---- forward ------------------------------------------------------------------------------
 
     def forward(
-        self, sequence: np.ndarray, first_target: int, replay: np.ndarray | None = None
+        self,
+        sequence: np.ndarray,
+        first_target: int,
+        replay: np.ndarray | None = None,
+        replay_rows: np.ndarray | None = None,
     ) -> tuple[np.ndarray, Tape]:
         """Log-probs of `sequence[first_target:]`, each given the tokens before it, and the tape.
 
         `replay` ([len(sequence) - 1, layers, top_k] expert ids, Miles' `rollout_routed_experts`)
-        replaces every layer's top-k; None routes with the model's own top-k.
+        replaces every layer's top-k; None routes with the model's own top-k. `replay_rows` (bool
+        [len(sequence) - 1]) limits the replay to those rows, the others routing with the model's own
+        top-k (None: every row replayed).
         """
         cfg, w = self.config, self.weights
         sequence = np.asarray(sequence, dtype=np.int64)
@@ -140,6 +146,10 @@ class TrainModel:
         n = len(tokens)
         if replay is not None:
             replay = _checked_replay(replay, n, cfg)
+            if replay_rows is not None:
+                replay_rows = np.asarray(replay_rows, bool)
+                if replay_rows.shape != (n,):
+                    raise ValueError(f"replay_rows has shape {replay_rows.shape}, expected ({n},)")
         cos, sin = self._angles(n)
         x = w["embed"][tokens]
         own = np.empty((n, cfg.layers, cfg.top_k), np.int32)
@@ -160,6 +170,8 @@ class TrainModel:
             probs = np.exp(_log_softmax(b @ w[p + "router"]))
             own[:, layer] = np.argsort(-probs, axis=-1, kind="stable")[:, : cfg.top_k]
             chosen = own[:, layer] if replay is None else replay[:, layer]
+            if replay is not None and replay_rows is not None:
+                chosen = np.where(replay_rows[:, None], chosen, own[:, layer])
             used[:, layer] = chosen
             gates = np.take_along_axis(probs, chosen, axis=-1)
             gates = gates / gates.sum(axis=-1, keepdims=True)

@@ -14,7 +14,9 @@ samples that mix versions inside one turn get each token's own behaviour policy.
 Two metric families, never mixed (`parity_metrics`), over the trained tokens (loss-masked-in
 response tokens of valid samples) whose version the trainer holds:
 
-- mismatch, the trainer *at the sampling version* against the engine's recorded log-probs:
+- mismatch, the trainer *at the sampling version* against the engine's recorded log-probs (under
+  R3 that version's forward replays only the rows recorded at it, `routing_version`, and routes
+  the others with its own top-k, as the engine's forward did; `Trainer._behaviour_forward`):
   `train/logprob_abs_diff_mean|max` (Miles' `train_rollout_logprob_abs_diff` under
   `--keep-old-actor`, here a mean over tokens), `train/logprob_abs_diff_first_token_mean` (the
   first generated token of each turn: `turn_output_start`, or where a run of loss-masked-in

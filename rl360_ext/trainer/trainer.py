@@ -260,13 +260,36 @@ class Trainer:
 
     # ---- scoring ------------------------------------------------------------------------------
 
-    def _forward(self, data: TrainData, i: int, model: TrainModel | None = None) -> _Scored:
+    def _forward(
+        self, data: TrainData, i: int, model: TrainModel | None = None, rows: np.ndarray | None = None
+    ) -> _Scored:
+        """One sample's forward; under R3 replaying the recorded routing on `rows` (None: all)."""
         replay = None
         if self.config.r3 and data.rollout_routed_experts is not None:
             replay = data.rollout_routed_experts[i]
         first = data.total_lengths[i] - data.response_lengths[i]
-        log_probs, tape = (model or self.model).forward(data.tokens[i], first, replay)
+        log_probs, tape = (model or self.model).forward(data.tokens[i], first, replay, rows)
         return _Scored(log_probs, tape)
+
+    def _behaviour_forward(
+        self, data: TrainData, i: int, rows: np.ndarray, model: TrainModel | None, item: _Scored | None
+    ) -> _Scored:
+        """The forward of the version that sampled tokens: under R3 it replays only the rows recorded
+        at that version (`rows`) and routes the others with its own top-k, as that version's engine
+        forward did (a row recorded by another version's forward, kept by delta-R3 from an earlier
+        turn or rewritten by a later re-prefill, is not what it read: after a flush the engine
+        recomputed those positions, or read them from another request's cache, at its own version).
+        `item`: this model's forward replaying every row, reused when that is the same forward."""
+        if item is not None:
+            recorded = None
+            if self.config.r3 and data.rollout_routed_experts is not None:
+                recorded = data.rollout_routed_experts[i]
+            if recorded is None or rows.all():
+                return item
+            own = item.tape.own_routing
+            if (np.sort(own, axis=-1) == np.sort(np.asarray(recorded), axis=-1)).all():
+                return item  # every replayed row is the model's own choice: the same forward
+        return self._forward(data, i, model, rows)
 
     def _numbered(self, versions: np.ndarray) -> np.ndarray:
         """`versions` with UNVERSIONED read as `unversioned_as` when that is set."""
@@ -300,12 +323,12 @@ class Trainer:
             wanted = set(np.unique(response_versions[trained]).tolist())
             if recorded is not None:
                 wanted |= set(np.unique(row_versions).tolist())
-            by_version = {version: item}
+            by_version = {version: self._behaviour_forward(data, i, row_versions == version, None, item)}
             for held in sorted(wanted - {version, UNVERSIONED}):
                 weights = self.history.get(held)
                 if weights is not None:
                     model = models.setdefault(held, TrainModel(self.model_config, weights))
-                    by_version[held] = self._forward(data, i, model)
+                    by_version[held] = self._behaviour_forward(data, i, row_versions == held, model, None)
             log_probs, known = select_per_token(
                 {held: s.log_probs for held, s in by_version.items()}, response_versions, item.log_probs
             )

@@ -41,6 +41,7 @@ CHARTS = (
     "chart-routing",
     "chart-pushes",
     "chart-push-calls",
+    "chart-push-engines",
 )
 
 

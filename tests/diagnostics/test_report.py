@@ -431,7 +431,32 @@ def test_push_table_keeps_recent_and_every_incomplete_push(tmp_path: Path) -> No
     header, *body = page.charts["push-table"].tables[0]
     assert header[0] == "push (21 of 31: incomplete or recent)"
     assert [r[0] for r in body] == ["after 2 → v3", *[f"after {k} → v{k + 1}" for k in range(10, 30)]]
-    assert body[0][6:] == ["NO", "1"] and body[0][3] == "1 / 2"
+    assert body[0][6:8] == ["NO", "1"] and body[0][3] == "1 / 2"
+
+
+def test_push_engines_chart_and_churn_columns_from_weights_metrics(tmp_path: Path) -> None:
+    """A push's weights/* metrics (rl360 demo under --engine-churn) draw the engines chart and fill
+    the table's reason and degraded columns; a record without them falls back to the counts."""
+    path = tmp_path / "metrics.jsonl"
+    churned = push_record(1, engines=2, calls=1)
+    churned["metrics"] = {
+        "weights/reason": "retry",
+        "weights/engines_expected": 2,
+        "weights/engines_reached": 2,
+        "weights/engines_fenced": 1,
+        "weights/stale_served_tokens": 3,
+        "weights/degraded": True,
+        "other/ignored": 5,
+    }
+    append_records(path, [push_record(0, engines=2, calls=1), churned])
+    main(path, None)
+    page = parse_page((tmp_path / "report.html").read_text(encoding="utf-8"))
+    chart = page.charts["chart-push-engines"]
+    assert chart.values("engines expected") == {"after 0 → v1": 2.0, "after 1 → v2": 2.0}
+    assert chart.values("engines fenced") == {"after 1 → v2": 1.0}
+    assert chart.values("stale-served tokens") == {"after 1 → v2": 3.0}
+    _, *rows = page.charts["push-table"].tables[0]
+    assert [row[8:] for row in rows] == [["n/a", "n/a"], ["retry", "YES"]]
 
 
 def test_many_engines_show_min_median_max_calls(tmp_path: Path) -> None:

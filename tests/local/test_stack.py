@@ -29,7 +29,8 @@ def test_demo_config_without_faults(tmp_path: Path) -> None:
     config = demo_stack_config(DemoConfig(tasks=3, attempts=4, engines=3, seed=7, out=tmp_path))
     flags = ("--seed", "7", "--dtype", "float64")
     assert (config.engines, config.engine_flags, config.engine_faults) == (3, flags, None)
-    assert config.gateway_flags == ("--enable-rl",)
+    # SMG times an engine control call out after the confirm timeout: a push fences a silent engine
+    assert config.gateway_flags == ("--enable-rl", "--rl-control-timeout-secs", "10")
     (harbor,) = config.harbors
     flags = harbor.argv_flags()
     assert harbor.agent == QUIZ_AGENT and _flag(flags, "--max-concurrent") == "12"
@@ -43,7 +44,13 @@ def test_demo_config_without_faults(tmp_path: Path) -> None:
 
 def test_demo_config_with_faults_lets_503s_through(tmp_path: Path) -> None:
     config = demo_stack_config(DemoConfig(faults=0.4, seed=3, out=tmp_path))
-    assert config.gateway_flags == ("--enable-rl", "--disable-retries", "--disable-circuit-breaker")
+    assert config.gateway_flags == (
+        "--enable-rl",
+        "--rl-control-timeout-secs",
+        "10",
+        "--disable-retries",
+        "--disable-circuit-breaker",
+    )
     assert config.engine_faults == {"error_rate": pytest.approx(0.1), "seed": 3}
     assert _flag(config.harbors[0].argv_flags(), "--max-concurrent") == "32"
 
@@ -185,3 +192,31 @@ def test_the_manifest_lists_what_started(
         ("engine0", [10000]),
     ]
     assert all(s.stopped for s in fakes)
+
+
+def test_a_joining_engine_is_loaded_before_the_gateway_routes_to_it_and_stops_with_the_stack(
+    tmp_path: Path, fakes: list[FakeService], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rl360_ext.weights import push as push_module
+
+    def start_smg(urls: list[str], logs: Path, **kwargs: object) -> FakeService:
+        service = FakeService("smg", ["smg", "launch"], 29000, logs / "smg.log")
+        fakes.append(service)
+        return service
+
+    order: list[tuple[str, ...]] = []
+    monkeypatch.setattr(stack_module, "start_smg", start_smg)
+    monkeypatch.setattr(
+        push_module, "load_engine", lambda url, path, version: order.append(("load", url, version))
+    )
+    monkeypatch.setattr(stack_module, "add_gateway_worker", lambda gateway, url: order.append(("join", url)))
+    config = StackConfig(
+        out=tmp_path, engine_flags=("--seed", "1"), tokenizer_dir=tmp_path / "tokenizer", ray=False
+    )
+    with local_stack(config) as stack:
+        joined = stack.add_engine("/w/v3.npz", "3")
+        manifest = json.loads((tmp_path / "logs" / "services.json").read_text())
+    assert joined.name == "engine1" and joined.argv == ["engine", "--seed", "1"]
+    assert order == [("load", joined.url, "3"), ("join", joined.url)]  # weights first, then routing
+    assert [s["name"] for s in manifest["services"]] == ["smg", "engine0", "engine1"]
+    assert all(s.stopped for s in fakes)  # the replacement is stopped with the stack

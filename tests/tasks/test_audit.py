@@ -31,7 +31,11 @@ from rl360_ext.tasks.verdicts import CONTROL_AGENTS, Control, TaskVerdict
 CANARY = CONTROL_AGENTS[Control.CANARY_REWARD_FILE]
 SHIMS = CONTROL_AGENTS[Control.CANARY_PATH_SHIMS]
 PROBE = CONTROL_AGENTS[Control.PROBE_LEAKS]
-AGENTS = ("nop", "oracle", "terminus-2", CANARY, SHIMS, PROBE)
+CONFTEST = CONTROL_AGENTS[Control.CANARY_CONFTEST]
+INSENSITIVE = CONTROL_AGENTS[Control.INSENSITIVE]
+REGRADE = CONTROL_AGENTS[Control.VERIFIER_REGRADE]
+AGENTS = ("nop", "oracle", "terminus-2", CANARY, SHIMS, PROBE, CONFTEST, INSENSITIVE, REGRADE)
+CONTROL_OF = {agent: str(control) for control, agent in CONTROL_AGENTS.items()}
 
 
 def valid(reward: float, agent_s: float = 0.1, verifier_s: float = 0.2) -> dict[str, Any]:
@@ -84,7 +88,16 @@ class Scripted:
 
 
 def healthy(agent: str, nth: int) -> Mapping[str, Any]:
-    return valid(1.0 if agent == "oracle" else 0.0)
+    return valid(1.0 if agent in ("oracle", REGRADE) else 0.0)
+
+
+def disagreed(rewards: str = '[{"reward": 1.0}, {"reward": 0.0}, {"reward": 0.0}]') -> dict[str, Any]:
+    """The regrade agent's answer when its gradings differ (rl360_ext.harbor.canaries.OracleRegrade)."""
+    return {
+        **infra("unclassified", "infra:unclassified"),
+        "exception_type": "VerifierDisagreed",
+        "exception_message": f"rewards {rewards} on one end state",
+    }
 
 
 def make_task(root: Path, name: str = "t", agent_timeout: float | None = 60.0) -> Path:
@@ -108,6 +121,7 @@ async def test_a_healthy_task_is_ok_with_its_evidence(tmp_path: Path) -> None:
     assert not health.quarantined
     assert health.evidence["oracle"]["passed"] == 3 and health.evidence["nop"]["valid"] == 2
     assert health.evidence["suggested_timeouts"] == {"verifier_s": 10.0}  # 3 x 0.2 s, clamped up
+    assert health.evidence["verifier_timeout_s"] == 600.0  # Harbor's default: task.toml declares none
 
 
 async def test_oracle_never_at_the_maximum_is_broken_oracle(tmp_path: Path) -> None:
@@ -128,13 +142,73 @@ async def test_nop_above_the_floor_is_vacuous_and_not_also_hackable(tmp_path: Pa
 
 @pytest.mark.parametrize(
     ("canary", "verdict"),
-    [(CANARY, TaskVerdict.HACKABLE), (SHIMS, TaskVerdict.HACKABLE), (PROBE, TaskVerdict.LEAKY)],
+    [
+        (CANARY, TaskVerdict.HACKABLE),
+        (SHIMS, TaskVerdict.HACKABLE),
+        (PROBE, TaskVerdict.LEAKY),
+        (CONFTEST, TaskVerdict.HACKABLE),
+        (INSENSITIVE, TaskVerdict.INSENSITIVE),
+    ],
 )
 async def test_a_canary_at_the_maximum_gives_its_verdict(
     tmp_path: Path, canary: str, verdict: TaskVerdict
 ) -> None:
-    health = await audit(tmp_path, lambda agent, nth: valid(1.0 if agent in ("oracle", canary) else 0.0))
+    health = await audit(
+        tmp_path, lambda agent, nth: valid(1.0 if agent in ("oracle", REGRADE, canary) else 0.0)
+    )
     assert health.verdicts == [verdict]
+    assert health.evidence["found_by"] == {CONTROL_OF[canary]: verdict}
+
+
+async def test_a_canary_below_the_maximum_is_no_finding(tmp_path: Path) -> None:
+    # The insensitive canary's oracle with its work undone at 0.9 (below the maximum): sensitive enough.
+    health = await audit(
+        tmp_path,
+        lambda agent, nth: valid(0.9 if agent == INSENSITIVE else 1.0 * (agent in ("oracle", REGRADE))),
+    )
+    assert health.verdicts == [TaskVerdict.OK]
+    assert health.evidence[Control.INSENSITIVE]["reward"] == 0.9
+
+
+async def test_a_vacuous_task_is_not_also_insensitive_or_hackable_by_conftest(tmp_path: Path) -> None:
+    health = await audit(tmp_path, lambda agent, nth: valid(1.0))
+    assert health.verdicts == [TaskVerdict.VACUOUS]
+
+
+async def test_gradings_that_differ_are_flaky_verifier_and_never_retried(tmp_path: Path) -> None:
+    runner = Scripted(lambda agent, nth: disagreed() if agent == REGRADE else healthy(agent, nth))
+    health = await audit_task("t", make_task(tmp_path), runner, AuditConfig(), AGENTS)
+    assert health.verdicts == [TaskVerdict.FLAKY_VERIFIER]
+    assert runner.calls[REGRADE] == 1
+    assert health.evidence["found_by"] == {"verifier_regrade": "flaky_verifier"}
+    assert runner.kwargs[REGRADE] == {"runs": 3}
+    regrade = health.evidence[Control.VERIFIER_REGRADE]
+    assert (
+        regrade["exception_type"] == "VerifierDisagreed" and '"reward": 0.0' in regrade["exception_message"]
+    )
+    assert health.evidence["retried_infra"] == []
+
+
+async def test_gradings_that_agree_are_no_finding_whatever_the_reward(tmp_path: Path) -> None:
+    # A broken oracle's end state graded 0 every time: broken_oracle, not flaky_verifier.
+    health = await audit(tmp_path, lambda agent, nth: valid(0.0))
+    assert health.verdicts == [TaskVerdict.BROKEN_ORACLE]
+    runner = Scripted(healthy)
+    await audit_task("t", make_task(tmp_path / "b"), runner, AuditConfig(verifier_runs=5), AGENTS)
+    assert runner.kwargs[REGRADE] == {"runs": 5}
+
+
+async def test_a_regrade_that_cannot_run_is_retried_then_undecided(tmp_path: Path) -> None:
+    incomplete = {
+        **infra("unclassified", "infra:unclassified"),
+        "exception_type": "CanaryIncomplete",
+        "exception_message": "a regrade failed: VerifierTimeoutError",
+    }
+    runner = Scripted(lambda agent, nth: incomplete if agent == REGRADE else healthy(agent, nth))
+    health = await audit_task("t", make_task(tmp_path), runner, AuditConfig(retries=1), AGENTS)
+    assert health.verdicts == []
+    assert health.evidence["undecided"] == [Control.VERIFIER_REGRADE]
+    assert runner.calls[REGRADE] == 2
 
 
 async def test_canaries_get_the_maximum_and_the_shims_the_verifier_path(tmp_path: Path) -> None:
@@ -145,13 +219,20 @@ async def test_canaries_get_the_maximum_and_the_shims_the_verifier_path(tmp_path
     await audit_task("t", task, runner, AuditConfig(max_reward=5.0), AGENTS)
     assert runner.kwargs[SHIMS] == {"reward": 5.0, "path": "/app/.venv/bin:/usr/bin"}
     assert runner.kwargs[CANARY] == runner.kwargs[PROBE] == {"reward": 5.0}
+    assert runner.kwargs[CONFTEST] == runner.kwargs[INSENSITIVE] == {"reward": 5.0}
     assert runner.kwargs["oracle"] == {}
 
 
 async def test_a_canary_the_server_lacks_is_skipped_not_passed(tmp_path: Path) -> None:
     health = await audit(tmp_path, healthy, agents=("nop", "oracle", SHIMS))
     assert health.verdicts == [TaskVerdict.OK]
-    assert health.evidence["skipped"] == [Control.CANARY_REWARD_FILE, Control.PROBE_LEAKS]
+    assert health.evidence["skipped"] == [
+        Control.CANARY_REWARD_FILE,
+        Control.PROBE_LEAKS,
+        Control.CANARY_CONFTEST,
+        Control.INSENSITIVE,
+        Control.VERIFIER_REGRADE,
+    ]
 
 
 async def test_an_oracle_over_the_fraction_of_its_budget_is_slow(tmp_path: Path) -> None:
@@ -275,6 +356,7 @@ def test_find_tasks_lists_task_dirs_and_names_a_missing_one(tmp_path: Path) -> N
         ("retries", -1),
         ("slow_fraction", 0.0),
         ("deadline_s", float("nan")),
+        ("verifier_runs", 1),
     ],
 )
 def test_a_bad_config_names_its_field(field: str, value: float) -> None:

@@ -106,3 +106,23 @@ def test_bad_replay_is_refused() -> None:
         model.forward(sequence, 3, np.full((9, SMALL.layers, SMALL.top_k), SMALL.experts, np.int32))
     with pytest.raises(ValueError, match="repeats"):
         model.forward(sequence, 3, np.zeros((9, SMALL.layers, SMALL.top_k), np.int32))
+
+
+def test_replay_rows_replay_only_those_rows() -> None:
+    """`replay_rows` limits R3 to the rows it marks: all of them is a full replay, none is the model's
+    own routing, and a row left out routes with the model's own top-k."""
+    weights = small_weights()
+    sequence = (np.arange(12) * 7) % SMALL.vocab_size
+    model = TrainModel(SMALL, weights)
+    own_lp, own = model.forward(sequence, 3)
+    replay = np.roll(own.own_routing, 1, axis=0)  # another routing on most rows
+    full_lp, _ = model.forward(sequence, 3, replay)
+    rows = np.zeros(11, bool)
+    np.testing.assert_array_equal(model.forward(sequence, 3, replay, ~rows)[0], full_lp)
+    np.testing.assert_array_equal(model.forward(sequence, 3, replay, rows)[0], own_lp)
+    rows[5:] = True
+    _, tape = model.forward(sequence, 3, replay, rows)
+    assert np.array_equal(tape.used_routing[5:], replay[5:])
+    assert np.array_equal(tape.used_routing[:5], own.own_routing[:5])
+    with pytest.raises(ValueError, match="replay_rows"):
+        model.forward(sequence, 3, replay, rows[:4])

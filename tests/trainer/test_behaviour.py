@@ -104,15 +104,16 @@ def _two_versions(max_token_age: int = 1) -> tuple[dict[str, np.ndarray], dict[s
 
 def _mixed(w0: dict, w1: dict, index: int, switch: int) -> object:
     """A sample whose response tokens before `switch` were sampled at version 0, the rest at version
-    1 (an in-flight push, KV recomputed): each recorded log-prob is its own version's; the routing
-    rows were all recorded at version 0 (`routing_version`)."""
+    1 (an in-flight push, KV recomputed): each recorded log-prob is its own version's (each engine
+    forward routes with its own top-k); the routing rows were all recorded at version 0
+    (`routing_version`), so version 1 replays none of them."""
     item = sample(w0, index, group_index=0)
     n, length = len(item.tokens), item.response_length
     prompt = n - length
     tokens = np.asarray(item.tokens)
     routing = np.asarray(item.rollout_routed_experts)
     lp0, _ = TrainModel(SMALL, w0).forward(tokens, prompt, routing)
-    lp1, _ = TrainModel(SMALL, w1).forward(tokens, prompt, routing)
+    lp1, _ = TrainModel(SMALL, w1).forward(tokens, prompt)
     versions = np.where(np.arange(length) < switch, 0, 1)
     mask = np.asarray(item.loss_mask) > 0
     item.rollout_log_probs = np.where(mask, np.where(versions == 0, lp0, lp1), 0.0).tolist()
@@ -151,6 +152,69 @@ def test_keep_old_actor_scores_each_token_with_its_sampling_version() -> None:
         np.testing.assert_allclose(keep_old[name], rollout_old[name], rtol=1e-7, atol=1e-15)
     assert any(not np.allclose(keep_old[n], current[n], rtol=1e-3, atol=0) for n in keep_old)
     assert results["keep_old"][0]["train/tis_clipfrac"] == 0.0  # TIS sees only the numerical gap
+
+
+def test_rows_recorded_by_another_versions_forward_are_not_replayed_at_the_sampling_version() -> None:
+    """Delta-R3 keeps an earlier turn's rows (recorded by the version-0 forward); after a flushing push
+    (`--pause-mode retract`) this turn's prefill recomputed those positions at version 1, routing
+    them with its own top-k. The version-1 tokens are scored replaying only the rows recorded at
+    version 1, so the mismatch is ~0 (replaying the version-0 rows read 0.029 in the demo); the
+    current policy's forward, the gradient's, still replays every recorded row (R3)."""
+    w0, w1, _ = _two_versions()
+    split = 4  # rows before it: the earlier turn's, recorded at version 0
+    samples, bites = [], False
+    for i in range(4):
+        item = sample(w0, 60 + i, group_index=0)
+        n, length = len(item.tokens), item.response_length
+        prompt = n - length
+        tokens = np.asarray(item.tokens)
+        lp1, tape1 = TrainModel(SMALL, w1).forward(tokens, prompt)  # the engine's version-1 forward
+        routing = np.asarray(item.rollout_routed_experts).copy()
+        bites |= bool((np.sort(routing[:split], -1) != np.sort(tape1.own_routing[:split], -1)).any())
+        routing[split:] = tape1.own_routing[split:]
+        item.rollout_routed_experts = routing
+        item.rollout_log_probs = np.where(np.asarray(item.loss_mask) > 0, lp1, 0.0).tolist()
+        item.metadata[VERSIONS_KEY] = {
+            "token_version": [UNVERSIONED] * prompt + [1] * length,
+            "kv_version": [1] * n,
+            "turn_first_version": [1],
+            "routing_version": [0] * split + [1] * (n - 1 - split),
+        }
+        samples.append(item)
+    assert bites  # versions 0 and 1 route some of the earlier rows differently
+    trainer = Trainer(SMALL, w1, TrainerConfig(keep_old_actor=True))
+    trainer.history.remember(0, w0)
+    metrics = trainer.train_step(samples, REWARDS, policy_version=1)
+    trained = sum(int((np.asarray(s.loss_mask) > 0).sum()) for s in samples)
+    assert metrics["train/fresh_kv_tokens"] == trained
+    assert metrics["train/logprob_abs_diff_max"] <= 1e-9
+    assert metrics["train/routing_agreement"] == 1.0
+    assert metrics["train/policy_lag_abs_diff_max"] > 1e-6  # the gradient's forward replays the v0 rows
+
+
+def test_rows_a_retracts_re_prefill_rewrote_are_not_replayed_for_the_tokens_before_it() -> None:
+    """Within a turn: tokens sampled at version 0, then a retract whose re-prefill (version 1, after
+    the flush) recomputed every position and returned its own rows. The version-0 tokens read the
+    version-0 forward's own routing, which the record lost: scored at version 0 without replaying
+    the version-1 rows, their mismatch is ~0."""
+    w0, w1, _ = _two_versions()
+    samples = []
+    for i in range(4):
+        item = sample(w0, 80 + i, group_index=0)  # recorded log-probs: version 0, its own routing
+        n = len(item.tokens)
+        _, tape1 = TrainModel(SMALL, w1).forward(np.asarray(item.tokens), n - item.response_length)
+        item.rollout_routed_experts = tape1.own_routing.copy()  # the re-prefill's rows, version 1
+        item.metadata[VERSIONS_KEY] = {
+            "token_version": [UNVERSIONED] * (n - item.response_length) + [0] * item.response_length,
+            "kv_version": [1] * n,
+            "turn_first_version": [0],
+            "routing_version": [1] * (n - 1),
+        }
+        samples.append(item)
+    trainer = Trainer(SMALL, w1, TrainerConfig(keep_old_actor=True))
+    trainer.history.remember(0, w0)
+    metrics = trainer.train_step(samples, REWARDS, policy_version=1)
+    assert metrics["train/logprob_abs_diff_max"] <= 1e-9
 
 
 def test_policy_lag_is_zero_on_fresh_samples_and_mismatch_ignores_it() -> None:

@@ -79,10 +79,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import ipaddress
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import stat
@@ -151,6 +153,7 @@ _ENV_LOADER = (
     'exec {fd}<&-; exec /usr/bin/env -i -- "${entries[@]}" "$@"'
 )
 _READY_TIMEOUT_S = 30.0
+_HANDSHAKE_CAP = 4000  # bytes read of a holder's info, first line and stderr at start
 _SETUP_SCRIPT_CAP = 1 << 20
 _PIPE_BYTES = 1 << 20  # asked-for pipe buffer of a command's stdout/stderr (fewer wake-ups)
 _F_SETPIPE_SZ = 1031
@@ -209,6 +212,31 @@ def slirp4netns_executable() -> str | None:
     return shutil.which("slirp4netns", path=SANDBOX_PATH)
 
 
+@functools.cache
+def _bwrap_path() -> str:
+    """bwrap as every sandbox starts it, looked up on PATH once per process."""
+    return bwrap_executable() or "bwrap"
+
+
+@functools.cache
+def _host_view_argv() -> tuple[str, ...]:
+    """The read-only host part of every sandbox's bwrap argv, built once per process (it is the
+    same for every sandbox): /usr, the /bin, /lib, /lib64, /sbin links (or directories) as this
+    host has them, and the curated /etc files. Those are `--ro-bind-try`: bwrap binds each that
+    exists when the sandbox starts and skips one that does not, as the existence check made here
+    at every start did, without a stat per file per start."""
+    argv = ["--ro-bind", "/usr", "/usr"]
+    for link in ("bin", "lib", "lib64", "sbin"):
+        host = Path("/") / link
+        if host.is_symlink():
+            argv += ["--symlink", os.readlink(host), f"/{link}"]
+        elif host.is_dir():
+            argv += ["--ro-bind", str(host), f"/{link}"]
+    for name in _ETC_FILES:
+        argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    return tuple(argv)
+
+
 def default_sandbox_root() -> Path:
     return Path(tempfile.gettempdir()) / "rl360-sandboxes"
 
@@ -240,6 +268,7 @@ class BwrapEnvironment(BaseEnvironment):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._holder: asyncio.subprocess.Process | None = None
+        self._holder_pipes: tuple[int, ...] = ()  # read ends of its stdout and stderr
         self._init_pid: int | None = None
         self._pidns: int | None = None
         self._pidns_fd: int | None = None  # keeps the namespace (and so its inode number) alive
@@ -342,7 +371,7 @@ class BwrapEnvironment(BaseEnvironment):
             f"--regid={uid}",
             "--clear-groups",
             "--",
-            bwrap_executable() or "bwrap",
+            _bwrap_path(),
             "--die-with-parent",
             "--new-session",
             "--unshare-all",
@@ -356,19 +385,8 @@ class BwrapEnvironment(BaseEnvironment):
             "ALL",
             "--hostname",
             "sandbox",
-            "--ro-bind",
-            "/usr",
-            "/usr",
+            *_host_view_argv(),
         ]
-        for link in ("bin", "lib", "lib64", "sbin"):
-            host = Path("/") / link
-            if host.is_symlink():
-                argv += ["--symlink", os.readlink(host), f"/{link}"]
-            elif host.is_dir():
-                argv += ["--ro-bind", str(host), f"/{link}"]
-        for name in _ETC_FILES:
-            if (Path("/etc") / name).exists():
-                argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
         argv += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev"]
         for target, source in reversed(self._writable_mounts()):
             argv += ["--bind", str(source), str(target)]
@@ -480,42 +498,44 @@ class BwrapEnvironment(BaseEnvironment):
             raise SandboxBuildFailedError(f"environment/setup.sh exited {result.return_code}: {tail}")
 
     async def _launch(self) -> None:
-        read_fd, write_fd = os.pipe()
+        """Start a holder and wait until its sandbox runs. bwrap's info, the holder's "ready" line
+        and, on failure, bwrap's stderr are read by one blocking read off the event loop: a start
+        waits for the loop twice (the spawn, the result), not once per pipe event, which under a
+        busy loop (a replica running many trials) is most of a start's time."""
+        info_r, info_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
         filter_fd = None
         if self.options.seccomp:
             filter_fd = os.memfd_create("rl360-seccomp")
             os.write(filter_fd, seccomp.program())
             os.lseek(filter_fd, 0, os.SEEK_SET)
-        passed = (write_fd,) if filter_fd is None else (write_fd, filter_fd)
+        passed = (info_w,) if filter_fd is None else (info_w, filter_fd)
+        # ours until the holder is gone (a late write by bwrap never meets a closed pipe)
+        self._holder_pipes = (out_r, err_r)
         try:
             self._holder = await asyncio.create_subprocess_exec(
-                *self._limits.wrap(self._bwrap_argv(write_fd, filter_fd)),
+                *self._limits.wrap(self._bwrap_argv(info_w, filter_fd)),
                 stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+                stdout=out_w,
+                stderr=err_w,
                 pass_fds=passed,
                 start_new_session=True,
                 env={"PATH": SANDBOX_PATH},
                 cwd="/",
             )
+        except BaseException:
+            os.close(info_r)
+            raise
         finally:
-            for fd in passed:
+            for fd in (*passed, out_w, err_w):
                 os.close(fd)
-        info = asyncio.StreamReader()
-        transport, _ = await asyncio.get_running_loop().connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(info), os.fdopen(read_fd, "rb", 0)
+        # the thread owns (and closes) its descriptors: one still blocked in it after a
+        # cancelled start never reads a number this process reused
+        info_raw, ready, stderr = await asyncio.to_thread(
+            read_handshake, info_r, os.dup(out_r), os.dup(err_r), _READY_TIMEOUT_S
         )
-        try:
-            info_raw = await asyncio.wait_for(info.read(), timeout=_READY_TIMEOUT_S)
-            stdout = self._holder.stdout
-            ready = await asyncio.wait_for(stdout.readline(), timeout=_READY_TIMEOUT_S) if stdout else b""
-        finally:
-            transport.close()
         if ready.strip() != b"ready" or not info_raw:
-            stderr = b""
-            if self._holder.stderr is not None:
-                with contextlib.suppress(TimeoutError):
-                    stderr = await asyncio.wait_for(self._holder.stderr.read(4000), timeout=2.0)
             raise SandboxBuildFailedError(
                 f"bubblewrap failed to start: {stderr.decode(errors='replace').strip()}"
             )
@@ -675,6 +695,9 @@ class BwrapEnvironment(BaseEnvironment):
                     os.killpg(self._holder.pid, signal.SIGKILL)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._holder.wait(), timeout=10.0)
+        for fd in self._holder_pipes:
+            os.close(fd)
+        self._holder_pipes = ()
         await asyncio.to_thread(self._reap)
         await self._stop_slirp()
         self._init_pid = self._holder = None
@@ -689,12 +712,18 @@ class BwrapEnvironment(BaseEnvironment):
             return
         await self._kill_sandbox()
         self._limits.detach()
-        for sandbox_path in clear:
-            await asyncio.to_thread(self._empty, sandbox_path)
         if grading:
             self._grading = True
-            await asyncio.to_thread(self._empty, SCRATCH_DIR, self._work_in_scratch())
+        await asyncio.to_thread(self._empty_all, tuple(clear), grading)
         await self._launch()
+
+    def _empty_all(self, clear: Sequence[str], grading: bool) -> None:
+        """`end_phase`'s emptying, in one trip off the event loop: each of `clear`, then with
+        `grading` HOME and tmp but for a workdir inside it."""
+        for sandbox_path in clear:
+            self._empty(sandbox_path)
+        if grading:
+            self._empty(SCRATCH_DIR, self._work_in_scratch())
 
     def _work_in_scratch(self) -> str | None:
         """The top-level name under /tmp that holds the workdir, if the workdir is inside /tmp."""
@@ -1035,6 +1064,45 @@ class _Capture:
             self._open = False
             self._loop.remove_reader(self._read_fd)
             os.close(self._read_fd)
+
+
+def read_handshake(info_fd: int, out_fd: int, err_fd: int, timeout_s: float) -> tuple[bytes, bytes, bytes]:
+    """(bwrap's info JSON, to its end; the holder's first line; bwrap's stderr, read only when
+    either of those is missing, at most `_HANDSHAKE_CAP` bytes and 2 s): a blocking read of a
+    holder's start, meant for a thread. `timeout_s` bounds the first two together. It closes
+    all three descriptors."""
+    info, line = bytearray(), bytearray()
+    try:
+        pending = _read_until({info_fd: info, out_fd: line}, time.monotonic() + timeout_s, {out_fd: b"\n"})
+        if pending or not info or not line.endswith(b"\n"):
+            stderr = bytearray()
+            _read_until({err_fd: stderr}, time.monotonic() + 2.0, {})
+            return bytes(info), bytes(line), bytes(stderr)
+        return bytes(info), bytes(line), b""
+    finally:
+        for fd in (info_fd, out_fd, err_fd):
+            os.close(fd)
+
+
+def _read_until(buffers: dict[int, bytearray], deadline: float, ends: dict[int, bytes]) -> set[int]:
+    """Read each fd into its buffer until its end of file, its `ends` byte, `_HANDSHAKE_CAP`
+    bytes or `deadline`; returns the fds not finished by then."""
+    pending = set(buffers)
+    poller = select.poll()
+    for fd in pending:
+        poller.register(fd, select.POLLIN)
+    while pending and (left := deadline - time.monotonic()) > 0:
+        for fd, _ in poller.poll(max(1, int(left * 1000))):
+            chunk = os.read(fd, _HANDSHAKE_CAP)
+            buffer = buffers[fd]
+            buffer += chunk
+            end = ends.get(fd)
+            if not chunk or len(buffer) >= _HANDSHAKE_CAP or (end is not None and end in chunk):
+                if end is not None and end in buffer:
+                    del buffer[buffer.index(end) + 1 :]
+                poller.unregister(fd)
+                pending.discard(fd)
+    return pending
 
 
 async def _read_one_byte(fd: int, timeout_s: float) -> bytes:

@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import itertools
 import math
 import os
@@ -411,7 +412,9 @@ def rlimit_argv(pids_max: int, file_bytes: int) -> list[str]:
     return [PRLIMIT, f"--nproc={pids_max}:{pids_max}", f"--fsize={file_bytes}:{file_bytes}", "--"]
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL:
+    """libc, looked up once per process (`find_library` runs `ldconfig -p`: ~3 ms a call)."""
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 

@@ -11,7 +11,10 @@ step under `keep_old_actor` (`rl360_ext.trainer.behaviour`): the conversation, s
 0, trains once (version 0 -> 1) and is scored again at version 1, so the mismatch (the trainer at
 the sampling version vs the engine) and the policy lag (one optimizer step, current vs sampling
 version on the same tokens) come out side by side. Then forward+backward tokens/s of the trainer at the
-demo's sample size and on one 60-turn, ~8K-token conversation. It does not assert anything.
+demo's sample size and on one 60-turn, ~8K-token conversation. With `--megatron`
+(rl360_ext.local.bench.megatron), Miles' Megatron fork on CPU is measured on the same float64
+conversation and at the same demo size in the scratch venv, and its rows print beside these. It
+does not assert anything.
 """
 
 from __future__ import annotations
@@ -22,6 +25,15 @@ from typing import Any
 
 import numpy as np
 
+from rl360_ext.local.bench.megatron import (
+    PRECISIONS_NOTE,
+    MegatronSetup,
+    forward_rows,
+    gradient_row,
+    run_megatron,
+    speed_row,
+    versions_line,
+)
 from rl360_ext.rollout.sample import Sample
 from rl360_ext.sglang.top_logprobs import empty_top_logprobs, parse_output_top_logprobs
 from rl360_ext.tiny_engine.engine import EngineConfig, TinyEngine
@@ -179,13 +191,17 @@ def collect() -> dict[str, Any]:
     return results
 
 
-def main(as_json: bool) -> None:
+def main(as_json: bool, megatron: MegatronSetup | None = None) -> None:
+    """Measure and print; with `megatron` (found by the CLI before anything runs) Megatron's rows too."""
     results = collect()
+    if megatron is not None:
+        stage("Megatron-on-CPU in the scratch venv: forward, routing, gradient, demo-size throughput")
+        results["megatron"] = run_megatron(megatron)
     if as_json:
         print(json.dumps(results, indent=2))
         return
     from rich.console import Console
-    from rich.table import Table
+    from rich.table import Column, Table
 
     table = Table(
         "engine", "R3", "|Δ log p| mean", "|Δ log p| max", "routing agreement",
@@ -222,4 +238,22 @@ def main(as_json: bool) -> None:
     console = Console()
     console.print(table)
     console.print(parity)
+    if "megatron" in results:
+        megatron = results["megatron"]
+        speed.add_row(*speed_row(megatron, DEMO_SAMPLES, DEMO_SAMPLE_TOKENS))
+        versus = Table(
+            Column("model", no_wrap=True), "R3", "|Δ log p| mean", "|Δ log p| max", "routing agreement",
+            title=f"Megatron-on-CPU (Miles' fork) vs the reference trainer, float64 engine, "
+            f"{MISMATCH_TURNS}-turn conversation ({versions_line(megatron)})",
+            caption=PRECISIONS_NOTE,
+        )  # fmt: skip
+        for row in forward_rows(results["mismatch"]["float64"], megatron):
+            versus.add_row(*row)
+        gradient = Table(
+            "parameters", "max relative error", "median",
+            title="gradient: Megatron through Miles' loss (rl360 TIS + reducer, R3) vs the reference trainer",
+        )  # fmt: skip
+        gradient.add_row(*gradient_row(megatron))
+        console.print(versus)
+        console.print(gradient)
     console.print(speed)

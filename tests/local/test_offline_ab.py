@@ -1,0 +1,239 @@
+"""The fault A/B offline (`rl360 ab`): arms are paired (same tasks, faults and draws), an infra
+attempt never enters rl360's baseline, and the interval math and the summary sentence are right.
+
+The problem here is the demo's quizzes and tokenizer around a small random model (no warm start:
+the tests check plumbing and rules, not learning)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from rl360_ext.local import offline_ab as ab
+from rl360_ext.local.ab_config import OfflineConfig
+from rl360_ext.outcomes.provenance import is_valid
+from rl360_ext.rollout.rewards import valid_group_advantages
+from rl360_ext.tiny_engine.model import ModelConfig, init_weights
+from rl360_ext.trainer.trainer import TrainerConfig
+
+SMALL = {"steps": 3, "tasks": 2, "attempts": 3, "seeds": 1}
+
+
+@pytest.fixture(scope="module")
+def problem() -> ab.Problem:
+    model = ModelConfig(
+        vocab_size=580, layers=1, experts=2, top_k=1, d_model=16, heads=2, head_dim=8, expert_hidden=16
+    )
+    trainer = TrainerConfig(
+        lr=1e-2,
+        decoupled_lr=5e-2,
+        eps_clip=0.2,
+        eps_clip_high=0.28,
+        keep_old_actor=True,
+        use_dynamic_global_batch_size=True,
+        max_token_age=1,
+    )
+    return ab.quiz_problem(model, init_weights(model, 3), trainer)
+
+
+def _tokens(groups: list[list[object]]) -> list[list[int]]:
+    return [list(s.tokens) for g in groups for s in g]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("mode", ab.FAULT_MODES)
+def test_arms_share_tasks_faults_and_tokens_on_the_same_weights(problem: ab.Problem, mode: str) -> None:
+    config = OfflineConfig(**SMALL, faults=0.5)
+    sampler = ab.Sampler(problem, problem.weights, config.temperature)
+    step = config.steps // 2 if mode == ab.BURST else 0
+    seen = {
+        arm: ab.rollout_step(problem, config, sampler, mode, arm, 4, step, 0)
+        for arm in (ab.RL360, ab.UPSTREAM, ab.ZERO_SCORED, ab.CLEAN)
+    }
+    rl360_groups, rl360_faulted, rl360_tasks = seen[ab.RL360]
+    assert rl360_faulted, "the seed and rate are chosen so that some attempt faults"
+    for arm, (groups, faulted, tasks) in seen.items():
+        assert tasks == rl360_tasks
+        assert _tokens(groups) == _tokens(rl360_groups)  # same draws, same weights: same tokens
+        assert faulted == ([] if arm == ab.CLEAN else rl360_faulted)
+    assert all(is_valid(s) for g in seen[ab.CLEAN][0] for s in g)
+
+
+def test_whole_runs_are_paired_and_deterministic(problem: ab.Problem) -> None:
+    config = OfflineConfig(**SMALL, faults=0.4)
+    rl360 = ab.run_one(problem, config, ab.UNIFORM, ab.RL360, 1)
+    upstream = ab.run_one(problem, config, ab.UNIFORM, ab.UPSTREAM, 1)
+    assert rl360.tasks == upstream.tasks
+    assert rl360.faulted == upstream.faulted  # uniform faults come from the plan: never from the weights
+    # steps 0 and 1 sample on the first weights in every arm (one-step-off): same rewards
+    assert [s.unfiltered_mean for s in rl360.steps[:2]] == [s.unfiltered_mean for s in upstream.steps[:2]]
+    again = ab.run_one(problem, config, ab.UNIFORM, ab.RL360, 1)
+    assert [s.unfiltered_mean for s in again.steps] == [s.unfiltered_mean for s in rl360.steps]
+    assert again.eval_pass == rl360.eval_pass
+    assert all(s.advantage_shift in (None, pytest.approx(0.0, abs=1e-12)) for s in rl360.steps)
+    assert all(s.loss_scale in (None, pytest.approx(1.0)) for s in rl360.steps)
+
+
+def test_an_infra_attempt_never_enters_the_rl360_baseline(problem: ab.Problem) -> None:
+    sampler = ab.Sampler(problem, problem.weights, 1.0)
+    task = problem.task_names[0]
+    attempts = [ab.run_attempt(problem, sampler, task, [0.5, u, 0.5], 2) for u in (0.1, 0.4, 0.7, 0.95)]
+    rewards = [1.0, 0.0, 0.0, 1.0]  # set by hand: the rule, not the tiny model's luck, is tested
+    for attempt, reward in zip(attempts, rewards, strict=True):
+        attempt.reward = reward
+    faults = [None, None, None, ab.SANDBOX_START]
+    samples = [ab.make_sample(a, 0, i, 0, f) for i, (a, f) in enumerate(zip(attempts, faults, strict=True))]
+    infra = samples[3]
+    assert not is_valid(infra) and infra.reward is None and set(infra.loss_mask) == {0}
+    args = ab.miles_args(OfflineConfig(**SMALL))
+    raw, advantages = valid_group_advantages(args, samples)
+    _, without = valid_group_advantages(args, samples[:3])
+    assert advantages[:3] == pytest.approx(without)  # the infra attempt's 1.0 never counted
+    assert advantages[3] == 0.0 and math.isnan(raw[3])
+    upstream = ab.load_function(ab.OFFLINE_ARMS[ab.UPSTREAM].reward_post_process_path)
+    up_raw, _ = upstream(args, samples)
+    assert up_raw[3] == 0.0  # upstream scores the failure 0 instead
+
+
+def test_correlated_faults_grow_with_sandbox_calls() -> None:
+    rate = 0.3
+    h = ab.correlated_hazard(rate)
+    assert 1 - (1 - h) ** 3 == pytest.approx(rate)
+    draws = np.random.default_rng(0).random(4000)
+    with_letter = np.mean(
+        [ab.attempt_fault(ab.CORRELATED, rate, 0, 20, None, [u, 1.0], 3) is not None for u in draws]
+    )
+    without = np.mean(
+        [ab.attempt_fault(ab.CORRELATED, rate, 0, 20, None, [u, 1.0], 2) is not None for u in draws]
+    )
+    assert without < with_letter
+    assert with_letter == pytest.approx(rate, abs=0.03)
+    assert ab.attempt_fault(ab.BURST, rate, 3, 20, None, [0.0, 0.0], 3) is None  # not the burst step
+    assert ab.attempt_fault(ab.BURST, rate, 10, 20, None, [0.0, 0.0], 3) == ab.SANDBOX_START
+
+
+def test_figures_censor_a_run_that_never_reaches_the_goal() -> None:
+    steps = [
+        ab.StepRecord(i, 4, 4, 0, 1, m, 1.0, 0.0, 1.0) for i, m in enumerate([0.2, 0.5, 0.7, 0.6, None, 0.75])
+    ]
+    run = ab.RunResult(ab.UNIFORM, ab.RL360, 0, steps, 0.5, [], [], 1.0)
+    figures = ab.run_figures(run, 6, 0.8)
+    assert figures["steps_to_goal"] == 6 and figures["censored"] == 1
+    assert figures["auc"] == pytest.approx(np.mean([0.2, 0.5, 0.7, 0.6, 0.75]))
+    assert figures["final_mean"] == pytest.approx(0.75)  # the last third: steps 4 (no valid attempt) and 5
+    reached = ab.run_figures(run, 6, 0.7)
+    assert reached["steps_to_goal"] == 2 and reached["censored"] == 0
+
+
+def test_interval_matches_the_t_formula() -> None:
+    result = ab.interval([1.0, 2.0, 3.0, 4.0, 5.0])
+    half = 2.776 * math.sqrt(2.5) / math.sqrt(5)
+    assert (result.mean, result.low, result.high, result.n) == pytest.approx((3.0, 3 - half, 3 + half, 5))
+    assert ab.interval([2.0]).low == ab.interval([2.0]).high == 2.0
+    assert ab.interval([1.0, math.nan, 3.0]).n == 2
+    with pytest.raises(ValueError):
+        ab.interval([math.nan])
+    paired = ab.paired_interval([2.0, 3.0, 4.0], [1.0, 2.0, 3.0])
+    assert paired.mean == 1.0 and paired.low == paired.high == 1.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(-100, 100, allow_nan=False), min_size=2, max_size=30),
+    st.floats(-50, 50, allow_nan=False),
+)
+def test_interval_holds_the_mean_and_moves_with_a_shift(values: list[float], shift: float) -> None:
+    result = ab.interval(values)
+    assert result.low <= result.mean <= result.high
+    moved = ab.interval([v + shift for v in values])
+    assert moved.mean == pytest.approx(result.mean + shift, abs=1e-6)
+    assert moved.high - moved.low == pytest.approx(result.high - result.low, rel=1e-6, abs=1e-6)
+
+
+@given(st.integers(1, 500))
+def test_t_quantile_is_above_the_normal_and_falls_with_df(df: int) -> None:
+    assert ab.t_quantile(df) >= 1.959964 - 1e-9
+    assert ab.t_quantile(df + 1) <= ab.t_quantile(df) + 1e-12
+
+
+def test_summary_sentence_reads_the_intervals() -> None:
+    a = ab.Interval(0.7, 0.6, 0.8, 10, 0.1)
+    b = ab.Interval(0.5, 0.45, 0.55, 10, 0.1)
+    c = ab.Interval(0.75, 0.65, 0.85, 10, 0.1)
+    assert "no difference detected" in ab.comparison_sentence("final_mean", "upstream", "rl360", a, c)
+    assert "upstream is higher than rl360" in ab.comparison_sentence("final_mean", "upstream", "rl360", a, b)
+    assert "rl360 reaches the goal sooner than upstream" in ab.comparison_sentence(
+        "steps_to_goal", "upstream", "rl360", a, b
+    )
+    table = {
+        ab.UNIFORM: {
+            ab.RL360: {m: dataclasses.asdict(b) for m in ab.METRICS},
+            ab.UPSTREAM: {m: dataclasses.asdict(c) for m in ab.METRICS},
+        }
+    }
+    (line,) = ab.summary_sentences(table)
+    assert line.startswith("uniform, upstream vs rl360:") and "no difference" not in line
+
+
+def test_jobs_run_clean_once_per_seed_and_ablations_only_where_asked() -> None:
+    config = OfflineConfig(seeds=2, arms="rl360,upstream,clean,denominator", ablation_modes="uniform")
+    jobs = ab.jobs_for(config)
+    assert [j for j in jobs if j[1] == ab.CLEAN] == [(ab.UNIFORM, ab.CLEAN, 0), (ab.UNIFORM, ab.CLEAN, 1)]
+    assert {j[0] for j in jobs if j[1] == ab.DENOMINATOR} == {ab.UNIFORM}
+    assert len([j for j in jobs if j[1] == ab.RL360]) == 6
+    assert [j[2] for j in jobs] == sorted(j[2] for j in jobs)  # seed by seed
+    run = ab.RunResult(ab.UNIFORM, ab.CLEAN, 0, [], 0.0, [], [], 0.0)
+    copies = ab.with_clean_everywhere([run], ab.FAULT_MODES)
+    assert sorted(r.mode for r in copies) == sorted(ab.FAULT_MODES)
+
+
+def test_config_names_the_bad_flag() -> None:
+    with pytest.raises(ValueError, match="--fault-mode"):
+        OfflineConfig(fault_mode="uniform,sideways")
+    with pytest.raises(ValueError, match="--arms"):
+        OfflineConfig(arms="rl360,rl360")
+    with pytest.raises(ValueError, match="--seeds"):
+        OfflineConfig(seeds=0)
+
+
+def test_cli_refuses_a_bad_mode_before_running() -> None:
+    from rl360_ext.cli import app
+
+    result = CliRunner().invoke(app, ["ab", "--fault-mode", "sideways"])
+    assert result.exit_code == 2
+    assert "--fault-mode" in result.output
+
+
+def test_merge_runs_summarizes_seed_ranges_and_repeats_clean(tmp_path: Path) -> None:
+    def record(mode: str, arm: str, seed: int, final: float) -> dict[str, object]:
+        figures = dict.fromkeys(ab.METRICS, 0.5) | {"final_mean": final, "censored": 0.0}
+        return {"mode": mode, "arm": arm, "seed": seed, "figures": figures}
+
+    first = [
+        record("uniform", "rl360", 0, 0.4),
+        record("uniform", "upstream", 0, 0.6),
+        record("uniform", "clean", 0, 0.9),
+    ]
+    second = [
+        record("uniform", "rl360", 1, 0.5),
+        record("uniform", "upstream", 1, 0.8),
+        record("uniform", "clean", 1, 0.9),
+    ]
+    paths = []
+    for name, records in (("a", first), ("b", second)):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        paths.append(path)
+    document = ab.merge_runs(OfflineConfig(fault_mode="uniform,burst"), paths)
+    table = document["table"]
+    assert table["uniform"]["upstream"]["seeds"] == 2
+    assert table["uniform"]["upstream"]["final_mean_minus_rl360"]["mean"] == pytest.approx(0.25)
+    assert table["burst"]["clean"]["final_mean"]["mean"] == pytest.approx(0.9)  # clean repeated
+    assert any(line.startswith("uniform, upstream vs rl360") for line in document["summary"])
