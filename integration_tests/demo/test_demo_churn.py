@@ -26,12 +26,12 @@ __all__ = ["_needs_the_stack"]  # the stack/bwrap skip fixture (autouse) applies
 STEPS = 2
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(450)
 def test_churn_kill_and_hang(tmp_path: Path) -> None:
     out, token = tmp_path / "demo", uuid.uuid4().hex
     flags = ["--steps", str(STEPS), "--tasks", "2", "--attempts", "2", "--engine-churn", "kill:0,hang:1"]
     run = subprocess.run(
-        _demo_argv(out, *flags), env=_env(token), capture_output=True, text=True, timeout=230
+        _demo_argv(out, *flags), env=_env(token), capture_output=True, text=True, timeout=420
     )
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]

@@ -28,9 +28,9 @@ from rl360_ext.util.procs import (
 
 
 def start_engine(log_dir: Path, *args: str, port: int | None = None, name: str = "engine") -> Service:
-    port = port or free_port()
+    chosen, port = port, port or free_port()
     argv = rl360_argv("engine", "serve", "--host", LOOPBACK, "--port", str(port), *args)
-    return start_service(name, argv, port, log_dir)
+    return start_service(name, argv, port, log_dir, repick_port=chosen is None)
 
 
 def start_smg(
@@ -45,7 +45,7 @@ def start_smg(
     binary = find_executable("smg")
     if binary is None:
         raise Unavailable(f"the smg gateway binary is not installed: {SMG_REMEDY}")
-    port = port or free_port()
+    chosen, port = port, port or free_port()
     argv = [
         binary,
         "launch",
@@ -63,7 +63,9 @@ def start_smg(
         *worker_urls,
         *extra,
     ]
-    service = start_service(name, argv, port, log_dir, ready_path="/health", stop_grace_s=15.0)
+    service = start_service(
+        name, argv, port, log_dir, ready_path="/health", stop_grace_s=15.0, repick_port=chosen is None
+    )
     try:
         _wait_workers_registered(service, len(worker_urls))
     except BaseException:
@@ -82,12 +84,14 @@ def start_harbor(
 ) -> Service:
     """`rl360 harbor serve` with bubblewrap sandboxes over `tasks_root`, `agent` its default agent,
     `flags` any further serve flags (budgets, concurrency, trial folders)."""
-    port = port or free_port()
+    chosen, port = port, port or free_port()
     argv = rl360_argv(
         "harbor", "serve", "--host", LOOPBACK, "--port", str(port),
         "--tasks-root", str(tasks_root), "--env", "bwrap", "--agent", agent, *flags,
     )  # fmt: skip
-    return start_service(name, argv, port, log_dir, ready_timeout_s=120, stop_grace_s=30)
+    return start_service(
+        name, argv, port, log_dir, ready_timeout_s=120, stop_grace_s=30, repick_port=chosen is None
+    )
 
 
 def _wait_workers_registered(service: Service, expected: int, timeout_s: float = 30.0) -> None:

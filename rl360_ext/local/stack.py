@@ -50,6 +50,7 @@ import httpx
 
 from rl360_ext.harbor.pool import HarborPool
 from rl360_ext.harbor.settings import ServerSettings
+from rl360_ext.local.bench.local_ray import init_local_ray
 from rl360_ext.local.demo_plan import DemoConfig
 from rl360_ext.local.fixtures import tasks_root as fixture_tasks_root
 from rl360_ext.local.quiz_agent import IMPORT_PATH as QUIZ_AGENT
@@ -487,8 +488,7 @@ def _start_ray(reuse: bool) -> tuple[str, bool]:
             raise RuntimeError("rl360 demo starts its own local Ray instance; call ray.shutdown() first")
         return str(ray.get_runtime_context().gcs_address), False
     with handlers_kept():  # Ray's SIGTERM handler would end the run without stopping its stack
-        context = ray.init(
-            address="local",
+        context = init_local_ray(
             num_cpus=RAY_CPUS,
             include_dashboard=False,
             log_to_driver=False,

@@ -174,6 +174,14 @@ class Service:
             self.process.wait(timeout=10)
 
 
+PORT_FLAG = "--port"
+PORT_ATTEMPTS = 3  # starts on a new free port after another process took the one picked
+
+
+def _port_taken(error: ServiceStartError) -> bool:
+    return "address already in use" in str(error).lower()
+
+
 def start_service(
     name: str,
     argv: Sequence[str],
@@ -183,8 +191,38 @@ def start_service(
     ready_timeout_s: float = 60.0,
     env: dict[str, str] | None = None,
     stop_grace_s: float = 10.0,
+    repick_port: bool = False,
 ) -> Service:
-    """Start `argv` in its own process group with output to `log_dir/name.log`; wait for readiness."""
+    """Start `argv` in its own process group with output to `log_dir/name.log`; wait for readiness.
+
+    `repick_port`: `port` came from `free_port` and `argv` passes it as `--port PORT`. A port
+    that was free a moment ago can be taken before the service binds it (other processes pick
+    ports too: Ray's, another test's), so a service that exits on "address already in use" is
+    started again on a new free port, up to `PORT_ATTEMPTS` times; the returned Service's `port`
+    is the one it serves on."""
+    attempt = 1
+    while True:
+        try:
+            return _start_service(name, argv, port, log_dir, ready_path, ready_timeout_s, env, stop_grace_s)
+        except ServiceStartError as error:
+            if not (repick_port and attempt < PORT_ATTEMPTS and _port_taken(error)):
+                raise
+        attempt += 1
+        position = list(argv).index(PORT_FLAG) + 1
+        port = free_port()
+        argv = [*argv[:position], str(port), *argv[position + 1 :]]
+
+
+def _start_service(
+    name: str,
+    argv: Sequence[str],
+    port: int,
+    log_dir: Path,
+    ready_path: str,
+    ready_timeout_s: float,
+    env: dict[str, str] | None,
+    stop_grace_s: float,
+) -> Service:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 import textwrap
 import time
@@ -51,3 +52,40 @@ def test_exit_before_ready_reports_log(tmp_path) -> None:
     argv = [sys.executable, "-c", "import sys; print('boom: bad flag'); sys.exit(3)"]
     with pytest.raises(ServiceStartError, match="boom: bad flag"):
         start_service("broken", argv, free_port(), tmp_path, ready_timeout_s=20)
+
+
+# Serves /health on `--port PORT`; a taken port ends it as uvicorn does ("address already in use").
+PORT_SERVER = textwrap.dedent(
+    """
+    import http.server, sys
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers()
+        def log_message(self, *a): pass
+    port = int(sys.argv[sys.argv.index("--port") + 1])
+    try:
+        server = http.server.HTTPServer(("127.0.0.1", port), H)
+    except OSError as exc:
+        print(f"ERROR: {exc}: address already in use"); sys.exit(3)
+    server.serve_forever()
+    """
+)
+
+
+@pytest.mark.parametrize("repick", [True, False])
+def test_a_port_taken_before_the_service_binds_it_is_picked_again(tmp_path, repick: bool) -> None:
+    """Another process takes the free port first: with repick_port the service starts on a new
+    one (the Service says which); without it, or for a port the caller chose, the start fails."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = [sys.executable, "-c", PORT_SERVER, "--port", str(port), "--other", "x"]
+        if not repick:
+            with pytest.raises(ServiceStartError, match="address already in use"):
+                start_service("taken", argv, port, tmp_path, ready_timeout_s=20)
+            return
+        service = start_service("moved", argv, port, tmp_path, ready_timeout_s=20, repick_port=True)
+        with running(service):
+            assert service.port != port and service.argv[-4:] == ["--port", str(service.port), "--other", "x"]
+            assert httpx.get(service.url + "/health").status_code == 200

@@ -142,7 +142,7 @@ def _backend(case: Case, logs: Path) -> Service:
         "engine", "instant", "--host", LOOPBACK, "--port", str(port),
         "--layers", str(layers), "--top-k", str(top_k), "--experts", str(experts),
     )  # fmt: skip
-    return start_service("instant", argv, port, logs)
+    return start_service("instant", argv, port, logs, repick_port=True)
 
 
 def _server_options(case: Case, backend: Service, tokenizer: str) -> dict[str, Any]:
@@ -160,7 +160,7 @@ def _server(options: dict[str, Any], logs: Path, number: int) -> Service:
     port = free_port()
     flags = field_flags(ServiceOptions, options)
     argv = rl360_argv("session", "serve", "--host", LOOPBACK, "--port", str(port), *flags)
-    return start_service(f"session{number}", argv, port, logs)
+    return start_service(f"session{number}", argv, port, logs, repick_port=True)
 
 
 @contextlib.contextmanager
@@ -186,7 +186,9 @@ def _miles_server(
         "--tokenizer", tokenizer, "--host", LOOPBACK, "--port", str(port), "--mode", mode,
         "--timeout", str(CLIENT_TIMEOUT_S), *(["--r3"] if case.r3 else []),
     ]  # fmt: skip
-    return start_service(f"miles{number}", argv, port, logs, ready_timeout_s=MILES_READY_TIMEOUT_S)
+    return start_service(
+        f"miles{number}", argv, port, logs, ready_timeout_s=MILES_READY_TIMEOUT_S, repick_port=True
+    )
 
 
 def contenders(case: Case, miles: Miles | None, miles_modes: Sequence[str] = MILES_MODES) -> list[str]:
