@@ -23,10 +23,11 @@ def make_console() -> Console:
 
 
 def _plain(cell: object) -> str:
-    """A cell's text without rich markup (`[bold red]v3[/]` -> `v3`)."""
+    """A cell's text without rich markup (`[bold red]v3[/]` -> `v3`); emoji codes such as `:A:`
+    stay as written (a task name or a value is text, not a glyph)."""
     if isinstance(cell, Text):
         return cell.plain
-    return Text.from_markup(str(cell)).plain
+    return Text.from_markup(str(cell), emoji=False).plain
 
 
 def table_lines(table: Table) -> list[str]:

@@ -39,6 +39,13 @@ def test_a_wide_table_without_a_terminal_is_one_full_line_per_row() -> None:
     assert all(len(line) > 80 for line in lines)
 
 
+def test_emoji_codes_in_a_cell_stay_text() -> None:
+    """Found by hypothesis in CI: `:A:` came out as a glyph (rich's emoji codes)."""
+    table = Table("task", "answer")
+    table.add_row(":A:", "x :thumbs_up: y")
+    assert table_lines(table) == ["task :A:, answer x :thumbs_up: y"]
+
+
 def test_a_terminal_still_gets_rich_table() -> None:
     table = Table("step", "mean")
     table.add_row("0", "0.250")
