@@ -20,8 +20,10 @@ LONG_PROMPT = 8192
 VOCAB = 580
 
 
-def _short_latency_behind_long_prefill(log_dir: Path, chunk: int) -> tuple[float, float]:
-    """(seconds the short request took, seconds the long request took)."""
+def _short_latency_behind_long_prefill(log_dir: Path, chunk: int) -> tuple[float, float, int, bool]:
+    """(seconds the short request took, seconds the long request took, prefill chunks the engine ran
+    while the short request waited (its own included), whether the long request was still running
+    when the short one was answered)."""
     flags = ("--chunked-prefill-size", str(chunk), "--kv-capacity", "0")
     engine = start_engine(log_dir, *flags, name=f"chunk{chunk}")
     with running(engine):
@@ -44,19 +46,34 @@ def _short_latency_behind_long_prefill(log_dir: Path, chunk: int) -> tuple[float
             time.sleep(0.05)
         time.sleep(0.3)
         short = {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+        chunks_before = _prefill_chunks(engine.url)
         started = time.perf_counter()
         httpx.post(engine.url + "/generate", json=short, timeout=600).raise_for_status()
         short_s = time.perf_counter() - started
+        long_running = thread.is_alive()
+        chunks_during = _prefill_chunks(engine.url) - chunks_before
         thread.join(600)
-        return short_s, timings["long"]
+        return short_s, timings["long"], chunks_during, long_running
+
+
+def _prefill_chunks(url: str) -> int:
+    return int(httpx.get(url + "/server_info", timeout=10).json()["internal_states"][0]["prefill_chunks"])
 
 
 def test_short_request_is_not_stuck_behind_a_long_prefill(tmp_path: Path) -> None:
-    chunked_short, chunked_long = _short_latency_behind_long_prefill(tmp_path, 512)
-    whole_short, whole_long = _short_latency_behind_long_prefill(tmp_path, -1)
+    chunked_short, chunked_long, chunks, long_running = _short_latency_behind_long_prefill(tmp_path, 512)
+    whole_short, whole_long, _, _ = _short_latency_behind_long_prefill(tmp_path, -1)
     print(
         f"\n{LONG_PROMPT}-token prefill: a 2-token request took {chunked_short:.2f} s with 512-token chunks "
-        f"(prefill {chunked_long:.1f} s), {whole_short:.2f} s unchunked (prefill {whole_long:.1f} s)"
+        f"(prefill {chunked_long:.1f} s, {chunks} chunks ran meanwhile), {whole_short:.2f} s unchunked "
+        f"(prefill {whole_long:.1f} s)"
     )
-    assert chunked_short < 0.25 * whole_short, (chunked_short, whole_short)
-    assert chunked_short < 0.25 * chunked_long, (chunked_short, chunked_long)
+    # What the short request waited for, counted, not timed (a busy machine moves times, not counts):
+    # its own prefill and at most 4 of the 16 chunks the long prompt needs (a quarter, the bound this
+    # test once put on the time), and the long request was still prefilling when it was answered.
+    assert chunks <= 5 and long_running, (chunks, long_running)
+    assert chunked_short < whole_short and chunked_short < chunked_long, (
+        chunked_short,
+        whole_short,
+        chunked_long,
+    )
