@@ -72,6 +72,7 @@ GRADING_CLEARS = tuple(str(path) for path in (_PATHS.verifier_dir, _PATHS.tests_
 # An agent that ran out of its budget is cut off by us, not judged: skip grading, keep no reward.
 _ERROR_POLICY = {AGENT_TIMEOUT_ERROR: ErrorPolicyOverride(should_grade=False, has_valid_reward=False)}
 _log = logging.getLogger(__name__)
+_Worked = tuple[outcome.Outcome, Placement | None, str | None]  # an attempt's outcome, placement, agent
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,7 @@ class TrialRunner:
         self.pinning = ImagePinning(settings.node_labels)
         self.peak_running = 0
         self.shutting_down = False
-        self._inflight: dict[str, set[asyncio.Task[outcome.Outcome]]] = defaultdict(set)
+        self._inflight: dict[str, set[asyncio.Task[_Worked]]] = defaultdict(set)
         if self.environment.name == "bwrap":
             bwrap.BwrapEnvironment.check_server_options(self.environment.kwargs)
         settings.trials_dir.mkdir(parents=True, exist_ok=True)
@@ -211,8 +212,6 @@ class TrialRunner:
     async def _check(self, request: RunRequest) -> tuple[TaskInfo, agents.AgentEntry]:
         """The task (its snapshot, taken off the event loop) and agent of a request; raises a
         HarborRequestError naming the bad field."""
-        if self.shutting_down:
-            raise ServerShuttingDown("task", "the server is shutting down and takes no new attempts")
         deadline, largest = request.deadline_s, self.settings.max_deadline_s
         if not math.isfinite(deadline) or not 0 < deadline <= largest:
             raise FieldInvalid(
@@ -255,28 +254,28 @@ class TrialRunner:
 
     async def run(self, request: RunRequest) -> dict[str, Any]:
         """Run one attempt; raises a HarborRequestError for bad input, otherwise always returns a
-        response (a cancelled attempt answers `failure_cause: cancelled`)."""
+        response (a cancelled attempt answers `failure_cause: cancelled`). The attempt is in flight,
+        so `flush` and `shutdown` cancel it, from the moment it is received: also while its task
+        is still loading."""
+        if self.shutting_down:
+            raise ServerShuttingDown("task", "the server is shutting down and takes no new attempts")
         received, received_at = time.monotonic(), time.time()
-        task, spec = await self._check(request)
-        try:
-            placement = self.pinning.place(task.image_group)
-            attempt = asyncio.create_task(self._attempt(request, task, spec, placement, received))
-        except BaseException:
-            self.catalog.release(task)
-            raise
-        loop = asyncio.get_running_loop()  # its snapshot lives as long; removed off the loop
-        attempt.add_done_callback(lambda _: loop.run_in_executor(None, self.catalog.release, task))
+        work = asyncio.create_task(self._work(request, received))
         key = request.session_server_instance_id or ""
-        self._inflight[key].add(attempt)
+        self._inflight[key].add(work)
         try:
-            result = await asyncio.shield(attempt)
+            result, placement, agent = await asyncio.shield(work)
         except asyncio.CancelledError:
-            attempt.cancel()
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(asyncio.shield(attempt), timeout=FLUSH_WAIT_S)
-            raise
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():  # our caller went away
+                work.cancel()
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(asyncio.shield(work), timeout=FLUSH_WAIT_S)
+                raise
+            # flushed before it began to run
+            result, placement, agent = self._unstarted(request, received, "it waited to begin")
         finally:
-            self._inflight[key].discard(attempt)
+            self._inflight[key].discard(work)
             if not self._inflight[key]:
                 self._inflight.pop(key, None)
         result.phase_timings["total"] = time.monotonic() - received
@@ -284,12 +283,46 @@ class TrialRunner:
         self.metrics.observe_outcome(result.failure_cause, result.reward_source, result.phase_timings)
         return {
             **result.as_dict(),
-            "placement": {"node_label": placement.node_label, "image_group": placement.image_group},
+            "placement": None
+            if placement is None
+            else {"node_label": placement.node_label, "image_group": placement.image_group},
             "task": request.task,
-            "agent": spec.name,
+            "agent": agent,
             "session_id": request.session_id,
             "session_server_instance_id": request.session_server_instance_id,
         }
+
+    async def _work(self, request: RunRequest, received: float) -> _Worked:
+        """Load and check the request, then run the attempt: its outcome, placement and agent.
+        Cancelled before the attempt started (a flush or shutdown while the task loaded), it is
+        `cancelled` with no placement; no sandbox was started."""
+        if self.shutting_down:  # received before shutdown began, not begun before it
+            return self._unstarted(request, received, "it waited to begin")
+        try:
+            task, spec = await self._check(request)
+        except asyncio.CancelledError:
+            _uncancel()
+            return self._unstarted(request, received, "its task was loading")
+        if self.shutting_down:  # loaded after shutdown's flush took its list
+            self._release_off_loop(task)
+            return self._unstarted(request, received, "its task had just loaded")
+        try:
+            placement = self.pinning.place(task.image_group)
+        except BaseException:
+            self._release_off_loop(task)
+            raise
+        try:
+            result = await self._attempt(request, task, spec, placement, received)
+        finally:  # its snapshot lives as long as the attempt
+            self._release_off_loop(task)
+        return result, placement, spec.name
+
+    def _release_off_loop(self, task: TaskInfo) -> None:
+        asyncio.get_running_loop().run_in_executor(None, self.catalog.release, task)
+
+    def _unstarted(self, request: RunRequest, received: float, when: str) -> _Worked:
+        failure = outcome.failure(Cause.CANCELLED, message=f"flushed or shut down while {when}")
+        return self._with_queue(failure, received), None, request.agent or self.agents.default
 
     async def _attempt(
         self,

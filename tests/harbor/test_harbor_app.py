@@ -4,6 +4,7 @@ insufficient budget and flush of queued attempts never start a sandbox."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import httpx
@@ -11,6 +12,7 @@ import pytest
 
 from rl360_ext.harbor.admission import Reservation
 from rl360_ext.harbor.app import create_app
+from rl360_ext.harbor.catalog import TaskInfo
 from rl360_ext.harbor.runner import RunRequest, ServerSettings, TrialRunner
 from rl360_ext.local.fixtures import tasks_root as example_tasks_root
 
@@ -135,8 +137,8 @@ async def test_flush_cancels_queued_attempts_of_that_instance_only(tmp_path: Pat
     other = asyncio.create_task(
         runner.run(RunRequest(task="fix-mean", deadline_s=13.5, session_server_instance_id="B"))
     )
-    await asyncio.sleep(0.1)
-    assert runner.health()["in_flight"] == {"A": 3, "B": 1}
+    await asyncio.sleep(0)
+    assert runner.health()["in_flight"] == {"A": 3, "B": 1}  # in flight while their tasks load
     flushed = await runner.flush("A")
     assert flushed["cancelled"] == 3 and flushed["still_stopping"] == 0
     for result in await asyncio.gather(*doomed):
@@ -151,6 +153,48 @@ async def test_flush_cancels_queued_attempts_of_that_instance_only(tmp_path: Pat
     runner.admission.release(occupied)
     assert runner.health()["in_flight"] == {} and runner.admission.queue_depth == 0
     assert (await runner.flush("nobody"))["cancelled"] == 0
+
+
+@pytest.mark.parametrize("stop", ["flush", "shutdown"])
+async def test_an_attempt_stopped_while_its_task_loads_is_cancelled_and_leaves_no_snapshot(
+    tmp_path: Path, stop: str
+) -> None:
+    runner = make_runner(tmp_path)
+    loading, may_finish, loaded = threading.Event(), threading.Event(), threading.Event()
+    load = runner.catalog.load
+
+    def slow_load(name: str) -> TaskInfo:
+        loading.set()
+        may_finish.wait(timeout=30)
+        try:
+            return load(name)
+        finally:
+            loaded.set()
+
+    runner.catalog.load = slow_load  # type: ignore[method-assign]
+    attempt = asyncio.create_task(
+        runner.run(RunRequest(task="fix-mean", deadline_s=600, session_server_instance_id="A"))
+    )
+    assert await asyncio.to_thread(loading.wait, 30)
+    stopping = asyncio.create_task(runner.flush("A") if stop == "flush" else runner.shutdown())
+    await asyncio.sleep(0)
+    may_finish.set()
+    await stopping
+    result = await attempt
+    assert (result["failure_cause"], result["reward"], result["placement"]) == ("cancelled", None, None)
+    assert "while its task was loading" in result["exception_message"]
+    assert await asyncio.to_thread(loaded.wait, 30)  # the load went on in its thread; then
+    snapshots = runner.catalog.snapshots.root
+
+    def taken() -> list[Path]:
+        return [path for path in snapshots.iterdir() if path.is_dir()] if snapshots.exists() else []
+
+    for _ in range(300):  # the snapshot is removed off the loop once its load ends
+        if not taken():
+            break
+        await asyncio.sleep(0.01)
+    assert taken() == []
+    assert runner.health()["in_flight"] == {}
 
 
 @pytest.mark.parametrize(
@@ -208,7 +252,7 @@ async def test_shutdown_answers_every_queued_attempt_cancelled(tmp_path: Path) -
         )
         for key in ("A", "B", None)
     ]
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0)
     await runner.shutdown()
     runner.admission.release(occupied)
     assert [r["failure_cause"] for r in await asyncio.gather(*waiting)] == ["cancelled"] * 3
