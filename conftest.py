@@ -37,8 +37,8 @@ settings.load_profile("rl360")
 WHOLE_STACK_DIR = "integration_tests/demo/"
 SECOND_STACK_UNIT = (
     "integration_tests/demo/test_compare.py",
-    "integration_tests/demo/test_demo.py::test_demo_scales_out",
-    "integration_tests/demo/test_demo.py::test_a_replica_killed",
+    "integration_tests/demo/test_demo_scale_out.py",
+    "integration_tests/demo/test_demo_replica_kill.py",
 )
 # Collection order, longest first: the demo's units, the other integration tests, the unit tests.
 RUN_ORDER = (WHOLE_STACK_DIR, "integration_tests/", "tests/")

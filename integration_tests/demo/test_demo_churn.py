@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from integration_tests.demo.test_demo import _assert_nothing_left, _demo_argv, _env, _needs_the_stack
+from integration_tests.demo.demo_process import assert_nothing_left, demo_argv, marked_env
 from rl360_ext.rollout.metrics import read_records
 from rl360_ext.weights.push import FANOUT_PATH
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-__all__ = ["_needs_the_stack"]  # the stack/bwrap skip fixture (autouse) applies here too
 
 STEPS = 2
 
@@ -31,12 +30,12 @@ def test_churn_kill_and_hang(tmp_path: Path) -> None:
     out, token = tmp_path / "demo", uuid.uuid4().hex
     flags = ["--steps", str(STEPS), "--tasks", "2", "--attempts", "2", "--engine-churn", "kill:0,hang:1"]
     run = subprocess.run(
-        _demo_argv(out, *flags), env=_env(token), capture_output=True, text=True, timeout=420
+        demo_argv(out, *flags), env=marked_env(token), capture_output=True, text=True, timeout=420
     )
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
     assert "MISMATCH" not in output, output[-4000:]
-    _assert_nothing_left(token, out)
+    assert_nothing_left(token, out)
 
     pushes = read_records(out / "metrics.jsonl", "weight_push")
     assert [p["weight_version"] for p in pushes] == [str(v) for v in range(STEPS + 1)]

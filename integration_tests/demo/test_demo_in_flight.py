@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from integration_tests.demo.test_demo import _assert_nothing_left, _demo_argv, _env, _needs_the_stack
+from integration_tests.demo.demo_process import assert_nothing_left, demo_argv, marked_env
 from rl360_ext.local.demo_plan import AGE_BUCKETS, IN_FLIGHT, allowed_weight_versions
 from rl360_ext.rollout.metrics import read_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-__all__ = ["_needs_the_stack"]  # the stack/bwrap skip fixture (autouse) applies here too
 
 STEPS = 2
 
@@ -32,8 +31,8 @@ def test_in_flight_step(tmp_path: Path) -> None:
     out, token = tmp_path / "demo", uuid.uuid4().hex
     flags = ["--steps", str(STEPS), "--tasks", "2", "--attempts", "2", "--schedule", IN_FLIGHT]
     run = subprocess.run(
-        _demo_argv(out, *flags, "--pause-mode", pause_mode),
-        env=_env(token),
+        demo_argv(out, *flags, "--pause-mode", pause_mode),
+        env=marked_env(token),
         capture_output=True,
         text=True,
         timeout=420,  # a small run while the other test workers share the 2 cores
@@ -41,7 +40,7 @@ def test_in_flight_step(tmp_path: Path) -> None:
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
     assert "MISMATCH" not in output, output[-4000:]
-    _assert_nothing_left(token, out)
+    assert_nothing_left(token, out)
 
     pushes = read_records(out / "metrics.jsonl", "weight_push")
     assert [p["weight_version"] for p in pushes] == [str(v) for v in range(STEPS + 1)]

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import work_unit
+from conftest import SECOND_STACK_UNIT, WHOLE_STACK_DIR, work_unit
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,17 +17,12 @@ def test_a_file_is_one_unit_and_the_demo_is_two() -> None:
     assert work_unit("integration_tests/rollout/test_fault_matrix.py::test_x") == (
         "integration_tests/rollout/test_fault_matrix.py"
     )
-    demo = [
-        "integration_tests/demo/test_compare.py::test_compare_upstream_runs_both_arms_on_one_plan",
-        "integration_tests/demo/test_demo.py::test_demo_runs_the_loop_in_order_and_leaves_nothing_behind",
-        "integration_tests/demo/test_demo.py::test_interrupt_mid_rollout_stops_every_process[ctrl-c]",
-        "integration_tests/demo/test_demo.py::test_demo_scales_out_over_harbor_replicas_and_session_servers",
-        "integration_tests/demo/test_demo.py::test_a_replica_killed_mid_step_is_replaced_and_its_attempts_are_masked",
-        "integration_tests/demo/test_demo_in_flight.py::test_in_flight_step",
-    ]
-    units = [work_unit(nodeid) for nodeid in demo]
-    assert set(units) == {"whole-stack-1", "whole-stack-2"}
-    assert units.count("whole-stack-2") == 3
+    demo_files = sorted((ROOT / WHOLE_STACK_DIR).glob("test_*.py"))
+    units = {work_unit(f"{WHOLE_STACK_DIR}{path.name}::test_x") for path in demo_files}
+    assert units == {"whole-stack-1", "whole-stack-2"}
+    for prefix in SECOND_STACK_UNIT:  # each names a demo test file that exists
+        assert (ROOT / prefix.split("::", 1)[0]).is_file(), prefix
+        assert work_unit(f"{prefix}::test_x") == "whole-stack-2"
 
 
 def test_the_conftest_loads_without_xdist() -> None:
