@@ -8,7 +8,9 @@ for a run that trained (`train` lines, as `rl360 demo` writes them
 with the reference trainer), the learning curve against the task's chance level and the trust
 metrics of every train step, and, when the samples carried per-token version arrays, the
 token-age histogram and the mixed-version, stale-KV and R3-provenance shares per step (no section
-at all otherwise; from the train records, else the step records' `miles_metrics`), each drawn as
+at all otherwise; from the train records, else the step records' `miles_metrics`), and the task
+health during training (the `tasks/*` metrics per step and the tasks quarantined during the run
+with their evidence, `TASK_STEP_SERIES`, `TASK_RUN_SERIES`), each drawn as
 inline SVG (charts.py) from the run's metrics JSONL
 (report_data.py). The page has no script and loads nothing: its content security policy is
 `default-src 'none'`, so it renders the same offline, from a file, or attached to a ticket. A
@@ -62,6 +64,7 @@ from rl360_ext.diagnostics.report_data import (
     load_run,
     outcome_counts,
     phase_stats,
+    quarantined_during_run,
     slowest_attempts,
     step_counts,
     step_metric_series,
@@ -686,6 +689,77 @@ def _infra_section(run: Run) -> str:
     return page.section("chart-infra", title, caption, note + chart + legend(series, totals))
 
 
+TASK_STEP_SERIES = (
+    ("always-pass groups", "#2e7d32", "tasks/always_pass_groups"),
+    ("always-fail groups", "#c62828", "tasks/always_fail_groups"),
+    ("vacuous-signature attempts", "#6a1b9a", "tasks/vacuous_signature_attempts"),
+    ("tasks near their verifier timeout", "#ef6c00", "tasks/verifier_near_timeout_tasks"),
+)
+TASK_RUN_SERIES = (
+    ("pass rate drifted down", "#c62828", "tasks/drift_down_tasks"),
+    ("pass rate drifted up", "#2e7d32", "tasks/drift_up_tasks"),
+    ("above the oracle", "#6a1b9a", "tasks/above_oracle_tasks"),
+    ("always-pass streak", "#9e9d24", "tasks/always_pass_streak_tasks"),
+    ("always-fail streak", "#ef6c00", "tasks/always_fail_streak_tasks"),
+    ("quarantined (live list)", "#212121", "tasks/quarantined_live"),
+)
+
+
+def _evidence(evidence: dict[str, object]) -> str:
+    """One line of a quarantine's evidence: `verdict: key=value, ...; count=value`."""
+    parts = []
+    for key, value in evidence.items():
+        if isinstance(value, dict):
+            parts.append(f"{key}: " + ", ".join(f"{k}={v}" for k, v in value.items()))
+        else:
+            parts.append(f"{key}={value}")
+    return "; ".join(parts)
+
+
+def _task_health_section(run: Run) -> str:
+    title = "Task health during training"
+    caption = (
+        "From the policy's own attempts (rl360_ext.tasks, docs/tasks.md). <b>This step</b>: groups "
+        "whose valid attempts all passed or all failed (the filter drops both, so they vanish from "
+        "the reward curves), valid attempts above the floor that ended in an exception (the "
+        "vacuous-verifier signature), tasks whose verifier p95 is over half their timeout. "
+        "<b>Over the run</b> (the training-time tracker, with --rl360-quarantine-file): tasks whose "
+        "recent pass rate left their early-training baseline (disjoint Wilson intervals), tasks "
+        "passing more often than the audit's oracle, tasks in an always-pass or always-fail streak, "
+        "and the tasks on the live quarantine list. Below: each task quarantined during the run and "
+        "the evidence that did it; its attempts are masked from then on, never scored 0."
+    )
+    categories = [str(rid) for rid in run.step_ids]
+    body = ""
+    for family, label in ((TASK_STEP_SERIES, "this step"), (TASK_RUN_SERIES, "over the run")):
+        series = [Series(name, color, step_metric_series(run, metric)) for name, color, metric in family]
+        series = [s for s in series if any(v is not None for v in s.values)]
+        if series:
+            body += f"<h3>{escape(label)}</h3>"
+            body += line_chart(categories, series, x_label=STEP_AXIS, y_label="count") + legend(series)
+    if not body:
+        return page.section(
+            "chart-task-health", title, caption, page.no_data("no step record carries tasks/* metrics.")
+        )
+    events = quarantined_during_run(run)
+    if events:
+        rows = [
+            (
+                "" if e.rollout_id is None else str(e.rollout_id),
+                e.task,
+                ", ".join(e.verdicts),
+                _evidence(e.evidence),
+            )
+            for e in events
+        ]
+        body += "<h3>Quarantined during the run</h3>" + page.table(
+            ("rollout step", "task", "verdicts", "evidence"), rows, (True, False, False, False)
+        )
+    elif any(v is not None for v in step_metric_series(run, "tasks/quarantined_live")):
+        body += '<p class="empty-ok">No task was quarantined during the run.</p>'
+    return page.section("chart-task-health", title, caption, body)
+
+
 def _cache_sections(run: Run) -> str:
     rows = cache_and_routing(run)
     ids = [str(rid) for rid in run.step_ids]
@@ -931,6 +1005,7 @@ def render_report(run: Run) -> str:
             _phases_section(run),
             _occupancy_section(run),
             _infra_section(run),
+            _task_health_section(run),
             _cache_sections(run),
             _push_sections(run),
         )

@@ -5,7 +5,8 @@ Owns finding the metrics file of a run folder, reading it (through
 fields the report uses (missing or null means "no data"; a value of the wrong type raises
 `ValueError` naming the record and field), and the pure reductions each chart draws: attempt
 outcomes, reward means, phase durations, infrastructure causes, prefix-cache hit rate, routing
-bytes, weight pushes, the trainer's per-step trust metrics and the summary. It does not draw
+bytes, weight pushes, the trainer's per-step trust metrics, the tasks the training-time tracker
+quarantined (each step record's `task_health`) and the summary. It does not draw
 (charts.py) or lay out the page (report.py).
 
 An attempt's outcome, one per attempt (the stacking order of chart 1):
@@ -167,6 +168,7 @@ class Step:
     metrics: dict[str, Any]
     where: str
     miles_metrics: dict[str, Any] = field(default_factory=dict)  # the rollout function's (e.g. a buffer's)
+    quarantined: list[QuarantineEvent] = field(default_factory=list)  # tasks quarantined at this step
 
     def metric(self, name: str) -> float | None:
         """A numeric metric, None when absent or null (checked when read: unused metrics may be anything)."""
@@ -177,13 +179,51 @@ class Step:
 
 
 def _step(record: Mapping[str, Any], where: str) -> Step:
+    rollout_id = _checked(record, "rollout_id", (int,), where)
+    health = _checked(record, "task_health", (dict,), where) or {}
+    entries = _checked(health, "quarantined", (list,), f"{where} task_health") or []
     return Step(
-        rollout_id=_checked(record, "rollout_id", (int,), where),
+        rollout_id=rollout_id,
         prefilter=_checked(record, "prefilter", (str,), where),
         metrics=_checked(record, "metrics", (dict,), where) or {},
         where=where,
         miles_metrics=_checked(record, "miles_metrics", (dict,), where) or {},
+        quarantined=[
+            _quarantine_event(entry, rollout_id, f"{where} task_health.quarantined[{n}]")
+            for n, entry in enumerate(entries)
+        ],
     )
+
+
+@dataclass
+class QuarantineEvent:
+    """A task the training-time tracker quarantined (`rl360_ext.tasks.tracker`), as the step
+    record's `task_health.quarantined` lists it."""
+
+    rollout_id: int | None
+    task: str
+    verdicts: list[str]
+    evidence: dict[str, Any]
+
+
+def _quarantine_event(entry: Any, rollout_id: int | None, where: str) -> QuarantineEvent:
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"{where} must be an object, got {type(entry).__name__}")
+    task = _checked(entry, "task", (str,), where)
+    if task is None:
+        raise ValueError(f"{where}: field 'task' must be str, got null")
+    verdicts = _checked(entry, "verdicts", (list,), where) or []
+    return QuarantineEvent(
+        rollout_id=rollout_id,
+        task=task,
+        verdicts=[str(v) for v in verdicts],
+        evidence=_checked(entry, "evidence", (dict,), where) or {},
+    )
+
+
+def quarantined_during_run(run: Run) -> list[QuarantineEvent]:
+    """Every task quarantined during the run, in step order."""
+    return [event for rid in sorted(run.steps) for event in run.steps[rid].quarantined]
 
 
 @dataclass

@@ -35,6 +35,7 @@ MEANINGS: dict[str, str] = {
     TaskVerdict.HACKABLE: "a model-free hack (reward file, PATH shim, conftest.py) scored the maximum",
     TaskVerdict.LEAKY: "the answer was readable from the agent's sandbox",
     TaskVerdict.SLOW_ORACLE: "the reference solution took over half the agent budget",
+    TaskVerdict.SLOW_VERIFIER: "during training, the verifier's p95 reached its timeout",
     TaskVerdict.OK: "no finding",
     "undecided": "a control no valid attempt could decide (infrastructure failures only): quarantined",
 }

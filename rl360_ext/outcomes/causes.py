@@ -63,6 +63,9 @@ class Cause(StrEnum):
     MODEL_REQUEST_REJECTED = "model_request_rejected"
     AGENT_CONFIG_ERROR = "agent_config_error"
     NO_VERIFIER_REWARD = "no_verifier_reward"
+    # The task audit's own agents (rl360_ext.harbor.canaries): their findings and failures.
+    VERIFIER_DISAGREED = "verifier_disagreed"
+    CONTROL_INCOMPLETE = "control_incomplete"
     # Client causes: only the client sees them.
     CLIENT_DEADLINE = "client_deadline"
     TRANSPORT_ERROR = "transport_error"
@@ -109,6 +112,14 @@ INFRA_CAUSES: dict[Cause, str] = {
     Cause.NO_VERIFIER_REWARD: "the run reported no failure but its reward was not written by a verifier",
     Cause.UNCLASSIFIED: "a failure this classifier does not know",
     Cause.TASK_QUARANTINED: "the task is on the task audit's quarantine list: not run, masked, never scored",
+    Cause.VERIFIER_DISAGREED: (
+        "the audit's regrade: the verifier graded one end state with different rewards (a finding "
+        "about the task, not a reward)"
+    ),
+    Cause.CONTROL_INCOMPLETE: (
+        "an audit control's agent could not do its check (no trial layout, a grading that failed, "
+        "a work product it could not restore)"
+    ),
 }
 
 # The failure -> infra map: each server or client cause that is not itself an infra cause (nor a

@@ -15,6 +15,11 @@ from dataclasses import dataclass
 from rl360_ext.outcomes.causes import Cause
 
 AGENT_TIMEOUT_ERROR = "AgentTimeoutError"
+# The exceptions rl360's own audit agents end with (rl360_ext.harbor.canaries); named here, not
+# imported, so this table loads without Harbor. Harbor does not know them (its policy would keep
+# the reward), so without these rows their attempts were `unclassified`.
+VERIFIER_DISAGREED_ERROR = "VerifierDisagreed"
+CONTROL_INCOMPLETE_ERROR = "CanaryIncomplete"
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,8 @@ HARBOR_EXCEPTIONS: dict[str, HarborException] = {
     **_rows(Cause.AGENT_NONZERO_EXIT, "NonZeroAgentExitCodeError"),
     **_rows(Cause.AGENT_REFUSED_TASK, "AgentSafetyRefusalError", "ContentPolicyViolationError"),
     **_rows(Cause.CANCELLED, "CancelledError"),
+    **_rows(Cause.VERIFIER_DISAGREED, VERIFIER_DISAGREED_ERROR),
+    **_rows(Cause.CONTROL_INCOMPLETE, CONTROL_INCOMPLETE_ERROR),
     **_rows(
         Cause.HARBOR_INTERNAL_ERROR,
         "ServiceOperationsUnsupportedError",

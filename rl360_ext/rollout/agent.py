@@ -11,8 +11,10 @@ attempt_class`, never classified again; the only causes this module names are th
 `Cause.SANDBOX_LOST` for a replica that refused the connection or went away mid-run (a refused
 attempt first moves to every other live replica: nothing ran), and
 `Cause.HARBOR_INTERNAL_ERROR` for a server that answered 500 or no JSON, and
-`Cause.TASK_QUARANTINED` for a task on the `--rl360-quarantine-file` of `rl360 tasks audit`: that
-attempt is not run, and its sample is masked like any infrastructure failure, never scored 0).
+`Cause.TASK_QUARANTINED` for a task on the `--rl360-quarantine-file` of `rl360 tasks audit`, or
+on the live list the training-time tracker writes next to it (`quarantine_live.json`,
+`rl360_ext.tasks.tracker`): that attempt is not run, and its sample is masked like any
+infrastructure failure, never scored 0).
 It does not touch sessions or samples (the generate hook does).
 
 Several Harbor /run servers (a `rl360_ext.harbor.pool.HarborPool`'s replicas) are given as a
@@ -44,6 +46,7 @@ are already the eval dataset's sampling params, the session stays the model endp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -58,6 +61,7 @@ from rl360_ext.outcomes.verdict import attempt_class
 from rl360_ext.rollout.config import AgentConfig, flag_name
 from rl360_ext.rollout.harbor_routing import HarborRouter
 from rl360_ext.tasks.audit import read_quarantine
+from rl360_ext.tasks.tracker import LIVE_QUARANTINE_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -246,19 +250,25 @@ def _image_group(settings: AgentConfig, metadata: Mapping[str, Any]) -> str:
 
 
 def _quarantined(settings: AgentConfig, task: str) -> dict[str, Any] | None:
-    """The masked result for a task on the audit's quarantine list (not run), else None."""
+    """The masked result for a task on the audit's quarantine list or on the live list the
+    training-time tracker keeps next to it (`rl360_ext.tasks.tracker`), else None. Both reads are
+    cached by each file's identity, size and mtime: per attempt, two stats and two lookups."""
     if settings.quarantine_file is None:
         return None
+    source = Path(settings.quarantine_file)
+    live = source.with_name(LIVE_QUARANTINE_FILE)
     try:
-        quarantine = read_quarantine(Path(settings.quarantine_file))
+        found = read_quarantine(source).get(task)
+        if found is None:
+            # No live list: no task quarantined during training (yet, or any more).
+            with contextlib.suppress(FileNotFoundError):
+                found, source = read_quarantine(live).get(task), live
     except (OSError, ValueError) as exc:
         raise AgentConfigError(f"--rl360-quarantine-file: {exc}") from exc
-    if task not in quarantine:
+    if found is None:
         return None
-    why = ", ".join(quarantine[task]) or "no verdict"
-    return failure_metadata(
-        Cause.TASK_QUARANTINED, f"task {task!r} is quarantined ({why}) by {settings.quarantine_file}"
-    )
+    why = ", ".join(found) or "no verdict"
+    return failure_metadata(Cause.TASK_QUARANTINED, f"task {task!r} is quarantined ({why}) by {source}")
 
 
 async def run(

@@ -3,7 +3,8 @@
 Owns `AgentConfig` (the agent function, `rl360_ext.rollout.agent`: how it reaches the Harbor /run
 server and what it asks for), `SessionPoolConfig` (the generate hook's session servers; also the
 identity of a pool), `GenerateConfig` (the generate hook: both, plus the Miles flags it reads)
-and `MetricsConfig` (the rollout-metrics hook).
+and `MetricsConfig` (the rollout-metrics hook); the training-time task-health tracker's flags
+derive from `rl360_ext.tasks.tracker.TrackerConfig` (`tracker_config`).
 Every field carries its documentation in `metadata["help"]`; `add_arguments` derives the
 `--rl360-<field>` flags from the fields (name, type, choices, help and the default it shows), so
 a default is written once, here.
@@ -18,9 +19,10 @@ Channels, in the order they win:
   (Miles lets only the generate function add flags). So `AgentConfig.from_env` reads
   `RL360_<FIELD>` (RL360_HARBOR_URL, RL360_HARBOR_TOKEN, RL360_DEADLINE_S, RL360_CLIENT_MARGIN_S,
   RL360_AGENT, RL360_TASK_KEY, RL360_MODEL, RL360_AGENT_TIMEOUT_POLICY) for that path, and
-  `MetricsConfig.from_args` falls back to RL360_METRICS_PATH / RL360_METRICS_ATTEMPTS for a flag
-  that is not there. Under rl360's generate hook the agent's environment is read for one field
-  only, the bearer token, so a secret can stay out of the command line.
+  `MetricsConfig.from_args` (and `tracker_config`) fall back to RL360_METRICS_PATH /
+  RL360_METRICS_ATTEMPTS (RL360_QUARANTINE_VACUOUS_ATTEMPTS, ...) for a flag that is not there.
+  Under rl360's generate hook the agent's environment is read for one field only, the bearer
+  token, so a secret can stay out of the command line.
 """
 
 from __future__ import annotations
@@ -31,11 +33,13 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from rl360_ext.outcomes.verdict import AGENT_TIMEOUT_POLICIES
 from rl360_ext.session.options import DEFAULT_MODEL_NAME
+from rl360_ext.tasks.tracker import TrackerConfig
 
+_Config = TypeVar("_Config")
 FLAG_PREFIX = "rl360"
 ENV_PREFIX = "RL360_"
 
@@ -216,17 +220,29 @@ class MetricsConfig:
     def from_args(cls, args: Any, environ: Mapping[str, str] | None = None) -> MetricsConfig:
         """Each field from its flag in Miles' args, else `RL360_<FIELD>`, else its default. The
         environment is for Miles' stock generate, where rl360's flags are not registered."""
-        env = os.environ if environ is None else environ
-        hints = typing.get_type_hints(cls)
-        values: dict[str, Any] = {}
-        for spec in fields(cls):
-            value = getattr(args, flag_dest(spec.name), None)
-            text = env.get(env_name(spec.name))
-            if value is None and text:
-                value = _parse(_scalar_type(hints[spec.name]), text, f"${env_name(spec.name)}")
-            if value is not None:
-                values[spec.name] = value
-        return cls(**values)
+        return from_args_or_env(cls, args, environ)
+
+
+def tracker_config(args: Any, environ: Mapping[str, str] | None = None) -> TrackerConfig:
+    """The training-time task-health tracker's thresholds (`rl360_ext.tasks.tracker.TrackerConfig`,
+    whose fields carry their flags' help), read as `MetricsConfig.from_args` reads its fields; a
+    ValueError names the field that is wrong."""
+    return from_args_or_env(TrackerConfig, args, environ)
+
+
+def from_args_or_env(cls: type[_Config], args: Any, environ: Mapping[str, str] | None = None) -> _Config:
+    """Each field of `cls` from its flag in Miles' args, else `RL360_<FIELD>`, else its default."""
+    env = os.environ if environ is None else environ
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for spec in fields(cls):
+        value = getattr(args, flag_dest(spec.name), None)
+        text = env.get(env_name(spec.name))
+        if value is None and text:
+            value = _parse(_scalar_type(hints[spec.name]), text, f"${env_name(spec.name)}")
+        if value is not None:
+            values[spec.name] = value
+    return cls(**values)
 
 
 # ---- flags derived from the fields ------------------------------------------------------------

@@ -25,7 +25,10 @@ drift from the canonical render of their final messages), audit/* (what upstream
 have done to this step; see rl360_ext.rollout.audit), tasks/* (groups the filter would hide
 as always-pass or always-fail, the vacuous-verifier signature, the verifier's p95 against each
 task's timeout from the audit's task_health.jsonl next to `--rl360-quarantine-file`;
-rl360_ext.tasks.signals), and
+rl360_ext.tasks.signals; and, with that file, what the training-time tracker accumulates over the
+run: tasks/{tracked_tasks,drift_tested_tasks,drift_down_tasks,drift_up_tasks,above_oracle_tasks,
+always_pass_streak_tasks,always_fail_streak_tasks,quarantined_live,quarantined_new}, with the
+tasks behind them in the step record's `task_health`; rl360_ext.tasks.tracker), and
 occupancy/{queue,sandbox_setup,model,tools,verifier} over every attempt in flight
 (rl360_ext.rollout.occupancy).
 """
@@ -55,11 +58,24 @@ from rl360_ext.outcomes.provenance import (
     attempt_class,
 )
 from rl360_ext.rollout.audit import AuditAttempt, audit_step
-from rl360_ext.rollout.config import AgentConfig, MetricsConfig, add_dataclass_arguments, env_name
+from rl360_ext.rollout.config import (
+    AgentConfig,
+    MetricsConfig,
+    add_dataclass_arguments,
+    env_name,
+    tracker_config,
+)
 from rl360_ext.rollout.occupancy import step_occupancy
 from rl360_ext.rollout.rewards import flatten_group, reward_value
 from rl360_ext.tasks.audit import TASK_HEALTH_FILE
-from rl360_ext.tasks.signals import task_signals, vacuous_signature_tasks, verifier_signals, verifier_timeouts
+from rl360_ext.tasks.signals import (
+    oracle_tallies,
+    task_signals,
+    vacuous_signature_tasks,
+    verifier_signals,
+    verifier_timeouts,
+)
+from rl360_ext.tasks.tracker import StepHealth, TrackerConfig, track_step
 from rl360_ext.templates.drift import DRIFT_KEY
 
 logger = logging.getLogger(__name__)
@@ -291,6 +307,30 @@ def audited_verifier_timeouts(args: Any) -> dict[str, float]:
     return {} if quarantine is None else verifier_timeouts(Path(quarantine).with_name(TASK_HEALTH_FILE))
 
 
+def track_task_health(rollout_id: int, args: Any, groups: Sequence[GroupRecord]) -> StepHealth | None:
+    """The step through the training-time task-health tracker (`rl360_ext.tasks.tracker`), whose
+    files live next to `--rl360-quarantine-file`; None without one. The groups are those the
+    filter saw (the trained ones when another filter ran: then zero-variance groups are missing).
+    A file the tracker cannot write is logged, never a stopped step."""
+    quarantine = AgentConfig.from_args(args).quarantine_file
+    if quarantine is None:
+        return None
+    directory = Path(quarantine).parent
+    audit = directory / TASK_HEALTH_FILE
+    try:
+        return track_step(
+            directory,
+            tracker_config(args),
+            rollout_id,
+            (a for group in groups for a in group.attempts),
+            verifier_timeouts(audit),
+            oracle_tallies(audit),
+        )
+    except OSError as exc:
+        _warn_once("task_health", "rl360 metrics: task health not tracked: %r", exc)
+        return None
+
+
 def log_rollout_metrics(
     rollout_id: int,
     args: Any,
@@ -326,6 +366,9 @@ def log_rollout_metrics(
             "rl360 metrics: %d filtered groups were dropped from the registry (bounded)", overflowed
         )
     metrics = step_metrics(trained, seen, audited_verifier_timeouts(args))
+    health = track_task_health(rollout_id, args, seen if seen is not None else _groups_of(trained))
+    if health is not None:
+        metrics.update(health.metrics)
     path = metrics_path(args)
     if path is not None:
         step = {
@@ -340,6 +383,7 @@ def log_rollout_metrics(
             "vacuous_signature_tasks": None
             if seen is None
             else vacuous_signature_tasks([g.attempts for g in seen]),
+            "task_health": None if health is None else health.record(),
             "miles_metrics": dict(extra_metrics or {}),
         }
         attempts = _attempt_lines(rollout_id, trained, seen) if _attempts_enabled(args) else []
@@ -443,9 +487,10 @@ def iter_records(path: Path) -> Iterator[dict[str, Any]]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags for the metrics hook, derived from `MetricsConfig` (call from a generate function's
-    `add_arguments`)."""
+    """Flags for the metrics hook, derived from `MetricsConfig` and the task-health tracker's
+    `TrackerConfig` (call from a generate function's `add_arguments`)."""
     add_dataclass_arguments(parser, MetricsConfig)
+    add_dataclass_arguments(parser, TrackerConfig)
 
 
 # ---- Miles tracking --------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import tomllib
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from rl360_ext.outcomes.causes import Cause
@@ -529,20 +530,29 @@ def write_outputs(results: Sequence[TaskHealth], out_dir: Path) -> tuple[Path, P
     return health_path, quarantine_path
 
 
-def read_quarantine(path: Path) -> dict[str, list[str]]:
-    """The quarantined tasks of a quarantine.json: name -> its verdicts and undecided controls.
-    A file that is not one is a ValueError naming it."""
+def read_quarantine(path: Path) -> Mapping[str, tuple[str, ...]]:
+    """The quarantined tasks of a quarantine.json (the audit's, or the training-time tracker's
+    quarantine_live.json, same format): name -> its verdicts and undecided controls. Cached by the
+    file's identity, size and mtime, so a caller per attempt pays a stat and a lookup, whatever the
+    list's size. A file that is not one is a ValueError naming it."""
     stat = path.stat()
-    return dict(_read_quarantine(str(path), stat.st_mtime_ns, stat.st_size))
+    return _read_quarantine(str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=8)
-def _read_quarantine(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, list[str]], ...]:
+def _read_quarantine(path: str, inode: int, mtime_ns: int, size: int) -> Mapping[str, tuple[str, ...]]:
     try:
         tasks = json.loads(Path(path).read_text())["tasks"]
-        return tuple(
-            (str(name), [str(v) for v in entry["verdicts"]] + [f"undecided:{c}" for c in entry["undecided"]])
-            for name, entry in tasks.items()
+        return MappingProxyType(
+            {
+                str(name): (
+                    *(str(v) for v in entry["verdicts"]),
+                    *(f"undecided:{c}" for c in entry["undecided"]),
+                )
+                for name, entry in tasks.items()
+            }
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"{path} is not a quarantine.json of rl360 tasks audit: {exc!r}") from exc
+        raise ValueError(
+            f"{path} is not a quarantine.json of rl360 (tasks audit or tracker): {exc!r}"
+        ) from exc

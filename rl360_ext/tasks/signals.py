@@ -14,6 +14,10 @@ drops any) for what the filter would hide and what marks a vacuous verifier:
   the audit's `task_health.jsonl` (each task's `verifier_timeout_s`, `verifier_timeouts`):
   `tasks/verifier_p95_timeout_frac`, the largest per-task p95 over that task's timeout, and
   `tasks/verifier_near_timeout_tasks`, the tasks whose p95 is over `NEAR_TIMEOUT` of it.
+It is also the one home of what those words mean for one attempt (`valid_reward`, `passed`,
+`at_floor`, `vacuous_signature`, `verifier_seconds`) and of reading the audit's task_health.jsonl
+during training (`audited`: each task's verifier timeout and oracle tally, cached by the file's
+identity), which the cross-step tracker (`rl360_ext.tasks.tracker`) reuses.
 Which attempts are valid is `attempt_class` as recorded (`rl360_ext.outcomes`), never decided here.
 """
 
@@ -25,7 +29,9 @@ import logging
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from rl360_ext.outcomes.provenance import VALID
@@ -43,12 +49,10 @@ def task_signals(
     `reward`, `exception_type`)."""
     always_pass = always_fail = 0
     for group in groups:
-        rewards = [
-            a["reward"] for a in group if a.get("attempt_class") == VALID and a.get("reward") is not None
-        ]
+        rewards = [r for a in group if (r := valid_reward(a)) is not None]
         if len(rewards) >= 2:
-            always_pass += all(r >= max_reward - _TOLERANCE for r in rewards)
-            always_fail += all(r <= floor_reward + _TOLERANCE for r in rewards)
+            always_pass += all(passed(r, max_reward) for r in rewards)
+            always_fail += all(at_floor(r, floor_reward) for r in rewards)
     return {
         "tasks/groups": len(groups),
         "tasks/always_pass_groups": always_pass,
@@ -67,15 +71,31 @@ def vacuous_signature_tasks(
 
 def _vacuous(groups: Sequence[Sequence[Mapping[str, Any]]], floor_reward: float) -> list[Mapping[str, Any]]:
     """Valid attempts above the floor that ended in an exception."""
-    return [
-        a
-        for group in groups
-        for a in group
-        if a.get("attempt_class") == VALID
-        and a.get("exception_type")
-        and a.get("reward") is not None
-        and a["reward"] > floor_reward + _TOLERANCE
-    ]
+    return [a for group in groups for a in group if vacuous_signature(a, floor_reward)]
+
+
+def vacuous_signature(attempt: Mapping[str, Any], floor_reward: float = 0.0) -> bool:
+    """A valid attempt above the floor that ended in an exception (marin #7784's signature)."""
+    return bool(
+        valid_reward(attempt) is not None
+        and attempt.get("exception_type")
+        and attempt["reward"] > floor_reward + _TOLERANCE
+    )
+
+
+def valid_reward(attempt: Mapping[str, Any]) -> float | None:
+    """The reward of a valid attempt, None for any other (its class as recorded)."""
+    return attempt.get("reward") if attempt.get("attempt_class") == VALID else None
+
+
+def passed(reward: float, max_reward: float = 1.0) -> bool:
+    """A reward at the maximum: the attempt passed."""
+    return reward >= max_reward - _TOLERANCE
+
+
+def at_floor(reward: float, floor_reward: float = 0.0) -> bool:
+    """A reward at (or below) the floor: the attempt failed outright."""
+    return reward <= floor_reward + _TOLERANCE
 
 
 def p95(values: Sequence[float]) -> float | None:
@@ -84,7 +104,8 @@ def p95(values: Sequence[float]) -> float | None:
     return ordered[math.ceil(0.95 * len(ordered)) - 1] if ordered else None
 
 
-def _verifier_s(attempt: Mapping[str, Any]) -> float | None:
+def verifier_seconds(attempt: Mapping[str, Any]) -> float | None:
+    """The attempt's verifier phase in seconds, None when its verifier did not run (or no timing)."""
     value = (attempt.get("phase_timings") or {}).get("verifier")
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
     return float(value) if ok else None
@@ -98,7 +119,7 @@ def verifier_signals(
     by_task: dict[str, list[float]] = defaultdict(list)
     every: list[float] = []
     for attempt in attempts:
-        seconds = _verifier_s(attempt)
+        seconds = verifier_seconds(attempt)
         if seconds is None:
             continue
         every.append(seconds)
@@ -120,26 +141,60 @@ def verifier_timeouts(task_health: Path) -> dict[str, float]:
     """Each audited task's verifier timeout (`evidence.verifier_timeout_s`) from the audit's
     task_health.jsonl, re-read when the file changes; {} (with a warning for a file that is not
     one) when there is none: the metrics hook never stops training over it."""
+    return {
+        task: entry.verifier_timeout_s
+        for task, entry in audited(task_health).items()
+        if entry.verifier_timeout_s
+    }
+
+
+def oracle_tallies(task_health: Path) -> dict[str, tuple[int, int]]:
+    """Each audited task's oracle tally (`evidence.oracle`: passed, valid) from task_health.jsonl,
+    for tasks whose oracle had a valid run; {} without the file, as `verifier_timeouts`."""
+    return {task: entry.oracle for task, entry in audited(task_health).items() if entry.oracle is not None}
+
+
+@dataclass(frozen=True)
+class Audited:
+    """What the training-time signals read of one task's audit entry."""
+
+    verifier_timeout_s: float | None
+    oracle: tuple[int, int] | None  # (passed, valid) oracle runs
+
+
+def audited(task_health: Path) -> Mapping[str, Audited]:
+    """The audit's entries by task, cached by the file's identity, size and mtime: a step re-reads
+    the file only when the audit rewrote it."""
     try:
         stat = task_health.stat()
     except OSError:
         return {}
-    return dict(_verifier_timeouts(str(task_health), stat.st_mtime_ns, stat.st_size))
+    return _audited(str(task_health), stat.st_ino, stat.st_mtime_ns, stat.st_size)
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 @functools.lru_cache(maxsize=4)
-def _verifier_timeouts(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, float], ...]:
-    found: list[tuple[str, float]] = []
+def _audited(path: str, inode: int, mtime_ns: int, size: int) -> Mapping[str, Audited]:
+    found: dict[str, Audited] = {}
     try:
         for line in Path(path).read_text().splitlines():
-            if line.strip():
-                entry = json.loads(line)
-                timeout = entry["evidence"].get("verifier_timeout_s")
-                if isinstance(timeout, int | float) and timeout > 0:
-                    found.append((str(entry["task"]), float(timeout)))
+            if not line.strip():
+                continue
+            entry = json.loads(line)
+            evidence = entry["evidence"]
+            timeout = evidence.get("verifier_timeout_s")
+            oracle = evidence.get("oracle")
+            tally = None
+            if isinstance(oracle, Mapping):
+                passes, valid = _count(oracle.get("passed")), _count(oracle.get("valid"))
+                if passes is not None and valid and passes <= valid:
+                    tally = (passes, valid)
+            ok = isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0
+            found[str(entry["task"])] = Audited(float(timeout) if ok else None, tally)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        _log.warning(
-            "%s is not a task_health.jsonl of rl360 tasks audit (%r): no verifier timeouts", path, exc
-        )
-        return ()
-    return tuple(found)
+        _log.warning("%s is not a task_health.jsonl of rl360 tasks audit (%r): not read", path, exc)
+        return MappingProxyType({})
+    return MappingProxyType(found)

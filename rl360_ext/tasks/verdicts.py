@@ -1,6 +1,7 @@
 """The task-health vocabulary, once: each verdict the audit gives and each control that gives it.
 
-Owns `TaskVerdict` (the issue's words exactly: a task with no finding is `ok`) and `Control`
+Owns `TaskVerdict` (the issue's words exactly: a task with no finding is `ok`; `slow_verifier` is
+given during training only, by `rl360_ext.tasks.tracker`) and `Control`
 (the checks the audit runs, each with the agent that drives it). Deciding is
 `rl360_ext.tasks.audit`; whether an attempt's reward counts is `rl360_ext.outcomes.verdict`.
 """
@@ -8,6 +9,8 @@ Owns `TaskVerdict` (the issue's words exactly: a task with no finding is `ok`) a
 from __future__ import annotations
 
 from enum import StrEnum
+
+from rl360_ext.outcomes.harbor_exceptions import VERIFIER_DISAGREED_ERROR
 
 
 class TaskVerdict(StrEnum):
@@ -17,12 +20,14 @@ class TaskVerdict(StrEnum):
     BROKEN_ENV = "broken_env"  # the environment does not start
     BROKEN_ORACLE = "broken_oracle"  # the oracle reached the maximum reward in 0 of N runs
     FLAKY = "flaky"  # the oracle reached it in some of N runs
-    VACUOUS = "vacuous"  # doing nothing scores above the floor
+    VACUOUS = "vacuous"  # doing nothing scores above the floor (in training: the signature, K times)
     FLAKY_VERIFIER = "flaky_verifier"  # the verifier re-run on the same end state disagrees
     INSENSITIVE = "insensitive"  # the oracle's work removed still scores the maximum
     HACKABLE = "hackable"  # a canary hack with no model scores the maximum
     LEAKY = "leaky"  # the answer is readable from where the agent runs
     SLOW_ORACLE = "slow_oracle"  # the oracle takes over half the agent budget
+    # Given during training only (rl360_ext.tasks.tracker), from the policy's own attempts:
+    SLOW_VERIFIER = "slow_verifier"  # the verifier's p95 reached its timeout
     OK = "ok"  # no finding
 
 
@@ -64,4 +69,4 @@ CANARY_VERDICTS: dict[Control, TaskVerdict] = {
 }
 # The regrade control's agent (the oracle, then the verifier `runs` times on its end state) ends
 # with this exception type when the gradings differ: the flaky_verifier finding.
-VERIFIER_DISAGREED = "VerifierDisagreed"
+VERIFIER_DISAGREED = VERIFIER_DISAGREED_ERROR

@@ -37,6 +37,7 @@ CHARTS = (
     "chart-phases",
     "chart-occupancy",
     "chart-infra",
+    "chart-task-health",
     "chart-cache",
     "chart-routing",
     "chart-pushes",

@@ -413,6 +413,64 @@ async def test_a_quarantined_task_is_not_run_and_its_attempt_is_masked(
     assert attempt_class_of(masked) == "infra:task_quarantined"
 
 
+async def test_a_task_added_to_the_live_list_mid_run_is_masked_from_the_next_attempt(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """The training-time tracker adds a task to quarantine_live.json next to the audit's file: the
+    attempt after that is masked (never a 0 reward); clearing the entry runs the task again."""
+    from rl360_ext.tasks.audit import TaskHealth, write_outputs
+    from rl360_ext.tasks.tracker import LIVE_QUARANTINE_FILE, add_to_live
+    from rl360_ext.tasks.verdicts import TaskVerdict
+
+    write_outputs([TaskHealth("t", [TaskVerdict.OK], {})], tmp_path)
+    ran: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        ran.append(json.loads(request.content)["task"])
+        return _graded(request)
+
+    (url, _) = _replicas(monkeypatch, handler)
+    config = AgentConfig(harbor_url=url, quarantine_file=str(tmp_path / "quarantine.json"))
+    before = await agent.run("http://s/sessions/x", None, {}, {"task": "t"}, rl360_config=config)
+    evidence = {"vacuous": {"vacuous_signature_attempts": 3}}
+    add_to_live(
+        tmp_path / LIVE_QUARANTINE_FILE,
+        [{"task": "t", "verdicts": ["vacuous"], "evidence": evidence, "rollout_id": 4}],
+    )
+    masked = await agent.run("http://s/sessions/x", None, {}, {"task": "t"}, rl360_config=config)
+    assert before["attempt_class"] == "valid" and ran == ["t"]
+    assert (
+        masked["attempt_class"] == "infra:task_quarantined" and masked["failure_cause"] == "task_quarantined"
+    )
+    assert masked["reward"] is None and masked["rewards"] is None and masked["reward_source"] is None
+    assert LIVE_QUARANTINE_FILE in masked["exception_message"] and "vacuous" in masked["exception_message"]
+    (tmp_path / LIVE_QUARANTINE_FILE).write_text('{"tasks": {}}')  # an operator clears it
+    again = await agent.run("http://s/sessions/x", None, {}, {"task": "t"}, rl360_config=config)
+    assert again["attempt_class"] == "valid" and ran == ["t", "t"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(tasks=st.lists(st.sampled_from(["a", "b", "c", "d"]), min_size=1, max_size=8))
+def test_masking_never_yields_a_reward(tmp_path_factory: pytest.TempPathFactory, tasks: list[str]) -> None:
+    """Whatever the live list holds, a listed task's result has no reward (no 0), and an unlisted
+    task is not masked."""
+    from rl360_ext.tasks.tracker import LIVE_QUARANTINE_FILE, add_to_live
+
+    directory = tmp_path_factory.mktemp("q")
+    (directory / "quarantine.json").write_text('{"tasks": {}}')
+    add_to_live(
+        directory / LIVE_QUARANTINE_FILE,
+        [{"task": t, "verdicts": ["slow_verifier"], "evidence": {}, "rollout_id": 0} for t in tasks],
+    )
+    config = AgentConfig(harbor_url="http://h:1", quarantine_file=str(directory / "quarantine.json"))
+    for task in ("a", "b", "c", "d"):
+        masked = agent._quarantined(config, task)
+        assert (masked is not None) == (task in tasks)
+        if masked is not None:
+            assert masked["reward"] is None and masked["rewards"] is None
+            assert attempt_class_of(masked) == "infra:task_quarantined"
+
+
 async def test_a_quarantine_file_that_is_not_one_is_a_configuration_error(tmp_path: Any) -> None:
     bad = tmp_path / "quarantine.json"
     bad.write_text('{"tasks": ["a"]}')

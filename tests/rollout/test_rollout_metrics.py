@@ -24,7 +24,7 @@ from rl360_ext.rollout.metrics import (
     step_metrics,
 )
 
-from .duck_samples import infra, valid
+from .duck_samples import DuckSample, infra, valid
 
 FILTER = "rl360_ext.rollout.filters.check_valid_reward_nonzero_std"
 
@@ -239,3 +239,36 @@ def test_render_mismatch_fraction_counts_only_compared_trajectories() -> None:
     trained = [attempt_summary(s) for s in samples]
     assert [a["render_mismatch"] for a in trained] == [True, False, None, None]
     assert step_metrics(trained, None)["tito/render_mismatch_frac"] == 0.5
+
+
+def test_the_hook_tracks_task_health_next_to_the_quarantine_file(tmp_path: Path) -> None:
+    """With --rl360-quarantine-file, each step goes through the training-time tracker: its tasks/*
+    metrics, the step record's task_health, and a task with the vacuous signature in 3 attempts
+    (across two steps) on the live list the agent function honours."""
+    from rl360_ext.tasks.audit import TaskHealth, read_quarantine, write_outputs
+    from rl360_ext.tasks.tracker import LIVE_QUARANTINE_FILE, STATE_FILE
+    from rl360_ext.tasks.verdicts import TaskVerdict
+
+    _, quarantine = write_outputs([TaskHealth("q", [TaskVerdict.OK], {"undecided": []})], tmp_path / "health")
+    path = tmp_path / "m.jsonl"
+    a = args(
+        path,
+        dynamic_sampling_filter_path=None,
+        rl360_harbor_url="http://h",
+        rl360_quarantine_file=str(quarantine),
+    )
+
+    def crashed(group: int, index: int) -> DuckSample:
+        return valid(group, index, 1.0, task="q", exception_type="ContextLengthExceededError")
+
+    log_rollout_metrics(0, a, [crashed(0, 0), crashed(0, 1), valid(0, 2, 0.0, task="q")], None, 1.0)
+    assert not (quarantine.parent / LIVE_QUARANTINE_FILE).exists()
+    log_rollout_metrics(1, a, [crashed(1, 0), valid(1, 1, 0.0, task="q")], None, 1.0)
+    first, second = read_metrics(path)[0]
+    assert first["metrics"]["tasks/quarantined_new"] == 0 and second["metrics"]["tasks/quarantined_new"] == 1
+    assert second["metrics"]["tasks/tracked_tasks"] == 1
+    (entry,) = second["task_health"]["quarantined"]
+    assert entry["task"] == "q" and entry["verdicts"] == ["vacuous"]
+    assert entry["evidence"]["vacuous"]["vacuous_signature_attempts"] == 3
+    assert dict(read_quarantine(quarantine.parent / LIVE_QUARANTINE_FILE)) == {"q": ("vacuous",)}
+    assert (quarantine.parent / STATE_FILE).exists()

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from rl360_ext.outcomes.verdict import TrialFacts, attempt_class, judge
 from rl360_ext.tasks.audit import (
     QUARANTINE_FILE,
     TASK_HEALTH_FILE,
@@ -94,10 +95,34 @@ def healthy(agent: str, nth: int) -> Mapping[str, Any]:
 def disagreed(rewards: str = '[{"reward": 1.0}, {"reward": 0.0}, {"reward": 0.0}]') -> dict[str, Any]:
     """The regrade agent's answer when its gradings differ (rl360_ext.harbor.canaries.OracleRegrade)."""
     return {
-        **infra("unclassified", "infra:unclassified"),
-        "exception_type": "VerifierDisagreed",
+        **server_verdict("VerifierDisagreed"),
         "exception_message": f"rewards {rewards} on one end state",
     }
+
+
+def server_verdict(exception_type: str) -> dict[str, Any]:
+    """The /run answer's verdict fields for a trial that ended with `exception_type` after its
+    verifier wrote 1.0 (Harbor grades after an exception it does not know), as the server judges."""
+    verdict = judge(TrialFacts(rewards={"reward": 1.0}, exception_type=exception_type))
+    return {
+        "attempt_class": verdict.attempt_class,
+        "reward": verdict.reward,
+        "rewards": verdict.rewards,
+        "reward_source": verdict.reward_source,
+        "failure_cause": None if verdict.failure_cause is None else str(verdict.failure_cause),
+        "exception_type": exception_type,
+    }
+
+
+def test_the_audit_agents_exceptions_have_their_own_classes_not_unclassified() -> None:
+    """The regrade's finding and a control that could not run were `infra:unclassified` (Harbor
+    does not know rl360's exception types); each has its class, and neither keeps a reward."""
+    assert server_verdict("VerifierDisagreed")["attempt_class"] == "infra:verifier_disagreed"
+    assert server_verdict("CanaryIncomplete")["attempt_class"] == "infra:control_incomplete"
+    for exception_type in ("VerifierDisagreed", "CanaryIncomplete"):
+        answer = server_verdict(exception_type)
+        assert answer["reward"] is None and answer["reward_source"] is None
+        assert attempt_class(answer) == answer["attempt_class"]  # the client reads it as the server said
 
 
 def make_task(root: Path, name: str = "t", agent_timeout: float | None = 60.0) -> Path:
@@ -186,6 +211,7 @@ async def test_gradings_that_differ_are_flaky_verifier_and_never_retried(tmp_pat
     assert (
         regrade["exception_type"] == "VerifierDisagreed" and '"reward": 0.0' in regrade["exception_message"]
     )
+    assert regrade["attempt_class"] == "infra:verifier_disagreed"
     assert health.evidence["retried_infra"] == []
 
 
@@ -200,8 +226,7 @@ async def test_gradings_that_agree_are_no_finding_whatever_the_reward(tmp_path: 
 
 async def test_a_regrade_that_cannot_run_is_retried_then_undecided(tmp_path: Path) -> None:
     incomplete = {
-        **infra("unclassified", "infra:unclassified"),
-        "exception_type": "CanaryIncomplete",
+        **server_verdict("CanaryIncomplete"),
         "exception_message": "a regrade failed: VerifierTimeoutError",
     }
     runner = Scripted(lambda agent, nth: incomplete if agent == REGRADE else healthy(agent, nth))
@@ -368,6 +393,7 @@ def test_verdicts_are_the_issue_vocabulary() -> None:
     assert {v.value for v in TaskVerdict} == {
         "lint", "broken_env", "broken_oracle", "flaky", "vacuous", "flaky_verifier",
         "insensitive", "hackable", "leaky", "slow_oracle", "ok",
+        "slow_verifier",  # given during training only (rl360_ext.tasks.tracker)
     }  # fmt: skip
 
 

@@ -29,6 +29,7 @@ from rl360_ext.harbor.canaries import (
     snapshot_script,
     trial_task,
 )
+from rl360_ext.outcomes.harbor_exceptions import CONTROL_INCOMPLETE_ERROR
 from rl360_ext.tasks.verdicts import CONTROL_AGENTS, VERIFIER_DISAGREED, Control
 
 
@@ -207,5 +208,6 @@ def test_the_regrade_clears_what_the_runner_clears_and_the_audit_knows_its_findi
 
     assert canaries.REGRADE_CLEARS == GRADING_CLEARS
     assert VerifierDisagreed.__name__ == VERIFIER_DISAGREED
+    assert CanaryIncomplete.__name__ == CONTROL_INCOMPLETE_ERROR  # its row in the outcomes table
     for control in (Control.CANARY_CONFTEST, Control.INSENSITIVE, Control.VERIFIER_REGRADE):
         assert CONTROL_AGENTS[control] in canaries.CANARY_AGENTS
