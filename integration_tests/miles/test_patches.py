@@ -2,7 +2,8 @@
 
 `git apply --check` each patch against MILES_SRC; then apply all of them to a copy of the
 checkout's `miles/`, `tests/` and `examples/` and run, against that copy: Miles' own tests the
-patches touch or add (in a subprocess, this interpreter), the patched Harbor example agent
+patches touch or add (in a subprocess, this interpreter; those of Miles' weight updaters with
+MEGATRON_SRC on the path, as the updaters import Megatron-core), the patched Harbor example agent
 function against a refused port and a server that never answers, next to the unpatched one, and
 the patched launcher (`--session-server-external`) adopting a running `rl360 session serve`.
 """
@@ -30,6 +31,15 @@ MILES_TESTS_TOUCHED = [
     "tests/fast/ray/rollout/test_train_data_conversion.py",
     "tests/fast/rollout/test_filter_metrics.py",
     "tests/fast/ray/rollout/test_router_manager.py",
+    "tests/fast/ray/test_train_group_update_weights.py",
+    "tests/fast/ray/rollout/test_server_engine_shutdown.py",
+    "tests/fast/backends/sglang_utils/test_sglang_engine.py",
+    "tests/fast/backends/sglang_utils/test_sglang_engine_router_registration.py",
+]
+# Miles' weight updaters import Megatron-core: these run with MEGATRON_SRC on the path.
+MILES_UPDATER_TESTS_TOUCHED = [
+    "tests/fast/backends/megatron_utils/test_update_weight_stale_on_failure.py",
+    "tests/fast/backends/megatron_utils/test_update_weight_from_distributed_lock.py",
 ]
 ADOPT_SCRIPT = """
 import json, sys
@@ -44,8 +54,8 @@ print(json.dumps({"ports": args.session_server_ports, "ids": args.session_server
 """
 
 
-def test_there_are_four_patch_sets() -> None:
-    assert [p.name[:4] for p in PATCHES] == ["0001", "0002", "0003", "0004"]
+def test_there_are_eight_patch_sets() -> None:
+    assert [p.name[:4] for p in PATCHES] == [f"{n:04d}" for n in range(1, 9)]
 
 
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)
@@ -73,11 +83,10 @@ def patched_copy(miles_root: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return root
 
 
-@pytest.mark.slow
-def test_miles_own_tests_pass_with_the_patches(patched_copy: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(patched_copy)}
+def _run_miles_tests(patched_copy: Path, tests: list[str], *path: str) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(patched_copy), *path])}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *MILES_TESTS_TOUCHED],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
         cwd=patched_copy,
         env=env,
         capture_output=True,
@@ -87,6 +96,22 @@ def test_miles_own_tests_pass_with_the_patches(patched_copy: Path) -> None:
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "passed" in result.stdout.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_miles_own_tests_pass_with_the_patches(patched_copy: Path) -> None:
+    _run_miles_tests(patched_copy, MILES_TESTS_TOUCHED)
+
+
+@pytest.mark.slow
+def test_miles_updater_tests_pass_with_the_patches(patched_copy: Path) -> None:
+    """0005: Miles' weight updaters mark their engine connection stale when a push fails."""
+    megatron = os.environ.get("MEGATRON_SRC")
+    if not megatron:
+        if os.environ.get("RL360_MILES_STRICT") == "1":
+            pytest.fail("MEGATRON_SRC is not set: Miles' weight updaters import Megatron-core")
+        pytest.skip("MEGATRON_SRC is not set: Miles' weight updaters import Megatron-core")
+    _run_miles_tests(patched_copy, MILES_UPDATER_TESTS_TOUCHED, megatron)
 
 
 def _load(path: Path, name: str) -> ModuleType:

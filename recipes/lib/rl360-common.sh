@@ -100,6 +100,8 @@ RL360_ARGS=(
    # Dr. GRPO instead: rl360_ext.train.reducers.constant_normalizer with RL360_PG_LOSS_CONSTANT=8192
    --custom-pg-loss-reducer-function-path rl360_ext.train.reducers.valid_sample_mean
    --custom-tis-function-path rl360_ext.train.tis.valid_token_tis
+   # every weight push's path, reason, engines reached and calls per engine in Miles' step log
+   --custom-megatron-init-path rl360_ext.weights.miles_observer.install
 )
 
 MISC_ARGS=(
