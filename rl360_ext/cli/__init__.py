@@ -31,6 +31,7 @@ from rl360_ext.cli.harbor import app as harbor_app
 from rl360_ext.cli.session import app as session_app
 from rl360_ext.cli.tasks import app as tasks_app
 from rl360_ext.cli.templates import app as template_app
+from rl360_ext.local.ab_config import FAULT_MODES, LIVE_FAULT_MODES, LIVE_SEEDS, parse_names
 from rl360_ext.util.prereqs import EXIT_UNAVAILABLE, Unavailable, package_remedy
 from rl360_ext.util.procs import ServiceStartError
 from rl360_ext.util.progress import showing_progress
@@ -168,8 +169,20 @@ def demo(
         help="'schedules': run one-step-off, in-flight in_place and in-flight retract, side by side. "
         "The fault A/B, 'upstream' or 'upstream,clean': runs rl360's arm, then upstream Miles' defaults "
         "(failures scored 0, Miles' baseline, masked samples in the loss denominator) on the same seed, "
-        "tasks and faults, then (clean) rl360's rules without faults; one after the other, each a full "
-        "run of --steps in OUT/<arm> (wall time: arms x one demo), plus OUT/compare.html and compare.json.",
+        "tasks and faults, then (clean) rl360's rules without faults; --seeds seeds x --fault-modes modes, "
+        "one run after the other, each a full demo in OUT/<mode>/<arm>/seed-<S> (wall time: S x (modes x 2 "
+        "+ 1 with clean) demos), plus OUT/compare.html and compare.json (mean and 95% interval over seeds).",
+    ),
+    seeds: int | None = typer.Option(
+        None,
+        help=f"With --compare upstream[,clean]: seeds per arm and fault mode (default {LIVE_SEEDS}), "
+        "0 .. S - 1, the same in every arm (per seed: the same warm start, tasks, faults, sampling seeds).",
+    ),
+    fault_modes: str | None = typer.Option(
+        None,
+        help=f"With --compare upstream[,clean]: comma-separated fault modes, each a set of runs (default "
+        f"{LIVE_FAULT_MODES}): uniform, burst (the middle step only), correlated (faults grow with an "
+        "attempt's sandbox calls); the offline A/B's modes (docs/demo.md).",
     ),
 ) -> None:
     """Run the whole RL loop on this CPU machine (rollouts, the reference trainer, weight pushes)
@@ -208,6 +221,7 @@ def demo(
             arms = parse_compare(compare)
         except ValueError as err:
             raise typer.BadParameter(str(err), param_hint="--compare") from None
+    modes, ab_seeds = _ab_runs(arms is not None, seeds, fault_modes)
     preflight(demo_stack_config(config), "rl360 demo", install=True)
     if audit_tasks:
         _audit_demo_tasks(out)
@@ -221,11 +235,30 @@ def demo(
     if arms is not None:
         from rl360_ext.local.compare import run_compare
 
-        raise typer.Exit(1 if run_compare(config, arms).problems else 0)
+        raise typer.Exit(1 if run_compare(config, arms, modes, ab_seeds).problems else 0)
     result = run_demo(
         steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out, **settings
     )
     raise typer.Exit(1 if result.problems else 0)
+
+
+def _ab_runs(ab: bool, seeds: int | None, fault_modes: str | None) -> tuple[list[str], int]:
+    """The fault A/B's modes and seeds from `--fault-modes` and `--seeds` (defaults when unset); a
+    BadParameter names the option when one is bad or given without `--compare upstream[,clean]`."""
+    for value, flag in ((seeds, "--seeds"), (fault_modes, "--fault-modes")):
+        if value is not None and not ab:
+            raise typer.BadParameter(f"{flag} needs --compare upstream[,clean]", param_hint=flag)
+    if seeds is not None and seeds < 1:
+        raise typer.BadParameter(f"--seeds must be an integer >= 1, got {seeds}", param_hint="--seeds")
+    try:
+        modes = list(
+            parse_names(
+                LIVE_FAULT_MODES if fault_modes is None else fault_modes, FAULT_MODES, "--fault-modes"
+            )
+        )
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--fault-modes") from None
+    return modes, LIVE_SEEDS if seeds is None else seeds
 
 
 @app.command()

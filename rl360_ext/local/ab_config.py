@@ -1,6 +1,8 @@
 """The settings of `rl360 ab` (the fault A/B offline, `rl360_ext.local.offline_ab`): one dataclass
-whose fields are the command's flags (`rl360_ext.cli.fields.config_command`), and the names of
-the fault modes and arms. Standard library only, so the CLI imports it without the trainer.
+whose fields are the command's flags (`rl360_ext.cli.fields.config_command`); the names of the
+fault modes and arms and the goal, which the live A/B (`rl360 demo --compare`) shares, with that
+command's defaults for `--seeds` and `--fault-modes`; the parser of a comma-separated name list.
+Standard library only, so the CLI imports it without the trainer.
 """
 
 from __future__ import annotations
@@ -19,10 +21,14 @@ ZERO_SCORED, DENOMINATOR, VANILLA_TIS = "zero-scored", "denominator", "vanilla-t
 ARM_NAMES = ("rl360", "upstream", "clean", "zero-scored", "denominator", "vanilla-tis")
 ABLATION_ARMS = ("zero-scored", "denominator", "vanilla-tis")  # each one upstream rule on top of rl360's
 ON_POLICY = "on-policy"
+GOAL = 0.8  # the unfiltered mean whose first step is "steps to goal" (offline and live A/B)
+LIVE_SEEDS = 3  # `rl360 demo --compare`'s default --seeds
+LIVE_FAULT_MODES = UNIFORM  # `rl360 demo --compare`'s default --fault-modes (one mode: the cheapest)
 OFFLINE_SCHEDULES = (ONE_STEP_OFF, ON_POLICY)
 
 
-def _names(value: str, known: Sequence[str], flag: str) -> tuple[str, ...]:
+def parse_names(value: str, known: Sequence[str], flag: str) -> tuple[str, ...]:
+    """The comma-separated names of `value`, each one of `known`, no repeats; a ValueError names `flag`."""
     names = tuple(part.strip() for part in value.split(",") if part.strip())
     unknown = [n for n in names if n not in known]
     if not names or unknown or len(set(names)) != len(names):
@@ -56,7 +62,7 @@ class OfflineConfig:
     """Task groups per step."""
     attempts: int = 4
     """Attempts per task group."""
-    goal: float = 0.8
+    goal: float = GOAL
     """The unfiltered mean whose first step is 'steps to goal'."""
     schedule: str = ONE_STEP_OFF
     """one-step-off (the demo's default: step k samples on step k-2's weights) or on-policy."""
@@ -110,15 +116,15 @@ class OfflineConfig:
 
     @property
     def mode_names(self) -> tuple[str, ...]:
-        return _names(self.fault_mode, FAULT_MODES, "--fault-mode")
+        return parse_names(self.fault_mode, FAULT_MODES, "--fault-mode")
 
     @property
     def arm_names(self) -> tuple[str, ...]:
-        return _names(self.arms, ARM_NAMES, "--arms")
+        return parse_names(self.arms, ARM_NAMES, "--arms")
 
     @property
     def ablation_mode_names(self) -> tuple[str, ...]:
-        return _names(self.ablation_modes, FAULT_MODES, "--ablation-modes")
+        return parse_names(self.ablation_modes, FAULT_MODES, "--ablation-modes")
 
     @property
     def seed_list(self) -> list[int]:

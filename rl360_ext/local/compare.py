@@ -1,31 +1,43 @@
-"""`rl360 demo --faults RATE --compare upstream[,clean]`: the fault A/B, live, one arm after the other.
+"""`rl360 demo --faults RATE --compare upstream[,clean] --seeds S --fault-modes M,...`: the fault
+A/B, live, over seeds and fault modes, one run after the other.
 
-Owns which arms a `--compare` value asks for, each arm's `DemoConfig` (derived from the one the
-user gave, so every arm has the same seed, steps, tasks, attempts and settings), running them,
-and the combined report. The arms:
+Owns which arms a `--compare` value asks for and which fault modes a `--fault-modes` value asks
+for, each run's `DemoConfig` (derived from the one the user gave, so every run has the same steps,
+tasks, attempts and settings), running them, and handing the folders to the combined report. The
+arms:
 
 - `rl360`: rl360's rules (`valid_group_advantages`; the trainer's `valid_sample_mean` reducer
   and `valid_token_tis`): infrastructure failures are masked out of the loss and the baseline;
 - `upstream`: upstream Miles' defaults (`rl360_ext.local.arms`: failures scored 0, Miles'
   `_normalize_rewards_by_rollout` grouping, the default reducer that counts masked samples in the
   loss denominator, vanilla TIS), on the same faults;
-- `clean`: rl360's rules with no faults at all (`--compare upstream,clean`).
+- `clean`: rl360's rules with no faults at all (`--compare upstream,clean`). It has no fault, so
+  its runs are the same in every mode: it runs once per seed (`OUT/clean/seed-S`) and the report
+  counts it under every mode, as the offline A/B does.
 
-How the arms share the machine: one after the other, each a whole `rl360 demo` run in its own
-folder (`OUT/<arm>`: its own stack, engines, trainer weights and weight versions), so each gets
-both cores and none waits on another's rollouts. What is the same in every arm: the seed, the
-format warm start (so the same first policy), each step's quiz tasks and every fault aimed at
-an attempt (`demo_plan.plan_step` is a function of the seed, the step and the task/attempt
-counts; the clean arm draws the same tasks, with the fault rate 0), and each attempt's sampling
-seed (`demo_plan.attempt_sampling_seed`, `seeded_sampling` on in every arm), so while two arms
-hold the same weights (steps 0 and 1 generate on the warm-started weights under one-step-off)
-an attempt that runs in both samples the same tokens. What is not: where the engines' 503s land
-(seeded per engine, drawn per request in arrival order), and everything after the arms'
-weights part; the report's standard errors say how much of a difference noise alone makes.
-The dynamic filter is rl360's in every arm, so the arms differ only in the rules above.
+The fault modes are the offline A/B's (`rl360_ext.local.demo_plan.attempt_fault`, the module
+docstring of `rl360_ext.local.offline_ab`): `uniform` (planned sandbox, verifier and deadline
+faults at RATE x 3/4, plus the engines' 503s at RATE / 4 per attempt), `burst` (only the middle
+step: each attempt's sandbox fails to start with probability 0.9), `correlated` (a valid
+attempt is marked a lost sandbox once it ran, with a probability that grows with its sandbox
+calls; `demo_plan.correlated_fault`).
 
-Wall time: the sum of the arms' runs (each as long as a `rl360 demo` of the same size). It does
-not own any hook or the report's layout (`rl360_ext.diagnostics.compare_report`).
+Seeds: `--seeds S` runs the seeds SEED .. SEED + S - 1 (`--seed` is the demo's, default 0) in every
+arm and mode. A run's seed is the whole demo's seed: the format warm start (so the first policy),
+each step's quiz tasks, every fault aimed at an attempt (`demo_plan.plan_step`,
+`demo_plan.fault_uniforms`), each attempt's sampling seed (`demo_plan.attempt_sampling_seed`,
+`seeded_sampling` on in every run) and the engines' 503s (keyed by that sampling seed:
+`rl360_ext.tiny_engine.faults.FaultKey.SAMPLING_SEED`, so a function of the seed, step, task and
+attempt, not of the arrival order). So every arm of one seed asks the same quizzes, faults the
+same attempts (while their actions agree: the correlated mode looks at the answer) and samples
+the same tokens while their weights agree (steps 0 and 1 under one-step-off). What is not
+paired: everything after the arms' weights part, which the intervals over seeds measure.
+
+Layout: `OUT/<mode>/<arm>/seed-<S>` (each a whole `rl360 demo` run: its own stack, engines,
+trainer weights and report), `OUT/clean/seed-<S>`, and `OUT/compare.html` / `compare.json`.
+Wall time: runs x one demo of the same size, one after the other (each gets both cores):
+S x (modes x 2 + 1 with clean) runs. It does not own any hook, the statistics
+(`rl360_ext.diagnostics.ab_stats`) or the report's layout (`rl360_ext.diagnostics.compare_report`).
 """
 
 from __future__ import annotations
@@ -38,11 +50,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from rl360_ext.diagnostics.compare_report import write_compare
+from rl360_ext.diagnostics.ab_stats import results_table
+from rl360_ext.diagnostics.compare_report import RunFolder, write_compare
+from rl360_ext.local.ab_config import GOAL, LIVE_FAULT_MODES, LIVE_SEEDS, UNIFORM
 from rl360_ext.local.arms import RL360_RULES, UPSTREAM_RULES
 from rl360_ext.local.demo import DemoResult, run_demo
-from rl360_ext.local.demo_plan import DemoConfig
-from rl360_ext.util.console import make_console
+from rl360_ext.local.demo_plan import TRAIN_GREEDY, DemoConfig
+from rl360_ext.util.console import make_console, print_table
 
 RL360_ARM = "rl360"
 UPSTREAM_ARM = "upstream"
@@ -83,25 +97,62 @@ def parse_compare(value: str) -> list[str]:
     return [RL360_ARM, *names]
 
 
-def arm_configs(base: DemoConfig, arms: Sequence[str]) -> dict[str, DemoConfig]:
-    """Every arm's run settings: `base` with the arm's rules, its own folder, and no faults for clean."""
-    configs = {}
-    for name in arms:
-        spec = ARMS[name]
-        configs[name] = dataclasses.replace(
-            base,
-            out=base.out / name,
-            rules=spec.rules,
-            faults=base.faults if spec.faults else 0.0,
-            seeded_sampling=True,
-        )
-    return configs
+@dataclass(frozen=True)
+class CompareRun:
+    """One run of the A/B: which mode, arm and seed, and its whole `DemoConfig`."""
+
+    mode: str
+    arm: str
+    seed: int
+    config: DemoConfig
+
+
+def arm_config(base: DemoConfig, arm: str, mode: str, seed: int) -> DemoConfig:
+    """One run's settings: `base` with the arm's rules, the seed, the mode, seeded sampling, its own
+    folder (`OUT/<mode>/<arm>/seed-<seed>`; the clean arm: `OUT/clean/seed-<seed>`, no faults)."""
+    spec = ARMS[arm]
+    folder = base.out / (arm if not spec.faults else f"{mode}/{arm}") / f"seed-{seed}"
+    return dataclasses.replace(
+        base,
+        out=folder,
+        rules=spec.rules,
+        faults=base.faults if spec.faults else 0.0,
+        fault_mode=mode if spec.faults else UNIFORM,
+        seed=seed,
+        seeded_sampling=True,
+    )
+
+
+def compare_runs(base: DemoConfig, arms: Sequence[str], modes: Sequence[str], seeds: int) -> list[CompareRun]:
+    """Every run, seed by seed (stopped early, every arm and mode has the same seeds): each mode's
+    faulted arms; the clean arm once per seed (in the first mode: it is the same in every mode)."""
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"--seeds must be an integer >= 1, got {seeds!r}")
+    if not modes:
+        raise ValueError("--fault-modes needs at least one mode")
+    runs = []
+    for seed in range(base.seed, base.seed + seeds):
+        for number, mode in enumerate(modes):
+            for arm in arms:
+                if ARMS[arm].faults or number == 0:
+                    runs.append(CompareRun(mode, arm, seed, arm_config(base, arm, mode, seed)))
+    return runs
+
+
+def report_folders(runs: Sequence[CompareRun], modes: Sequence[str]) -> list[RunFolder]:
+    """The report's (mode, arm, seed, folder) rows: the clean arm's runs under every mode."""
+    folders = []
+    for mode in modes:
+        for run in runs:
+            if run.mode == mode or not ARMS[run.arm].faults:
+                folders.append(RunFolder(mode, run.arm, run.seed, run.config.out))
+    return folders
 
 
 @dataclass
 class CompareResult:
     out: Path
-    arms: dict[str, DemoResult]
+    runs: dict[tuple[str, str, int], DemoResult]
     wall_s: float
     report_path: Path
     json_path: Path
@@ -109,28 +160,48 @@ class CompareResult:
 
     @property
     def problems(self) -> list[str]:
-        return [f"{name}: {problem}" for name, result in self.arms.items() for problem in result.problems]
+        return [
+            f"{mode} {arm} seed {seed}: {problem}"
+            for (mode, arm, seed), result in self.runs.items()
+            for problem in result.problems
+        ]
 
 
-def run_compare(base: DemoConfig, arms: Sequence[str], console: Console | None = None) -> CompareResult:
-    """Run every arm's demo in turn (`base.out/<arm>`), then write `compare.html` and `compare.json`."""
+def run_compare(
+    base: DemoConfig,
+    arms: Sequence[str],
+    modes: Sequence[str] = (LIVE_FAULT_MODES,),
+    seeds: int = LIVE_SEEDS,
+    console: Console | None = None,
+) -> CompareResult:
+    """Run every (seed, mode, arm) demo in turn, then write `compare.html` and `compare.json`."""
     console = console or make_console()
-    configs = arm_configs(base, arms)
+    runs = compare_runs(base, arms, modes, seeds)
     started = time.monotonic()
     console.print(
-        f"rl360 demo --compare: arms {', '.join(arms)}, one after the other, seed {base.seed}, "
-        f"faults {base.faults:g} (clean: 0), output {base.out}"
+        f"rl360 demo --compare: {len(runs)} runs, one after the other (arms {', '.join(arms)}; modes "
+        f"{', '.join(modes)}; seeds {base.seed}..{base.seed + seeds - 1}), faults {base.faults:g} "
+        f"(clean: 0), output {base.out}"
     )
-    results: dict[str, DemoResult] = {}
-    for number, (name, config) in enumerate(configs.items(), start=1):
-        console.rule(f"arm {number}/{len(configs)}: {name} (rules {config.rules}, faults {config.faults:g})")
+    results: dict[tuple[str, str, int], DemoResult] = {}
+    for number, run in enumerate(runs, start=1):
+        config = run.config
+        mode = run.mode if ARMS[run.arm].faults else "no faults"
+        console.rule(
+            f"run {number}/{len(runs)}: seed {run.seed}, {mode}, {run.arm} (rules {config.rules}, "
+            f"faults {config.faults:g}), {time.monotonic() - started:.0f} s in"
+        )
         fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-        results[name] = run_demo(console=console, **fields)
-    folders = [(name, config.out) for name, config in configs.items()]
-    report, numbers, summary = write_compare(base.out, folders)
+        results[(run.mode, run.arm, run.seed)] = run_demo(console=console, **fields)
+    eval_dataset = TRAIN_GREEDY if base.eval_interval is not None else None
+    report, numbers, document = write_compare(
+        base.out, report_folders(runs, modes), base.steps, GOAL, eval_dataset
+    )
     wall_s = time.monotonic() - started
     console.rule("fault A/B")
-    for line in summary:
+    title = f"fault A/B live: mean [95% t-interval] over {seeds} seeds ({base.steps} steps)"
+    print_table(console, results_table(document["table"], title, GOAL))
+    for line in document["summary"]:
         console.print(line)
-    console.print(f"A/B done in {wall_s:.0f} s: {report}, {numbers}")
-    return CompareResult(base.out, results, wall_s, report, numbers, summary)
+    console.print(f"A/B done in {wall_s:.0f} s ({len(runs)} runs): {report}, {numbers}")
+    return CompareResult(base.out, results, wall_s, report, numbers, document["summary"])

@@ -95,6 +95,7 @@ from rl360_ext.local.demo_plan import (
     allowed_weight_versions,
     attach_push,
     attempt_sampling_seed,
+    correlated_fault,
     eval_notes,
     max_token_age,
     plan_eval,
@@ -116,6 +117,7 @@ from rl360_ext.local.stack import (
     engine_fault_counts,
     engine_requests,
 )
+from rl360_ext.outcomes.infra import mark_infra_sample
 from rl360_ext.outcomes.provenance import DOMAIN, is_valid
 from rl360_ext.rollout.eval_metrics import EVAL_NOTE_KIND
 from rl360_ext.rollout.metrics import append_records
@@ -515,6 +517,10 @@ class DemoDriver:
                 )
             )
             sample = output.samples
+            if is_valid(sample):  # the correlated fault mode: decided once the attempt ran
+                fault = correlated_fault(self.config, plan.step, plan.index, sample.response, sample.reward)
+                if fault is not None:
+                    mark_infra_sample(sample, fault)
             self._stale_since_push += stale_served_tokens(sample, published)
             counts["valid" if is_valid(sample) else "infra"] += 1
             self.progress.update(

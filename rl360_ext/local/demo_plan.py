@@ -19,6 +19,13 @@ Miles index, which the step's plan maps to its task), not drawn in request order
 attempts get them in every arm (`rl360_ext.tiny_engine.faults.FaultKey.SAMPLING_SEED`), as the
 planned sandbox, verifier and deadline faults are the same in every arm.
 
+That is the `uniform` fault mode (`fault_mode`). The fault modes are shared with the offline
+A/B (`rl360_ext.local.offline_ab`), defined here once (`attempt_fault`, `fault_uniforms`: draws
+keyed by the seed, the mode and the attempt's Miles index): `burst` plans a sandbox-start fault
+for each attempt of the middle step with probability `BURST_RATE` and nothing else (no 503s);
+`correlated` plans nothing and marks a valid attempt a lost sandbox once it ran, with a
+probability that grows with its sandbox calls (`correlated_fault`).
+
 Schedules (`--schedule`): `one-step-off` is Miles' `train_async.py` (weights pushed only once no
 rollout generates). `in-flight` pushes the weights step k's training produced as soon as they are
 written, while rollout k+1 keeps generating: the engines pause (`--pause-mode in_place` keeps the
@@ -40,10 +47,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from rl360_ext.local.ab_config import BURST, BURST_RATE, CORRELATED, FAULT_MODES, UNIFORM
 from rl360_ext.local.arms import RL360_RULES, arm_rules
+from rl360_ext.local.quiz_agent import extract_answer
 from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.provenance import VALID, attempt_class, infra_cause
 from rl360_ext.rollout.rewards import reward_value
+from rl360_ext.templates.markup import TURN_START
 from rl360_ext.train.staleness import AGE_BUCKETS as STALENESS_AGE_BUCKETS
 from rl360_ext.weights.churn import ChurnEvent, parse_churn
 
@@ -55,6 +67,8 @@ ENGINE_503 = "engine_503"
 FAULT_KINDS = (SANDBOX_START, VERIFIER_CRASH, CLIENT_DEADLINE, ENGINE_503)
 ATTEMPT_FAULT_KINDS = (SANDBOX_START, VERIFIER_CRASH, CLIENT_DEADLINE)  # aimed at single attempts
 FAULT_TASKS = {SANDBOX_START: "fault-sandbox-start", VERIFIER_CRASH: "fault-verifier-crash"}
+SANDBOX_LOST = Cause.SANDBOX_LOST.value  # the correlated mode's fault: a sandbox call that failed
+CORRELATED_TYPICAL_CALLS = 3  # probe, answer write, verifier: an attempt that writes an answer
 
 SAMPLING_SEED_LIMIT = 2**63  # an OpenAI `seed` is a non-negative integer; SGLang's sampling_seed is int64
 INITIAL_WEIGHT_VERSION = "0"  # pushed before step 0, as Miles' train_async updates weights first
@@ -95,6 +109,7 @@ class DemoConfig:
     eval_held_out: int = 2  # quiz tasks held out of training and evaluated, when eval_interval is set
     engine_churn: str = ""  # --engine-churn SPEC: kill:STEP / hang:STEP events (`rl360_ext.weights.churn`)
     confirm_timeout_s: float = 10.0  # a push fences an engine that does not confirm a call within this
+    fault_mode: str = UNIFORM  # how --faults are spread (FAULT_MODES; the module docstring)
 
     def __post_init__(self) -> None:
         minimums = {
@@ -141,6 +156,8 @@ class DemoConfig:
         timeout = self.confirm_timeout_s
         if isinstance(timeout, bool) or not (isinstance(timeout, int | float) and 1 <= timeout <= 600):
             raise ValueError(f"confirm_timeout_s must be a number of seconds in [1, 600], got {timeout!r}")
+        if self.fault_mode not in FAULT_MODES:
+            raise ValueError(f"fault_mode must be one of {', '.join(FAULT_MODES)}, got {self.fault_mode!r}")
         if not isinstance(self.seeded_sampling, bool):
             raise ValueError(f"seeded_sampling must be true or false, got {self.seeded_sampling!r}")
 
@@ -151,13 +168,89 @@ class DemoConfig:
 
     @property
     def attempt_fault_rate(self) -> float:
-        """Probability that one attempt gets a fault aimed at it (sandbox, verifier or deadline)."""
+        """Probability that one attempt gets a fault aimed at it (sandbox, verifier or deadline);
+        uniform mode only (burst and correlated place their faults themselves)."""
+        if self.fault_mode != UNIFORM:
+            return 0.0
         return self.faults * len(ATTEMPT_FAULT_KINDS) / len(FAULT_KINDS)
 
     @property
     def engine_error_rate(self) -> float:
-        """Probability that an engine answers one `/generate` with a 503."""
-        return self.faults / len(FAULT_KINDS)
+        """Probability that an engine answers one `/generate` with a 503 (uniform mode only)."""
+        return self.faults / len(FAULT_KINDS) if self.fault_mode == UNIFORM else 0.0
+
+
+# ---- fault modes (shared with the offline A/B, rl360_ext.local.offline_ab) --------------------------
+
+
+def keyed_uniforms(key: str, n: int) -> list[float]:
+    """`n` uniforms in [0, 1) that are a function of `key` alone."""
+    seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+    return np.random.default_rng(seed).random(n).tolist()
+
+
+def fault_uniforms(seed: int, mode: str, index: int) -> list[float]:
+    """An attempt's fault draws under `mode`: a function of the run's seed and the attempt's Miles
+    index (so of its step, group, task and place), the same in every arm."""
+    return keyed_uniforms(f"rl360-ab-fault:{seed}:{mode}:{index}", 2)
+
+
+def burst_step(steps: int) -> int:
+    """The step the burst mode faults (the public run's step 70): the middle one."""
+    return steps // 2
+
+
+def correlated_hazard(rate: float) -> float:
+    """The per-call hazard at which an attempt with the typical three sandbox calls faults at `rate`."""
+    return 1.0 - (1.0 - rate) ** (1.0 / CORRELATED_TYPICAL_CALLS)
+
+
+def attempt_fault(
+    mode: str, rate: float, step: int, steps: int, planned: str | None, uniforms: Sequence[float], calls: int
+) -> str | None:
+    """The fault of one attempt under `mode` (None: it runs clean). `planned` is the demo plan's
+    attempt fault (uniform mode), `uniforms` the attempt's two fault draws, `calls` its sandbox calls.
+
+    uniform: the planned fault, else an engine 503 on either of the two model calls, each at
+    rate / 4 (the offline A/B's; live, the engines decide the 503s themselves, keyed per attempt);
+    burst: a sandbox-start fault with probability `BURST_RATE` on `burst_step` only; correlated: a
+    lost sandbox with probability 1 - (1 - h)^calls, h = `correlated_hazard(rate)`."""
+    if mode == UNIFORM:
+        if planned is not None:
+            return planned
+        per_call = rate / len(FAULT_KINDS)  # the engines' 503 rate, on each of the two model calls
+        return ENGINE_503 if min(uniforms) < per_call else None
+    if mode == BURST:
+        return SANDBOX_START if step == burst_step(steps) and uniforms[0] < BURST_RATE else None
+    if mode == CORRELATED:
+        probability = 1.0 - (1.0 - correlated_hazard(rate)) ** calls
+        return SANDBOX_LOST if uniforms[0] < probability else None
+    raise ValueError(f"fault mode must be one of {', '.join(FAULT_MODES)}, got {mode!r}")
+
+
+def answer_written(response: str, reward: float | None) -> bool:
+    """Whether the quiz agent wrote an answer file, from a valid merged sample's `response` text
+    (Miles' `response`, special tokens kept) and reward: the answer turn (after the last generation
+    prompt) holds a letter (`quiz_agent.extract_answer`), or, when the merge kept only the look turn
+    (no answer turn in the sample), the verifier's reward is 1 (a reward 0 cannot tell a wrong
+    letter from none there and counts as no write)."""
+    marker = f"{TURN_START}assistant\n"
+    if marker not in response:
+        return reward == 1.0
+    return extract_answer(response.rsplit(marker, 1)[1]) is not None
+
+
+def correlated_fault(
+    config: DemoConfig, step: int, index: int, response: str, reward: float | None
+) -> str | None:
+    """The live correlated mode's fault for a valid attempt, decided once it ran (None: none; always
+    None outside that mode): `attempt_fault(CORRELATED, ...)` with the attempt's fault draws and its
+    sandbox calls (the probe, the verifier's run, and the answer write when `answer_written`)."""
+    if config.fault_mode != CORRELATED or config.faults == 0:
+        return None
+    calls = 2 + answer_written(response, reward)
+    uniforms = fault_uniforms(config.seed, CORRELATED, index)
+    return attempt_fault(CORRELATED, config.faults, step, config.steps, None, uniforms, calls)
 
 
 @dataclass(frozen=True)
@@ -178,7 +271,9 @@ class AttemptPlan:
 
 def plan_step(step: int, config: DemoConfig, task_names: Sequence[str]) -> list[list[AttemptPlan]]:
     """The step's groups: `config.tasks` quiz tasks (distinct while the pool lasts), each with
-    `config.attempts` attempts, some with a fault. Deterministic in (config.seed, step)."""
+    `config.attempts` attempts, some with a fault (uniform: drawn at `attempt_fault_rate`; burst:
+    `attempt_fault`'s sandbox-start faults on the burst step; correlated: none planned, see
+    `correlated_fault`). Deterministic in (config.seed, step); the tasks do not depend on the mode."""
     if not task_names:
         raise ValueError("the demo needs at least one quiz task")
     rng = random.Random(f"rl360-demo:{config.seed}:{step}")
@@ -192,8 +287,12 @@ def plan_step(step: int, config: DemoConfig, task_names: Sequence[str]) -> list[
         group_index = step * config.tasks + position
         group = []
         for attempt in range(config.attempts):
+            index = group_index * config.attempts + attempt
             fault = rng.choice(ATTEMPT_FAULT_KINDS) if rng.random() < config.attempt_fault_rate else None
-            group.append(AttemptPlan(step, group_index, group_index * config.attempts + attempt, task, fault))
+            if config.fault_mode == BURST and config.faults > 0:
+                uniforms = fault_uniforms(config.seed, BURST, index)
+                fault = attempt_fault(BURST, config.faults, step, config.steps, None, uniforms, 0)
+            group.append(AttemptPlan(step, group_index, index, task, fault))
         groups.append(group)
     return groups
 

@@ -28,7 +28,8 @@ tasks (the demo's plan), each attempt's three sampling uniforms (keyed by the de
 quizzes, faults the same attempts while their actions agree, and samples the same tokens while
 their weights agree (they do up to step 1 under one-step-off).
 
-Fault modes (every arm but `clean`, which runs the same seeds with no fault):
+Fault modes (every arm but `clean`, which runs the same seeds with no fault; defined once in
+`demo_plan.attempt_fault`, which the live A/B, `rl360 demo --compare --fault-modes`, uses too):
 
 - `uniform`: the demo's own faults for the seed (`plan_step` at `rate`: sandbox, verifier and
   deadline faults at rate x 3/4) plus an engine 503 on either of the attempt's two model calls,
@@ -53,8 +54,9 @@ step, the gradient scale (`train/loss_scale`), the advantage shift (`advantage/s
 final policy's greedy eval pass rate on the training quizzes (the demo's `train_greedy` eval
 dataset: every quiz trains when `--eval-interval` is unset, the demo's default).
 
-Statistics over seeds (`interval`): mean and a two-sided 95 % Student-t interval; paired
-differences against `rl360` (same seed) with their own t-interval. Steps to 0.8: the first step
+Statistics over seeds (`rl360_ext.diagnostics.ab_stats`, shared with the live A/B's page): mean
+and a two-sided 95 % Student-t interval; paired differences against `rl360` (same seed) with
+their own t-interval. Steps to 0.8: the first step
 whose unfiltered mean is >= `goal`; a run that never gets there counts as `steps` (right-censored
 at the step count: its mean is a lower bound) and the censored runs are counted. The summary
 sentence compares two arms' intervals: overlapping intervals read "no difference detected".
@@ -73,8 +75,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
-import itertools
 import json
 import math
 import os
@@ -89,15 +89,21 @@ from typing import Any
 
 import numpy as np
 
+from rl360_ext.diagnostics.ab_stats import (
+    INTERVAL_NOTE,
+    Interval,
+    curve_figures,
+    paired_interval,
+    summarize,
+    summary_sentences,
+)
+from rl360_ext.diagnostics.ab_stats import results_table as stats_table
 from rl360_ext.local.ab_config import (
     ABLATION_ARMS,
     ARM_NAMES,
     BURST,
-    BURST_RATE,
     CLEAN,
-    CORRELATED,
     DENOMINATOR,
-    FAULT_MODES,
     RL360,
     UNIFORM,
     UPSTREAM,
@@ -115,13 +121,16 @@ from rl360_ext.local.arms import (
 from rl360_ext.local.demo_plan import (
     CLIENT_DEADLINE,
     ENGINE_503,
-    FAULT_KINDS,
     ONE_STEP_OFF,
+    SANDBOX_LOST,
     SANDBOX_START,
     VERIFIER_CRASH,
     DemoConfig,
+    attempt_fault,
     attempt_sampling_seed,
     expected_weight_version,
+    fault_uniforms,
+    keyed_uniforms,
     plan_step,
 )
 from rl360_ext.local.quiz_agent import (
@@ -145,7 +154,6 @@ from rl360_ext.tiny_engine.threads import single_blas_thread
 from rl360_ext.trainer.trainer import Trainer, TrainerConfig
 from rl360_ext.util.dotted import load_function
 
-SANDBOX_LOST = Cause.SANDBOX_LOST.value  # the correlated mode's fault: a sandbox call that failed
 FAULT_CAUSES = {  # the cause the agent function records for each injected fault
     SANDBOX_START: Cause.NO_SANDBOX.value,
     VERIFIER_CRASH: Cause.VERIFIER_CRASH.value,
@@ -153,20 +161,6 @@ FAULT_CAUSES = {  # the cause the agent function records for each injected fault
     ENGINE_503: Cause.NO_ENGINE_AVAILABLE.value,
     SANDBOX_LOST: SANDBOX_LOST,
 }
-CORRELATED_TYPICAL_CALLS = 3  # probe, answer write, verifier: an attempt that writes an answer
-CONFIDENCE = 0.95
-METRICS = ("steps_to_goal", "auc", "final_mean", "eval_pass", "gradient_scale", "advantage_shift")
-METRIC_NAMES = {
-    "steps_to_goal": "steps to goal",
-    "auc": "area under the curve",
-    "final_mean": "final unfiltered mean",
-    "eval_pass": "eval pass rate (greedy)",
-    "gradient_scale": "gradient scale",
-    "advantage_shift": "advantage shift",
-}
-# lower is better for steps to goal; for the others higher reads as "learned more", and for the
-# gradient scale and the advantage shift the sentence names the direction only
-LOWER_IS_BETTER = {"steps_to_goal"}
 
 
 @dataclass(frozen=True)
@@ -387,42 +381,9 @@ def run_attempt(
     return Attempt([*first, *response], len(response), mask, lps, letter, reward)
 
 
-def _uniforms(key: str, n: int) -> list[float]:
-    seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
-    return np.random.default_rng(seed).random(n).tolist()
-
-
 def sampling_uniforms(seed: int, index: int, max_new_tokens: int) -> list[float]:
     """An attempt's sampling draws (look token, answer tokens): from the demo's sampling seed."""
-    return _uniforms(f"rl360-ab-sampling:{attempt_sampling_seed(seed, index)}", 1 + max_new_tokens)
-
-
-def fault_uniforms(seed: int, mode: str, index: int) -> list[float]:
-    """An attempt's fault draws under `mode`: the same in every arm."""
-    return _uniforms(f"rl360-ab-fault:{seed}:{mode}:{index}", 2)
-
-
-def correlated_hazard(rate: float) -> float:
-    """The per-call hazard at which an attempt with the typical three sandbox calls faults at `rate`."""
-    return 1.0 - (1.0 - rate) ** (1.0 / CORRELATED_TYPICAL_CALLS)
-
-
-def attempt_fault(
-    mode: str, rate: float, step: int, steps: int, planned: str | None, uniforms: Sequence[float], calls: int
-) -> str | None:
-    """The fault of one attempt under `mode` (None: it runs clean). `planned` is the demo plan's
-    attempt fault (uniform mode), `uniforms` the attempt's two fault draws, `calls` its sandbox calls."""
-    if mode == UNIFORM:
-        if planned is not None:
-            return planned
-        per_call = rate / len(FAULT_KINDS)  # the engines' 503 rate, on each of the two model calls
-        return ENGINE_503 if min(uniforms) < per_call else None
-    if mode == BURST:
-        return SANDBOX_START if step == steps // 2 and uniforms[0] < BURST_RATE else None
-    if mode == CORRELATED:
-        probability = 1.0 - (1.0 - correlated_hazard(rate)) ** calls
-        return SANDBOX_LOST if uniforms[0] < probability else None
-    raise ValueError(f"fault mode must be one of {', '.join(FAULT_MODES)}, got {mode!r}")
+    return keyed_uniforms(f"rl360-ab-sampling:{attempt_sampling_seed(seed, index)}", 1 + max_new_tokens)
 
 
 def make_sample(attempt: Attempt, group_index: int, index: int, version: int, fault: str | None) -> Sample:
@@ -500,23 +461,15 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 def run_figures(run: RunResult, total_steps: int, goal: float) -> dict[str, float]:
-    """steps to goal (censored at `total_steps`), area under the learning curve (mean of the per-step
-    unfiltered means, steps without a valid attempt left out), final mean (last third of the steps),
-    eval pass rate, mean gradient scale and mean advantage shift over the trained steps."""
-    curve = [(s.step, s.unfiltered_mean) for s in run.steps if s.unfiltered_mean is not None]
-    reached = next((step for step, mean in curve if mean >= goal), None)
-    late = [m for step, m in curve if step >= total_steps - max(1, total_steps // 3)]
-    scales = [s.loss_scale for s in run.steps if s.loss_scale is not None]
-    shifts = [s.advantage_shift for s in run.steps if s.advantage_shift is not None]
-    return {
-        "steps_to_goal": float(total_steps if reached is None else reached),
-        "censored": float(reached is None),
-        "auc": _mean([m for _, m in curve]) or 0.0,
-        "final_mean": _mean(late) or 0.0,
-        "eval_pass": run.eval_pass,
-        "gradient_scale": _mean(scales) if scales else math.nan,
-        "advantage_shift": _mean(shifts) if shifts else math.nan,
-    }
+    """The run's figures (`ab_stats.curve_figures`) from its steps and its eval."""
+    return curve_figures(
+        [(s.step, s.unfiltered_mean) for s in run.steps],
+        [s.loss_scale for s in run.steps],
+        [s.advantage_shift for s in run.steps],
+        run.eval_pass,
+        total_steps,
+        goal,
+    )
 
 
 def greedy_eval(problem: Problem, weights: dict[str, np.ndarray], max_new_tokens: int) -> float:
@@ -676,141 +629,6 @@ def run_all(
                 progress(results[-1])
     order = {job: number for number, job in enumerate(jobs)}
     return sorted(results, key=lambda r: order[(r.mode, r.arm, r.seed)])
-
-
-# ---- statistics ----------------------------------------------------------------------------------
-
-# two-sided 95 % Student-t quantiles t(0.975, df)
-_T975 = {
-    1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
-    10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110,
-    18: 2.101, 19: 2.093, 20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060,
-    26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980,
-}  # fmt: skip
-_Z975 = 1.959964
-
-
-def t_quantile(df: int) -> float:
-    """t(0.975, df), the two-sided 95 % quantile: tabled to df 30, then 40/60/120 (interpolated in
-    1/df, exact to 3 decimals), the normal's beyond."""
-    if df < 1:
-        raise ValueError(f"df must be >= 1, got {df}")
-    if df in _T975:
-        return _T975[df]
-    points = [(1 / d, q) for d, q in sorted(_T975.items()) if d >= 30] + [(0.0, _Z975)]
-    x = 1 / df
-    for (x0, q0), (x1, q1) in itertools.pairwise(points):
-        if x1 <= x <= x0:
-            return q1 + (q0 - q1) * (x - x1) / (x0 - x1)
-    return _Z975
-
-
-@dataclass(frozen=True)
-class Interval:
-    """Mean and two-sided 95 % Student-t interval of `n` values (a point when n is 1)."""
-
-    mean: float
-    low: float
-    high: float
-    n: int
-    sd: float
-
-    def overlaps(self, other: Interval) -> bool:
-        return self.low <= other.high and other.low <= self.high
-
-    def excludes_zero(self) -> bool:
-        return self.low > 0 or self.high < 0
-
-    def text(self, spec: str = ".3f") -> str:
-        return f"{format(self.mean, spec)} [{format(self.low, spec)}, {format(self.high, spec)}]"
-
-
-def interval(values: Sequence[float]) -> Interval:
-    """The mean and 95 % t-interval of the finite `values`; ValueError when there is none."""
-    finite = np.asarray([v for v in values if math.isfinite(v)], dtype=np.float64)
-    if finite.size == 0:
-        raise ValueError("no finite value to summarize")
-    mean = float(finite.mean())
-    if finite.size == 1:
-        return Interval(mean, mean, mean, 1, 0.0)
-    sd = float(finite.std(ddof=1))
-    half = t_quantile(finite.size - 1) * sd / math.sqrt(finite.size)
-    return Interval(mean, mean - half, mean + half, int(finite.size), sd)
-
-
-def paired_interval(values: Sequence[float], reference: Sequence[float]) -> Interval:
-    """The t-interval of the per-seed differences values - reference (same seeds, in order)."""
-    if len(values) != len(reference):
-        raise ValueError(f"{len(values)} values but {len(reference)} reference values")
-    return interval([a - b for a, b in zip(values, reference, strict=True)])
-
-
-def comparison_sentence(metric: str, arm: str, reference: str, a: Interval, b: Interval) -> str:
-    """One sentence from two arms' intervals: "no difference detected" when they overlap, else
-    which arm is higher (and, for steps to goal, which is faster)."""
-    name = METRIC_NAMES.get(metric, metric)
-    if a.overlaps(b):
-        return f"{name}: no difference detected between {arm} and {reference} (95% intervals overlap)"
-    higher, lower = (arm, reference) if a.mean > b.mean else (reference, arm)
-    if metric in LOWER_IS_BETTER:
-        return f"{name}: {lower} reaches the goal sooner than {higher} (95% intervals do not overlap)"
-    return f"{name}: {higher} is higher than {lower} (95% intervals do not overlap)"
-
-
-def summarize(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """Per mode and arm: each metric's interval over seeds, the censored count, and the paired
-    difference from rl360's arm (same seeds) when it ran. `records` are `run_record`s."""
-    table: dict[str, dict[str, dict[str, Any]]] = {}
-    figures: dict[tuple[str, str], dict[int, dict[str, float]]] = {}
-    for record in records:
-        figures.setdefault((record["mode"], record["arm"]), {})[record["seed"]] = record["figures"]
-    for (mode, arm), by_seed in figures.items():
-        seeds = sorted(by_seed)
-        entry: dict[str, Any] = {
-            "seeds": len(seeds),
-            "censored": int(sum(by_seed[s]["censored"] for s in seeds)),
-        }
-        reference = figures.get((mode, RL360))
-        for metric in METRICS:
-            values = [by_seed[s][metric] for s in seeds]
-            entry[metric] = _interval_dict(values)
-            if reference is not None and arm != RL360 and all(s in reference for s in seeds):
-                pairs = [(v, reference[s][metric]) for v, s in zip(values, seeds, strict=True)]
-                pairs = [(v, r) for v, r in pairs if math.isfinite(v) and math.isfinite(r)]
-                if pairs:
-                    diff = paired_interval([v for v, _ in pairs], [r for _, r in pairs])
-                    entry[f"{metric}_minus_rl360"] = dataclasses.asdict(diff)
-        table.setdefault(mode, {})[arm] = entry
-    return table
-
-
-def _interval_dict(values: Sequence[float]) -> dict[str, Any] | None:
-    try:
-        return dataclasses.asdict(interval(values))
-    except ValueError:
-        return None
-
-
-def _as_interval(value: Mapping[str, Any] | None) -> Interval | None:
-    return None if value is None else Interval(**value)
-
-
-def summary_sentences(table: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[str]:
-    """Per mode, each arm against rl360 on every metric, from the intervals."""
-    lines = []
-    for mode, arms in table.items():
-        if RL360 not in arms:
-            continue
-        for arm, entry in arms.items():
-            if arm == RL360:
-                continue
-            parts = []
-            for metric in METRICS:
-                a, b = _as_interval(entry.get(metric)), _as_interval(arms[RL360].get(metric))
-                if a is not None and b is not None:
-                    parts.append(comparison_sentence(metric, arm, RL360, a, b))
-            lines.append(f"{mode}, {arm} vs {RL360}: " + "; ".join(parts) + ".")
-    return lines
 
 
 # ---- the estimators' bias and variance -----------------------------------------------------------
@@ -1052,7 +870,7 @@ def ab_document(
     return {
         "config": dataclasses.asdict(config),
         "wall_s": wall_s,
-        "interval": "two-sided 95% Student t over seeds; paired differences vs rl360 over the same seeds",
+        "interval": INTERVAL_NOTE,
         "censoring": f"a run that never reaches {config.goal:g} counts as {config.steps} steps",
         "table": table,
         "summary": summary_sentences(table),
@@ -1083,33 +901,9 @@ def _json_default(value: Any) -> Any:
 
 def results_table(document: Mapping[str, Any]) -> Any:
     """The rich table: per mode and arm, each metric's mean [95% interval]."""
-    from rich.table import Table
-
     config = document["config"]
-    table = Table(title=f"fault A/B offline: mean [95% t-interval] over seeds ({config['steps']} steps)")
-    goal = f"steps to {config['goal']:g} (censored)"
-    columns = ("mode", "arm", "seeds", goal, "AUC", "final mean", "eval pass", "grad scale", "adv shift")
-    for column in columns:
-        table.add_column(column)
-    for mode, arms in document["table"].items():
-        for arm, entry in arms.items():
-
-            def cell(metric: str, spec: str = ".3f", entry: Mapping[str, Any] = entry) -> str:
-                value = _as_interval(entry.get(metric))
-                return "-" if value is None else value.text(spec)
-
-            table.add_row(
-                mode,
-                arm,
-                str(entry["seeds"]),
-                f"{cell('steps_to_goal', '.1f')} ({entry['censored']})",
-                cell("auc"),
-                cell("final_mean"),
-                cell("eval_pass", ".2f"),
-                cell("gradient_scale", ".2f"),
-                cell("advantage_shift"),
-            )
-    return table
+    title = f"fault A/B offline: mean [95% t-interval] over seeds ({config['steps']} steps)"
+    return stats_table(document["table"], title, config["goal"])
 
 
 def print_results(console: Any, document: Mapping[str, Any]) -> None:

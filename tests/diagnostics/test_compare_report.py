@@ -1,5 +1,6 @@
-"""The fault A/B's combined report: every arm's curves drawn with the numbers its run wrote, and a
-summary computed from them (runs written by the real filter and metrics hook, report_fixtures)."""
+"""The fault A/B's combined report: every run reduced to its figures, per mode and arm the intervals
+over seeds and the sentences they support, each arm's seed-mean curves drawn (runs written by the
+real filter and metrics hook, report_fixtures)."""
 
 from __future__ import annotations
 
@@ -10,21 +11,23 @@ from pathlib import Path
 
 import pytest
 
+from rl360_ext.diagnostics.ab_stats import curve_figures, interval
 from rl360_ext.diagnostics.compare_report import (
     ADVANTAGE_KIND,
     COMPARE_HTML,
     COMPARE_JSON,
-    ArmFacts,
-    difference_sentence,
+    RunFolder,
+    load_arm,
     write_compare,
 )
-from rl360_ext.rollout.metrics import REGISTRY, append_records, read_metrics
+from rl360_ext.rollout.metrics import REGISTRY, append_records
 
 from .report_fixtures import Expected, parse_page, write_run
 
 STEPS = 6
 SCALES = {"rl360": [1.0] * STEPS, "upstream": [0.75, 0.8, 0.9, 0.6, 1.0, 0.7]}
 SHIFTS = {"rl360": [0.0] * STEPS, "upstream": [0.1, 0.2, None, 0.05, 0.3, 0.15]}
+EVAL = "train_greedy"
 
 
 @pytest.fixture(autouse=True)
@@ -34,25 +37,32 @@ def clean() -> Iterator[None]:
     REGISTRY.drain()
 
 
-def _arm(folder: Path, name: str, seed: int) -> Expected:
+def _run(folder: Path, arm: str, seed: int, eval_pass: float | None = None) -> Expected:
     folder.mkdir(parents=True)
     path = folder / "metrics.jsonl"
     expected = write_run(path, steps=STEPS, seed=seed)
     for step in range(STEPS):  # the last train record of a step is the one read
-        metrics = {"train/loss_scale": SCALES[name][step], "train/masked_samples": 2.0}
+        metrics = {
+            "train/loss_scale": SCALES[arm][step],
+            "train/masked_samples": 2.0,
+            "train/valid_samples": 6.0,
+        }
         append_records(
             path, [{"kind": "train", "rollout_id": step, "metrics": metrics, "chance_level": 0.25}]
         )
-        shift = SHIFTS[name][step]
+        shift = SHIFTS[arm][step]
         body = {} if shift is None else {"advantage/shift": shift}
         append_records(path, [{"kind": ADVANTAGE_KIND, "rollout_id": step, "metrics": body}])
+    if eval_pass is not None:  # two evals: the last one is the run's
+        for rollout_id, rate in ((1, 0.0), (STEPS - 1, eval_pass)):
+            record = {
+                "kind": "eval",
+                "rollout_id": rollout_id,
+                "dataset": EVAL,
+                "metrics": {"pass_rate": rate},
+            }
+            append_records(path, [record])
     return expected
-
-
-def _late_rewards(path: Path) -> list[float]:
-    _, attempts = read_metrics(path)
-    late = range(STEPS - STEPS // 3, STEPS)
-    return [a["reward"] for a in attempts if a["rollout_id"] in late and a.get("attempt_class") == "valid"]
 
 
 def _drawn(page: object, chart: str) -> dict[tuple[str, str], float]:
@@ -60,81 +70,98 @@ def _drawn(page: object, chart: str) -> dict[tuple[str, str], float]:
     return {(m["data-series"], m["data-x"]): float(m["data-value"]) for m in marks}
 
 
-def test_every_arm_is_drawn_with_its_own_numbers_and_the_summary_is_computed(tmp_path: Path) -> None:
-    arms = {
-        "rl360": _arm(tmp_path / "rl360", "rl360", 7),
-        "upstream": _arm(tmp_path / "upstream", "upstream", 11),
-    }
-    page_path, json_path, summary = write_compare(tmp_path, [(name, tmp_path / name) for name in arms])
-    assert (page_path.name, json_path.name) == (COMPARE_HTML, COMPARE_JSON)
-    page = parse_page(page_path.read_text(encoding="utf-8"))
-    learning = _drawn(page, "chart-compare-learning")
-    for name, expected in arms.items():
-        for step, mean in expected.unfiltered_mean.items():
-            assert learning[(name, str(step))] == pytest.approx(mean, abs=1e-12)
-        assert learning[("chance", "0")] == 0.25
-    scale, shift = _drawn(page, "chart-compare-scale"), _drawn(page, "chart-compare-shift")
-    for name in arms:
+def test_every_mode_and_arm_gets_intervals_over_its_seeds_and_seed_mean_curves(tmp_path: Path) -> None:
+    seeds, passes = (0, 1, 2), {"rl360": [0.5, 0.75, 1.0], "upstream": [0.25, 0.5, 0.5]}
+    expected: dict[tuple[str, int], Expected] = {}
+    runs = []
+    for arm in ("rl360", "upstream"):
+        for seed in seeds:
+            folder = tmp_path / "uniform" / arm / f"seed-{seed}"
+            expected[(arm, seed)] = _run(folder, arm, 7 + 5 * seed + len(arm), passes[arm][seed])
+            runs.append(RunFolder("uniform", arm, seed, folder))
+    html, numbers, document = write_compare(tmp_path, runs, STEPS, 0.8, EVAL)
+    assert (html.name, numbers.name) == (COMPARE_HTML, COMPARE_JSON)
+    assert json.loads(numbers.read_text())["table"] == document["table"]
+
+    for arm in ("rl360", "upstream"):
+        entry = document["table"]["uniform"][arm]
+        assert entry["seeds"] == 3
+        figures = []
+        for seed in seeds:
+            means = expected[(arm, seed)].unfiltered_mean
+            shifts = [s for s in SHIFTS[arm] if s is not None]
+            figures.append(
+                curve_figures(sorted(means.items()), SCALES[arm], shifts, passes[arm][seed], STEPS, 0.8)
+            )
+        for metric in ("auc", "final_mean", "eval_pass", "gradient_scale", "advantage_shift"):
+            want = interval([f[metric] for f in figures])
+            assert entry[metric]["mean"] == pytest.approx(want.mean), (arm, metric)
+            assert (entry[metric]["low"], entry[metric]["high"]) == pytest.approx((want.low, want.high))
+    paired = document["table"]["uniform"]["upstream"]["eval_pass_minus_rl360"]
+    assert paired["mean"] == pytest.approx(-1 / 3)
+    (line,) = document["summary"]
+    assert line.startswith("uniform, upstream vs rl360:")
+    assert "gradient scale: rl360 is higher than upstream" in line  # rl360's is 1.0 exactly, upstream's 0.79
+
+    page = parse_page(html.read_text(encoding="utf-8"))
+    learning = _drawn(page, "chart-compare-learning-uniform")
+    for arm in ("rl360", "upstream"):
         for step in range(STEPS):
-            assert scale[(name, str(step))] == SCALES[name][step]
-            if SHIFTS[name][step] is None:
-                assert (name, str(step)) not in shift
-            else:
-                assert shift[(name, str(step))] == SHIFTS[name][step]
-
-    numbers = json.loads(json_path.read_text())
-    assert numbers["summary"] == summary
-    facts = {f["name"]: f for f in numbers["facts"]}
-    for name in arms:
-        rewards = _late_rewards(tmp_path / name / "metrics.jsonl")
-        mean = sum(rewards) / len(rewards)
-        error = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1) / len(rewards))
-        assert facts[name]["late_mean"] == pytest.approx(mean)
-        assert facts[name]["late_standard_error"] == pytest.approx(error)
-        assert facts[name]["late_valid_attempts"] == len(rewards)
-        assert facts[name]["loss_scale_mean"] == pytest.approx(sum(SCALES[name]) / STEPS)
-        assert facts[name]["masked_samples"] == 2 * STEPS
-        assert f"{name}: unfiltered mean" in summary[list(arms).index(name)]
-    up = [v for v in SHIFTS["upstream"] if v is not None]
-    assert facts["upstream"]["shift_mean"] == pytest.approx(sum(up) / len(up))
-    assert (facts["upstream"]["shift_max"], facts["upstream"]["shift_max_step"]) == (0.3, 4)
-    assert "lowest 0.60" in summary[1] and "largest +0.300 (step 4)" in summary[1]
-    delta = facts["upstream"]["late_mean"] - facts["rl360"]["late_mean"]
-    assert summary[2].startswith(f"upstream vs rl360, late mean: {delta:+.3f}")
+            values = [expected[(arm, s)].unfiltered_mean.get(step) for s in seeds]
+            present = [v for v in values if v is not None]
+            assert learning[(arm, str(step))] == pytest.approx(sum(present) / len(present), abs=1e-12)
+    assert learning[("chance", "0")] == 0.25
+    scale = _drawn(page, "chart-compare-scale-uniform")
+    shift = _drawn(page, "chart-compare-shift-uniform")
+    for step in range(STEPS):
+        assert scale[("upstream", str(step))] == pytest.approx(SCALES["upstream"][step])
+        assert ("upstream", str(step)) in shift or SHIFTS["upstream"][step] is None
+    text = html.read_text(encoding="utf-8")
+    assert "uniform, upstream vs rl360" in text and "[" in text  # the sentences and the interval table
 
 
-def _facts(name: str, mean: float | None, error: float | None) -> ArmFacts:
-    return ArmFacts(name, 0, mean, 9, mean, [7, 8, 9], mean, error, 90, 1.0, 1.0, 0, 0.0, 0.0, 0)
+def test_a_run_without_eval_has_no_eval_number_and_modes_are_kept_apart(tmp_path: Path) -> None:
+    runs = []
+    for mode in ("uniform", "burst"):
+        for arm in ("rl360", "upstream"):
+            folder = tmp_path / mode / arm / "seed-0"
+            _run(folder, arm, 3 if mode == "uniform" else 4)
+            runs.append(RunFolder(mode, arm, 0, folder))
+    _, numbers, document = write_compare(tmp_path, runs, STEPS, 0.8, None)
+    assert set(document["table"]) == {"uniform", "burst"}
+    assert document["table"]["burst"]["rl360"]["eval_pass"] is None
+    assert [r["figures"]["eval_pass"] for r in json.loads(numbers.read_text())["runs"]] == [None] * 4
+    assert all("eval pass" not in line for line in document["summary"])
+    assert load_arm("rl360", tmp_path / "uniform" / "rl360" / "seed-0", EVAL).eval_pass is None
 
 
-@pytest.mark.parametrize(
-    ("mine", "theirs", "words"),
-    [
-        ((0.70, 0.03), (0.75, 0.04), "-0.050 (below rl360; 1.0 standard errors: within noise)"),
-        ((0.55, 0.03), (0.75, 0.04), "-0.200 (below rl360; 4.0 standard errors: beyond 2)"),
-        ((0.80, 0.0), (0.75, 0.0), "+0.050 (above rl360; no spread to judge it against)"),
-    ],
-)
-def test_a_late_mean_difference_is_read_against_its_standard_error(
-    mine: tuple[float, float], theirs: tuple[float, float], words: str
-) -> None:
-    line = difference_sentence(_facts("upstream", *mine), _facts("rl360", *theirs))
-    assert line == f"upstream vs rl360, late mean: {words}."
-
-
-def test_no_late_mean_no_difference_line() -> None:
-    assert difference_sentence(_facts("upstream", None, None), _facts("rl360", 0.5, 0.1)) is None
+def test_a_step_that_trained_on_no_valid_sample_has_no_gradient_scale(tmp_path: Path) -> None:
+    folder = tmp_path / "uniform" / "rl360" / "seed-0"
+    _run(folder, "rl360", 5)
+    untrained = {"train/loss_scale": 0.0, "train/masked_samples": 4.0, "train/valid_samples": 0.0}
+    record = {"kind": "train", "rollout_id": 2, "metrics": untrained, "chance_level": 0.25}
+    append_records(folder / "metrics.jsonl", [record])  # the step's last train record wins
+    curves = load_arm("rl360", folder)
+    assert curves.loss_scale[2] is None and curves.loss_scale[1] == 1.0
+    _, _, document = write_compare(tmp_path, [RunFolder("uniform", "rl360", 0, folder)], STEPS, 0.8)
+    assert document["table"]["uniform"]["rl360"]["gradient_scale"]["mean"] == 1.0
 
 
 def test_an_arm_without_advantage_lines_says_so(tmp_path: Path) -> None:
     folder = tmp_path / "old"
     folder.mkdir()
     write_run(folder / "metrics.jsonl", steps=2, train=False)
-    page_path, _, summary = write_compare(tmp_path, [("old", folder)])
-    page = parse_page(page_path.read_text(encoding="utf-8"))
-    assert page.charts["chart-compare-shift"].no_data == ["No data in this run: no arm has advantage lines."]
-    assert page.charts["chart-compare-scale"].no_data == ["No data in this run: no arm has train/loss_scale."]
-    assert "no train step" in summary[0] and "no advantage line" in summary[0]
+    html, _, document = write_compare(tmp_path, [RunFolder("uniform", "rl360", 0, folder)], 2, 0.8)
+    page = parse_page(html.read_text(encoding="utf-8"))
+    assert page.charts["chart-compare-shift-uniform"].no_data == [
+        "No data in this run: no arm has advantage lines."
+    ]
+    assert page.charts["chart-compare-scale-uniform"].no_data == [
+        "No data in this run: no arm has train/loss_scale."
+    ]
+    entry = document["table"]["uniform"]["rl360"]
+    assert entry["gradient_scale"] is None and entry["advantage_shift"] is None
+    assert math.isfinite(entry["auc"]["mean"]) and document["summary"] == []
 
 
 def test_a_wrong_typed_shift_is_refused_naming_the_field(tmp_path: Path) -> None:
@@ -144,4 +171,4 @@ def test_a_wrong_typed_shift_is_refused_naming_the_field(tmp_path: Path) -> None
     write_run(path, steps=1)
     append_records(path, [{"kind": ADVANTAGE_KIND, "rollout_id": 0, "metrics": {"advantage/shift": "big"}}])
     with pytest.raises(ValueError, match="advantage/shift is not a number"):
-        write_compare(tmp_path, [("bad", folder)])
+        write_compare(tmp_path, [RunFolder("uniform", "bad", 0, folder)], 1, 0.8)

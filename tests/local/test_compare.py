@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rl360_ext.local.ab_config import FAULT_MODES
 from rl360_ext.local.arms import (
     ADVANTAGE_REFERENCE_MEAN,
     ADVANTAGE_SHIFT,
@@ -24,7 +25,14 @@ from rl360_ext.local.arms import (
     arm_rules,
     upstream_advantages,
 )
-from rl360_ext.local.compare import CLEAN_ARM, RL360_ARM, UPSTREAM_ARM, arm_configs, parse_compare
+from rl360_ext.local.compare import (
+    CLEAN_ARM,
+    RL360_ARM,
+    UPSTREAM_ARM,
+    compare_runs,
+    parse_compare,
+    report_folders,
+)
 from rl360_ext.local.demo import build_args
 from rl360_ext.local.demo_plan import SAMPLING_SEED_LIMIT, DemoConfig, attempt_sampling_seed, plan_step
 from rl360_ext.rollout.rewards import valid_group_advantages
@@ -79,39 +87,53 @@ def test_an_unknown_rule_set_is_refused_naming_the_field() -> None:
 
 @settings(max_examples=30, deadline=None)
 @given(
-    st.integers(0, 2**31),
-    st.integers(1, 5),
+    st.integers(0, 1000),
+    st.integers(1, 4),
     st.integers(1, 12),
     st.integers(2, 5),
     st.floats(0.05, 1.0),
+    st.integers(1, 3),
+    st.lists(st.sampled_from(FAULT_MODES), min_size=1, max_size=3, unique=True),
 )
-def test_every_arm_gets_the_same_tasks_faults_and_sampling_seeds(
-    seed: int, steps: int, tasks: int, attempts: int, faults: float
+def test_every_arm_runs_the_same_seeds_tasks_faults_and_sampling_seeds(
+    seed: int, steps: int, tasks: int, attempts: int, faults: float, seeds: int, modes: list[str]
 ) -> None:
     base = DemoConfig(steps=steps, tasks=tasks, attempts=attempts, faults=faults, seed=seed, out=Path("ab"))
-    configs = arm_configs(base, [RL360_ARM, UPSTREAM_ARM, CLEAN_ARM])
-    ours, theirs, clean = configs[RL360_ARM], configs[UPSTREAM_ARM], configs[CLEAN_ARM]
-    assert (ours.rules, theirs.rules, clean.rules) == (RL360_RULES, UPSTREAM_RULES, RL360_RULES)
-    assert (ours.faults, theirs.faults, clean.faults) == (faults, faults, 0.0)
-    assert len({c.out for c in configs.values()}) == 3 and all(
-        c.out.parent == base.out for c in configs.values()
-    )
-    assert all(c.seeded_sampling for c in configs.values())
-    for config in configs.values():  # everything else is the user's
-        assert (
-            replace(config, out=base.out, rules=base.rules, faults=base.faults, seeded_sampling=False) == base
-        )
-    for step in range(steps):
-        plan = plan_step(step, ours, QUIZ)
-        assert plan_step(step, theirs, QUIZ) == plan
-        clean_plan = plan_step(step, clean, QUIZ)
-        assert [[a.task for a in g] for g in clean_plan] == [[a.task for a in g] for g in plan]
-        assert [[a.index for a in g] for g in clean_plan] == [[a.index for a in g] for g in plan]
-        assert all(a.fault is None for g in clean_plan for a in g)
-        for group in plan:
-            for attempt in group:
-                seeds = {attempt_sampling_seed(c.seed, attempt.index) for c in configs.values()}
-                assert len(seeds) == 1
+    runs = compare_runs(base, [RL360_ARM, UPSTREAM_ARM, CLEAN_ARM], modes, seeds)
+    assert len(runs) == seeds * (2 * len(modes) + 1)
+    assert len({r.config.out for r in runs}) == len(runs)
+    assert all(r.config.out.is_relative_to(base.out) and r.config.seeded_sampling for r in runs)
+    by_key = {(r.mode, r.arm, r.seed): r.config for r in runs}
+    clean_mode = modes[0]
+    for run_seed in range(seed, seed + seeds):
+        clean = by_key[(clean_mode, CLEAN_ARM, run_seed)]
+        assert (clean.rules, clean.faults, clean.seed) == (RL360_RULES, 0.0, run_seed)
+        for mode in modes:
+            ours, theirs = by_key[(mode, RL360_ARM, run_seed)], by_key[(mode, UPSTREAM_ARM, run_seed)]
+            assert (ours.rules, theirs.rules) == (RL360_RULES, UPSTREAM_RULES)
+            assert ours.fault_mode == theirs.fault_mode == mode and ours.faults == theirs.faults == faults
+            # everything else is the user's
+            assert replace(ours, out=base.out, rules=base.rules, seed=base.seed, fault_mode=base.fault_mode,
+                           seeded_sampling=False) == base  # fmt: skip
+            for step in range(steps):
+                plan = plan_step(step, ours, QUIZ)
+                assert plan_step(step, theirs, QUIZ) == plan
+                clean_plan = plan_step(step, clean, QUIZ)
+                assert [[(a.task, a.index) for a in g] for g in clean_plan] == [
+                    [(a.task, a.index) for a in g] for g in plan
+                ]
+                assert all(a.fault is None for g in clean_plan for a in g)
+    folders = report_folders(runs, modes)
+    assert {(f.mode, f.arm) for f in folders} == {
+        (m, a) for m in modes for a in (RL360_ARM, UPSTREAM_ARM, CLEAN_ARM)
+    }
+    assert len(folders) == seeds * 3 * len(modes)
+
+
+@pytest.mark.parametrize("seeds", [0, -1, True])
+def test_compare_runs_refuses_a_bad_seed_count_naming_the_option(seeds: int) -> None:
+    with pytest.raises(ValueError, match="--seeds must be an integer >= 1"):
+        compare_runs(DemoConfig(out=Path("ab")), [RL360_ARM, UPSTREAM_ARM], ["uniform"], seeds)
 
 
 def test_sampling_seeds_are_distinct_per_attempt_and_in_range() -> None:
@@ -239,4 +261,26 @@ def test_the_cli_refuses_a_bad_compare_value_before_starting_anything(tmp_path: 
     result = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "ab"), "--compare", "upstream,miles"])
     assert result.exit_code == 2
     assert "--compare" in result.output and "upstream, clean" in result.output
+    assert not (tmp_path / "ab").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "option", "message"),
+    [
+        (["--compare", "upstream", "--seeds", "0"], "--seeds", "must be an integer >= 1"),
+        (["--seeds", "2"], "--seeds", "needs --compare upstream"),
+        (["--compare", "upstream", "--fault-modes", "uniform,sideways"], "--fault-modes", "comma-separated"),
+        (["--fault-modes", "burst"], "--fault-modes", "needs --compare upstream"),
+    ],
+)
+def test_the_cli_refuses_bad_seeds_and_fault_modes_naming_the_option(
+    tmp_path: Path, flags: list[str], option: str, message: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from rl360_ext.cli import app
+
+    result = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "ab"), *flags], env={"COLUMNS": "300"})
+    assert result.exit_code == 2, result.output
+    assert option in result.output and message in " ".join(result.output.split())
     assert not (tmp_path / "ab").exists()

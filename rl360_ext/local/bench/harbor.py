@@ -14,11 +14,12 @@ attempts held their slots. No start-rate limit: starts/s is what one replica doe
 
 Floors, in the same run and at the same concurrency (before Ray starts): the oracle's commands
 (`bash /solution/solve.sh`, then `bash /tests/test.sh`) in rl360's sandbox driven directly
-(start, the two phase ends the /run server makes, stop; no Harbor), in a bare `bwrap`
-(`--unshare-all`, /usr read-only, no rl360 setup; its setup+teardown is a `bwrap` of `true`), and
-on the host. Per case, `setup_overhead_ratio_p50` is rl360's sandbox setup+teardown p50 over the
-bare-bwrap floor's, and `env_setup_over_floor_p50` the replica's environment setup p50 over it.
-It asserts nothing; an attempt that is not graded 1.0 is counted in `failed`.
+(start, the two phase ends the /run server makes and the fresh holder they leave due, stop; no
+Harbor), in a bare `bwrap` (`--unshare-all`, /usr read-only, no rl360 setup; its setup+teardown
+is a `bwrap` of `true`), and on the host. Per case, `setup_overhead_ratio_p50` is rl360's
+sandbox setup+teardown p50 over the bare-bwrap floor's, and `env_setup_over_floor_p50` the
+replica's environment setup p50 over it. It asserts nothing; an attempt that is not graded 1.0
+is counted in `failed`.
 """
 
 from __future__ import annotations
@@ -333,7 +334,8 @@ async def _outside(kind: str, task_dir: Path, root: Path) -> _Attempt:
 
 async def _in_rl360(task_dir: Path, root: Path, sandboxes: Path, config: EnvironmentConfig) -> _Attempt:
     """One attempt in rl360's sandbox, driven as the /run server drives it: start, the agent's
-    command, the two phase ends (the verifier's fresh namespaces), the verifier's command, stop."""
+    command, the two phase ends and the fresh holder they leave due (the verifier's fresh
+    namespaces), the verifier's command, stop."""
     from harbor.models.trial.paths import TrialPaths
 
     from rl360_ext.harbor.envs.bwrap import BwrapEnvironment
@@ -361,6 +363,7 @@ async def _in_rl360(task_dir: Path, root: Path, sandboxes: Path, config: Environ
         started = time.monotonic()
         await env.end_phase()
         await env.end_phase(GRADING_CLEARS, grading=True)
+        await env.start_due_holder()  # else the verifier's first command starts it
         attempt.phase_restarts_s = time.monotonic() - started
         await env.upload_dir(task_dir / "tests", "/tests")
         started = time.monotonic()
