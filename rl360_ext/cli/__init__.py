@@ -98,6 +98,17 @@ def doctor() -> None:
     raise typer.Exit(0 if all(c.ok for c in checks) else 1)
 
 
+TASK_HEALTH_DIR = "task-health"  # under the demo's OUT: the audit's files, then the tracker's
+
+
+def _demo_quarantine_file(out: Path) -> Path:
+    """The audit's quarantine.json under OUT: the hooks mask its tasks and, next to it, the tasks
+    the training-time tracker quarantines (`rl360_ext.tasks.tracker`)."""
+    from rl360_ext.tasks.audit import QUARANTINE_FILE
+
+    return out / TASK_HEALTH_DIR / QUARANTINE_FILE
+
+
 def _audit_demo_tasks(out: Path) -> None:
     """`rl360 tasks audit` of the demo's quiz tasks into OUT/task-health (cached by content); a
     quiz task with any finding ends the demo before it starts."""
@@ -105,7 +116,7 @@ def _audit_demo_tasks(out: Path) -> None:
     from rl360_ext.local.fixtures import quiz_task_names, tasks_root
     from rl360_ext.tasks.audit import AuditConfig, find_tasks
 
-    health_dir = out / "task-health"
+    health_dir = out / TASK_HEALTH_DIR
     root = tasks_root()
     results = audit_tree(
         root, find_tasks(root, quiz_task_names(root)), AuditConfig(), health_dir, health_dir / "cache"
@@ -162,7 +173,8 @@ def demo(
         False,
         "--audit-tasks",
         help="First audit the quiz tasks (rl360 tasks audit, cached in OUT/task-health); "
-        "a quiz task that is not ok stops the demo (exit status 1).",
+        "a quiz task that is not ok stops the demo (exit status 1). The run then tracks task health "
+        "(--rl360-quarantine-file: tasks quarantined during training are masked).",
     ),
     compare: str | None = typer.Option(
         None,
@@ -206,6 +218,7 @@ def demo(
         "top_logprobs_num": top_logprobs_num,
         "eval_interval": eval_interval,
         "engine_churn": engine_churn,
+        "quarantine_file": _demo_quarantine_file(out) if audit_tasks else None,
     }
     try:
         config = DemoConfig(

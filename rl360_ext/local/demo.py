@@ -177,6 +177,8 @@ def build_args(
     ]  # fmt: skip
     if client_margin_s is not None:
         flags += ["--rl360-client-margin-s", str(client_margin_s)]
+    if config.quarantine_file is not None:  # the agent masks its tasks; the log hook tracks task health
+        flags += ["--rl360-quarantine-file", str(config.quarantine_file)]
     args = parser.parse_args(flags)
     args.custom_generate_function_path = GENERATE_PATH
     args.dynamic_sampling_filter_path = FILTER_PATH

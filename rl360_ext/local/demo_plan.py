@@ -110,6 +110,7 @@ class DemoConfig:
     engine_churn: str = ""  # --engine-churn SPEC: kill:STEP / hang:STEP events (`rl360_ext.weights.churn`)
     confirm_timeout_s: float = 10.0  # a push fences an engine that does not confirm a call within this
     fault_mode: str = UNIFORM  # how --faults are spread (FAULT_MODES; the module docstring)
+    quarantine_file: Path | None = None  # --rl360-quarantine-file for the hooks (--audit-tasks sets it)
 
     def __post_init__(self) -> None:
         minimums = {
