@@ -146,24 +146,55 @@ async def test_the_environment_definition_is_setup_sh(tmp_path: Path) -> None:
 async def test_end_phase_kills_what_the_phase_left_and_keeps_its_files(env: BwrapEnvironment) -> None:
     started = await env.exec(
         "echo kept > /app/kept; nohup setsid sh -c 'while :; do date > /tmp/beat; sleep 0.01; done' "
-        ">/dev/null 2>&1 & tmux new-session -d -s left"
-    )
+        ">/dev/null 2>&1 & tmux new-session -d -s left; "
+        "for i in $(seq 500); do [ -s /tmp/beat ] && break; sleep 0.01; done"
+    )  # the writer has written once (on a loaded machine it may not have run before the kill)
     assert started.return_code == 0, started.stderr
     before = env._pidns
     await env.end_phase()
     assert before is not None and pids_in_namespace(before) == []
-    # the old namespace stayed pinned until the new one existed, so its number is not reused
-    assert env._pidns is not None and env._pidns != before
     after = await env.exec("cat /app/kept; ps -eo args | grep -c -e '[w]hile :' -e '[t]mux'")
     assert after.stdout.split() == ["kept", "0"], after.stderr
+    # the command ran in a fresh holder; the old namespace stayed pinned until the new one
+    # existed, so its number is not reused
+    assert env._pidns is not None and env._pidns != before
     beat = await env.exec("stat -c %Y /tmp/beat; sleep 0.3; stat -c %Y.%s /tmp/beat")
     assert beat.return_code == 0  # the file stays, nobody writes it any more
+
+
+async def test_path_kinds_are_answered_on_the_host_without_a_holder_between_phases(
+    env: BwrapEnvironment,
+) -> None:
+    made = await env.exec(
+        "mkdir -p /logs/artifacts/d && echo x > /logs/artifacts/f && ln -s d /logs/artifacts/l "
+        "&& ln -s /etc/passwd /logs/artifacts/p"
+    )
+    assert made.return_code == 0, made.stderr
+    await env.end_phase()  # the agent phase is over: no holder runs until the next command
+    kinds = {
+        path: (await env.is_dir(path), await env.is_file(path))
+        for path in ("/logs/artifacts", "/logs/artifacts/d", "/logs/artifacts/f", "/logs/artifacts/l",
+                     "/logs/artifacts/p", "/logs/artifacts/missing", "/logs/artifacts/l/x")
+    }  # fmt: skip
+    assert env._init_pid is None and env._holder_due  # none of them started one
+    assert kinds == {
+        "/logs/artifacts": (True, False),
+        "/logs/artifacts/d": (True, False),
+        "/logs/artifacts/f": (False, True),
+        "/logs/artifacts/l": (False, False),  # a link is not followed, to a directory or a host file
+        "/logs/artifacts/p": (False, False),
+        "/logs/artifacts/missing": (False, False),
+        "/logs/artifacts/l/x": (False, False),
+    }
+    # outside the writable directories the sandbox answers (and the next holder starts for it)
+    assert await env.is_dir("/usr") and await env.is_file("/etc/passwd")
+    assert not await env.is_dir("/etc/passwd")
 
 
 async def test_the_sandbox_is_an_unprivileged_user_in_its_own_namespaces(env: BwrapEnvironment) -> None:
     os.environ["RL360_PROBE_SECRET"] = "do-not-leak"
     try:
-        await env.end_phase()  # a fresh holder started while the secret is in our environment
+        await env.end_phase()  # the next command starts a fresh holder, with the secret in our environment
         environ = (await env.exec("tr '\\0' '\\n' < /proc/1/environ")).stdout.split()
         everything = (await env.exec("cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline; env")).stdout
     finally:

@@ -460,7 +460,7 @@ class TrialRunner:
             result = outcome.failure(Cause.HARBOR_INTERNAL_ERROR, exc)
         result.trial_name = config.trial_name
         result.timeline.update(slot)
-        self._tidy(trial_dir, result)
+        await self._tidy(trial_dir, result)
         return result
 
     def _sandbox_start_hook(self, slot: dict[str, float]) -> Any:
@@ -484,11 +484,19 @@ class TrialRunner:
                 result.timeline = recorded.timeline
         return result
 
-    def _tidy(self, trial_dir: Path, result: outcome.Outcome) -> None:
+    async def _tidy(self, trial_dir: Path, result: outcome.Outcome) -> None:
+        """Remove the trial's directory unless --keep-trials keeps it: off the event loop (every
+        attempt shares it), and done before the attempt answers. The trial has ended: a flush
+        that comes now does not turn its outcome into "cancelled"."""
         keep = self.settings.keep_trials
         if keep == "all" or (keep == "failed" and result.reward_source is None):
             return
-        shutil.rmtree(trial_dir, ignore_errors=True)
+        removing = asyncio.ensure_future(asyncio.to_thread(shutil.rmtree, trial_dir, ignore_errors=True))
+        while not removing.done():
+            try:
+                await asyncio.shield(removing)
+            except asyncio.CancelledError:
+                _uncancel()
 
     # -- flush ----------------------------------------------------------------------------------
 

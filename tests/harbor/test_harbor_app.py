@@ -1,5 +1,6 @@
 """The /run server without sandboxes: schema errors name the field, auth on every route,
-insufficient budget and flush of queued attempts never start a sandbox."""
+insufficient budget and flush of queued attempts never start a sandbox, a trial's directory is
+removed off the event loop."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from rl360_ext.harbor import outcome
+from rl360_ext.harbor import runner as runner_module
 from rl360_ext.harbor.admission import Reservation
 from rl360_ext.harbor.app import create_app
 from rl360_ext.harbor.catalog import TaskInfo
@@ -256,3 +259,28 @@ async def test_shutdown_answers_every_queued_attempt_cancelled(tmp_path: Path) -
     await runner.shutdown()
     runner.admission.release(occupied)
     assert [r["failure_cause"] for r in await asyncio.gather(*waiting)] == ["cancelled"] * 3
+
+
+async def test_a_trial_dir_is_removed_off_the_loop_and_a_flush_then_keeps_the_outcome(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = make_runner(tmp_path, keep_trials="none")
+    trial_dir = tmp_path / "trials" / "t"
+    (trial_dir / "agent").mkdir(parents=True)
+    removing, may_remove = threading.Event(), threading.Event()
+    rmtree = runner_module.shutil.rmtree
+
+    def slow_rmtree(path: Path, ignore_errors: bool = False) -> None:
+        removing.set()
+        may_remove.wait(timeout=30)
+        rmtree(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(runner_module.shutil, "rmtree", slow_rmtree)
+    result = outcome.failure("cancelled")
+    tidy = asyncio.create_task(runner._tidy(trial_dir, result))
+    assert await asyncio.to_thread(removing.wait, 30)  # the loop runs while the tree is removed
+    tidy.cancel()  # a flush that comes after the trial ended
+    await asyncio.sleep(0)
+    may_remove.set()
+    await tidy
+    assert not tidy.cancelled() and not trial_dir.exists()

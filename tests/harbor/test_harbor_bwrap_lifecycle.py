@@ -1,12 +1,14 @@
 """The bwrap sandbox's lifecycle does per process what is the same for every sandbox (bwrap's
-path, the read-only host view), leaves the event loop once per phase end and reads a holder's
-start in one blocking call; what each sandbox sees is unchanged: the same read-only host paths,
-the same directories emptied, bwrap's own words when it fails."""
+path, the read-only host view), leaves the event loop once per phase end, starts one fresh
+holder for back-to-back phase ends (at the next command) and reads a holder's start in one
+blocking call; what each sandbox sees is unchanged: the same read-only host paths, the same
+directories emptied, no command in a half-started sandbox, bwrap's own words when it fails."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -91,10 +93,87 @@ def test_a_grading_phase_end_empties_every_directory_in_one_trip_off_the_loop(
 
     asyncio.run(env.end_phase(("/logs/verifier", "/tests", "/solution"), grading=True))
 
-    assert calls == ["sandbox", "_empty_all", "sandbox"]
-    assert env._grading
+    assert calls == ["sandbox", "_empty_all"]  # the fresh holder starts with the next command
+    assert env._grading and env._holder_due
     gone = {name for name, path in planted.items() if not path.exists()}
     assert gone == {"tests", "solution", "logs/verifier", "tmp"}  # the work product stays
+
+
+def phase_probe(env: BwrapEnvironment, monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> None:
+    """`env` as a running sandbox whose kill and holder start only record themselves."""
+    env._init_pid = 1
+
+    async def kill() -> None:
+        calls.append("kill")
+        env._init_pid = None
+
+    async def launch() -> None:
+        calls.append("launch")
+        env._init_pid = 2
+
+    monkeypatch.setattr(env, "_kill_sandbox", kill)
+    monkeypatch.setattr(env, "_launch", launch)
+    monkeypatch.setattr(env, "_empty_all", lambda clear, grading: calls.append(f"empty {list(clear)}"))
+
+
+def test_back_to_back_phase_ends_start_one_holder_at_the_next_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = make_env(tmp_path)
+    calls: list[str] = []
+    phase_probe(env, monkeypatch, calls)
+
+    async def agent_end_then_grading() -> None:
+        await env.end_phase()
+        await env.end_phase(("/tests",), grading=True)
+        await asyncio.gather(env.start_due_holder(), env.start_due_holder())  # two commands at once
+        await env.start_due_holder()
+
+    asyncio.run(agent_end_then_grading())
+
+    assert calls == ["kill", "empty []", "empty ['/tests']", "launch"]
+    assert env._grading and not env._holder_due and env._init_pid == 2
+
+
+def test_a_holder_start_that_fails_leaves_nothing_and_stays_due(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = make_env(tmp_path)
+    calls: list[str] = []
+    phase_probe(env, monkeypatch, calls)
+
+    async def broken() -> None:
+        calls.append("launch")
+        raise bwrap.SandboxBuildFailedError("bubblewrap failed to start: no")
+
+    monkeypatch.setattr(env, "_launch", broken)
+
+    async def scenario() -> None:
+        await env.end_phase()
+        with pytest.raises(bwrap.SandboxBuildFailedError):
+            await env.exec("true")
+
+    asyncio.run(scenario())
+
+    assert calls == ["kill", "empty []", "launch", "kill"]
+    assert env._holder_due  # a later command tries again; none runs in a half-started sandbox
+
+
+def test_no_holder_starts_after_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = make_env(tmp_path)
+    calls: list[str] = []
+    phase_probe(env, monkeypatch, calls)
+    monkeypatch.setattr(env._limits, "close", lambda: calls.append("close"))
+
+    async def scenario() -> None:
+        await env.end_phase()
+        await env.stop(delete=False)
+        with pytest.raises(RuntimeError, match="is not running"):
+            await env.exec("true")
+
+    asyncio.run(scenario())
+
+    assert calls == ["kill", "empty []", "kill", "close"]
 
 
 def pipes(count: int) -> list[tuple[int, int]]:
@@ -139,3 +218,22 @@ def test_a_start_that_never_reports_ready_ends_at_its_timeout() -> None:
     info, line, stderr = bwrap.read_handshake(info_r, out_r, err_r, 0.2)
     assert (info, line, stderr) == (b'{"child-pid": 7}', b"rea", b"")
     os.close(out_w)
+
+
+def test_stop_removes_the_cgroup_and_the_directories_off_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = make_env(tmp_path)
+    calls: list[str] = []
+    phase_probe(env, monkeypatch, calls)
+    loop_thread = threading.get_ident()
+
+    def where(what: str) -> None:
+        calls.append(f"{what} {'on the loop' if threading.get_ident() == loop_thread else 'off it'}")
+
+    monkeypatch.setattr(env._limits, "detach", lambda: where("detach"))
+    monkeypatch.setattr(env._limits, "close", lambda: where("close"))
+    monkeypatch.setattr(env, "_remove_dirs", lambda: where("remove"))
+    asyncio.run(env.stop(delete=True))
+
+    assert calls == ["kill", "detach on the loop", "close off it", "remove off it"]

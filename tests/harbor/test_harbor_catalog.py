@@ -278,16 +278,20 @@ def test_a_task_dir_swapped_for_a_link_to_the_host_during_loads_never_yields_a_h
                     os.symlink(target, link)
                     os.unlink(link)
                     os.rename(keep, link)
+            stop.wait(0.001)  # a moment with the real tree in place, so loads also land between swaps
 
     catalog = TaskCatalog(root, DEFAULT, store)
     thread = threading.Thread(target=swapper, daemon=True)
     thread.start()
     outcomes: dict[str, int] = {}
     try:
-        deadline = time.monotonic() + 5
-        for _ in range(150):
-            if time.monotonic() > deadline:
+        # at least 150 loads (or 5 s), then on (at most 30 s) until both sides of the race were hit
+        started, loads = time.monotonic(), 0
+        while time.monotonic() - started < 30:
+            both = outcomes.get("loaded", 0) > 0 and len(outcomes) > 1
+            if both and (loads >= 150 or time.monotonic() - started > 5):
                 break
+            loads += 1
             for name in ("fix-mean",):
                 try:
                     info = catalog.load(name)

@@ -23,8 +23,10 @@ Design (the sandboxed code is hostile: the policy wrote it)
   inside the sandbox only; the host-side processes (root) run with PATH only, by absolute path.
   Each command runs in its own host process group, killed on timeout or cancellation.
 - `end_phase` kills every process of the sandbox (the holder is PID 1 of its namespace: the
-  kernel kills the rest and no fork survives), empties the directories it is given and starts
-  a fresh holder (fresh namespaces of every kind) over the same directories. The /run server
+  kernel kills the rest and no fork survives), empties the directories it is given, and has the
+  next command start a fresh holder (fresh namespaces of every kind) over the same directories
+  first: nothing runs in the sandbox between a phase end and that command, and two phase ends
+  in a row (the agent's, then grading's) start one holder, not two. The /run server
   calls it when the agent phase ends and again with `grading=True` when the verifier starts,
   emptying /logs/verifier, /tests and /solution: grading also empties /tmp (HOME) except a
   workdir inside it, and every later command runs with PYTHONNOUSERSITE=1. What the agent can
@@ -38,7 +40,8 @@ Design (the sandboxed code is hostile: the policy wrote it)
   trial directory is bind-mounted: Harbor downloads the log directories through
   `download_dir`, which copies regular files and directories only (capped in bytes, inodes and
   seconds), opened with O_NOFOLLOW one component at a time (`rl360_ext.harbor.envs.nofollow`).
-  Uploads replace what is in the way and never write through a link.
+  Uploads replace what is in the way and never write through a link. `is_dir`/`is_file` on a
+  writable directory's path are answered the same way on the host, without a command.
 - Network: none (a private network namespace with loopback only). A task whose
   `[environment] network_mode` is "public" gets egress only when the server allows it
   (`allow_network=true`): its own network namespace, NATed by `slirp4netns` (run as the
@@ -90,7 +93,7 @@ import signal
 import stat
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar, Literal
 
@@ -275,6 +278,8 @@ class BwrapEnvironment(BaseEnvironment):
         self._limits: SandboxLimits = SandboxLimits()
         self._stopped = False
         self._grading = False
+        self._holder_due = False  # a phase ended: the next command starts a fresh holder first
+        self._holder_lock = asyncio.Lock()
         self._slirp: asyncio.subprocess.Process | None = None
         self._slirp_exit_fd: int | None = None
         self._slirp_log: _Capture | None = None  # its stderr, read as it comes (bounded)
@@ -703,19 +708,38 @@ class BwrapEnvironment(BaseEnvironment):
         self._init_pid = self._holder = None
 
     async def end_phase(self, clear: Sequence[str] = (), *, grading: bool = False) -> None:
-        """Kill every process the sandbox runs, empty the sandbox directories in `clear`, and
-        start a fresh holder (fresh namespaces) over the same files: what one phase left running
-        (an agent's background writer) or left behind in the next phase's directories cannot
-        reach it. With `grading` (the verifier is next), HOME and tmp (/tmp, but for a workdir
-        inside it) are emptied as well, and every later command runs with PYTHONNOUSERSITE=1."""
-        if self._stopped or self._init_pid is None:
+        """Kill every process the sandbox runs, empty the sandbox directories in `clear`, and have
+        the next command start a fresh holder (fresh namespaces) over the same files first: what
+        one phase left running (an agent's background writer) or left behind in the next phase's
+        directories cannot reach it. With `grading` (the verifier is next), HOME and tmp (/tmp,
+        but for a workdir inside it) are emptied as well, and every later command runs with
+        PYTHONNOUSERSITE=1. Back-to-back phase ends start one holder, at the next command."""
+        if self._stopped or (self._init_pid is None and not self._holder_due):
             return
-        await self._kill_sandbox()
-        self._limits.detach()
-        if grading:
-            self._grading = True
-        await asyncio.to_thread(self._empty_all, tuple(clear), grading)
-        await self._launch()
+        async with self._holder_lock:
+            if self._init_pid is not None:
+                await self._kill_sandbox()
+                self._limits.detach()
+            self._holder_due = True
+            if grading:
+                self._grading = True
+            await asyncio.to_thread(self._empty_all, tuple(clear), grading)
+
+    async def start_due_holder(self) -> None:
+        """Start the holder a phase end left due, if any (once, whichever comes first: this or a
+        command); a start that fails or is cancelled leaves no process behind."""
+        if not self._holder_due:
+            return
+        async with self._holder_lock:
+            if not self._holder_due or self._stopped:
+                return
+            try:
+                await self._launch()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._kill_sandbox())
+                raise
+            self._holder_due = False
 
     def _empty_all(self, clear: Sequence[str], grading: bool) -> None:
         """`end_phase`'s emptying, in one trip off the event loop: each of `clear`, then with
@@ -744,11 +768,21 @@ class BwrapEnvironment(BaseEnvironment):
         if self._stopped:
             return
         self._stopped = True
-        await self._kill_sandbox()
+        async with self._holder_lock:  # a holder being started is waited for, then killed
+            await self._kill_sandbox()
+        self._limits.detach()  # on the loop: a watchdog's poller is a task of it
+        try:
+            await asyncio.to_thread(self._release, delete)
+        finally:
+            self._unpin_pidns()
+
+    def _release(self, delete: bool) -> None:
+        """`stop`'s blocking part, in one trip off the event loop: remove the cgroup (retried
+        while the kernel still counts the killed processes in it) and, with `delete`, the
+        sandbox's tmpfs and directories."""
         self._limits.close()
-        self._unpin_pidns()
         if delete:
-            await asyncio.to_thread(self._remove_dirs)
+            self._remove_dirs()
 
     def _reap(self) -> None:
         self._limits.kill_all()
@@ -835,21 +869,20 @@ class BwrapEnvironment(BaseEnvironment):
         """Run `inner` in the sandbox. stdout and stderr are pipes read while the command runs,
         at most `max_output_kb` kept of each; the command returns when it exits, even if a
         daemon it left still holds its output (as `docker exec` does)."""
+        await self.start_due_holder()
         entries = b"".join(f"{key}={value}".encode() + b"\0" for key, value in self._process_env(env).items())
         cap = self.options.max_output_kb * 1024
         loader = seccomp.exec_prefix() if self.options.seccomp else None
-        with tempfile.TemporaryFile() as env_file, _Capture(cap) as out, _Capture(cap) as err:
-            env_file.write(entries)
-            env_file.seek(0)
+        with _env_file(entries) as env_fd, _Capture(cap) as out, _Capture(cap) as err:
             try:
                 process = await asyncio.create_subprocess_exec(
-                    *self._enter_argv(inner, cwd, env_file.fileno(), loader or ()),
+                    *self._enter_argv(inner, cwd, env_fd, loader or ()),
                     stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
                     stdout=out.write_fd,
                     stderr=err.write_fd,
                     env={"PATH": SANDBOX_PATH},  # root runs nsenter: no task-chosen PATH, LD_PRELOAD, ...
                     cwd="/",  # the server's cwd would reach the sandbox as PWD
-                    pass_fds=(env_file.fileno(),),
+                    pass_fds=(env_fd,),
                     start_new_session=True,
                     # the host-side process loads the filter before it execs nsenter (the loader
                     # prefix, else this hook): the command and everything it starts inherit it
@@ -917,6 +950,37 @@ class BwrapEnvironment(BaseEnvironment):
             max_seconds=self.options.max_copy_s,
         )
 
+    def _kind(self, sandbox_path: str) -> int | None:
+        """The file type (`stat.S_IFMT`) of a path in a writable sandbox directory, read on the
+        host one component at a time without following a link (a link is a link, whatever it
+        points to); None when it is missing or under a link. Raises PermissionError (from
+        `_host_path`) for a path outside the writable directories."""
+        root, relative = self._host_path(sandbox_path)
+        if not relative.parts:
+            return stat.S_IFDIR
+        try:
+            with nofollow.opened_dir(root, relative.parent) as fd:
+                return stat.S_IFMT(os.stat(relative.name, dir_fd=fd, follow_symlinks=False).st_mode)
+        except (FileNotFoundError, NotADirectoryError, nofollow.UnsafePath):
+            return None
+
+    async def is_dir(self, path: str, user: str | int | None = None) -> bool:
+        """Whether `path` is a directory. In the writable directories (where Harbor looks for
+        artifacts between the phases) it is answered on the host, without a command, so no
+        holder starts for it; a link counts as no directory (what is then copied out never
+        follows one either). Elsewhere (/usr, /etc) it is `test -d` in the sandbox."""
+        try:
+            return self._kind(path) == stat.S_IFDIR
+        except PermissionError:
+            return await super().is_dir(path, user=user)
+
+    async def is_file(self, path: str, user: str | int | None = None) -> bool:
+        """Whether `path` is a regular file, answered as `is_dir` is (a link counts as none)."""
+        try:
+            return self._kind(path) == stat.S_IFREG
+        except PermissionError:
+            return await super().is_file(path, user=user)
+
     def _upload_file(self, source: Path, target_path: str) -> None:
         root, relative = self._host_path(target_path)
         if not relative.parts:
@@ -976,6 +1040,21 @@ class BwrapEnvironment(BaseEnvironment):
             )
 
         await asyncio.to_thread(self._download_dir, source_dir, Path(target_dir), keep)
+
+
+@contextlib.contextmanager
+def _env_file(entries: bytes) -> Iterator[int]:
+    """A command's environment as an anonymous in-memory file (memfd: no inode on the host's
+    disk to create and journal per command), at offset 0, closed on exit."""
+    fd = os.memfd_create("rl360-env", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(entries)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+        yield fd
+    finally:
+        os.close(fd)
 
 
 class HeadTail:
