@@ -247,9 +247,11 @@ class DemoDriver:
         self.metrics_path = config.out / METRICS_FILE
         self.weights = policy
         warm = self.weights.warm_start
+        took = f"{warm.seconds:.1f} s"
+        if warm.cached:
+            took = f"read from the cache, computed in {took}"
         self.console.print(
-            f"warm start ({warm.prompts} answer prompts, {warm.seconds:.1f} s"
-            f"{', read from the cache' if warm.cached else ''}, no answers or rewards seen): "
+            f"warm start ({warm.prompts} answer prompts, {took}, no answers or rewards seen): "
             f"base stage {warm.label_steps} steps, question labels at p {warm.label_prob:.2f}, "
             f"answer-position cosine between questions {warm.cosine_before:.3f} -> {warm.cosine_after:.3f}, "
             f"look turn ends at once with p {warm.look_end_prob:.2f}; "
