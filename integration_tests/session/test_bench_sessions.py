@@ -43,8 +43,11 @@ def test_every_turn_is_served_and_measured(
     ]
     for result in results:
         assert (result.turns_done, result.turns_lost) == (result.case.sessions * 4, 0), result
-        for value in (result.turns_per_s, result.p50_ms, result.p99_ms, result.server_cpu_ms_per_turn):
+        for value in (result.turns_per_s, result.p50_ms, result.p99_ms):
             assert math.isfinite(value) and value > 0, result
+        # CPU is read from /proc in clock ticks (10 ms): 4-12 turns on the instant backend can take
+        # less than one tick in all, which reads 0 (seen in a fresh-clone run)
+        assert math.isfinite(result.server_cpu_ms_per_turn) and result.server_cpu_ms_per_turn >= 0, result
     assert '"turns_done"' in capsys.readouterr().out
 
 
