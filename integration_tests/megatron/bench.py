@@ -196,8 +196,12 @@ def measure(seed: int) -> dict[str, Any]:
     from integration_tests.megatron.mapping import build_gpt_model, load_into
     from integration_tests.megatron.parity import MergedCase
     from integration_tests.megatron.world import single_rank_world
-    from rl360_ext.local.bench.trainer import DEMO_SAMPLE_TOKENS, DEMO_SAMPLES, conversation
-    from rl360_ext.rollout.sample import Sample
+    from rl360_ext.local.bench.trainer import (
+        DEMO_SAMPLE_TOKENS,
+        DEMO_SAMPLES,
+        conversation,
+        conversation_sample,
+    )
     from rl360_ext.tiny_engine.engine import EngineConfig, TinyEngine
     from rl360_ext.tiny_engine.model import init_weights
 
@@ -205,15 +209,7 @@ def measure(seed: int) -> dict[str, Any]:
     engine = TinyEngine(EngineConfig(seed=seed, dtype="float64"))
     tokens, mask, recorded, routing, _ = conversation(engine, seed)
     config = engine.model_config
-    sample = Sample(
-        group_index=0,
-        index=0,
-        tokens=tokens.tolist(),
-        response_length=len(tokens) - 1,
-        loss_mask=mask[1:].astype(int).tolist(),
-        rollout_log_probs=recorded[1:].tolist(),
-        rollout_routed_experts=routing.astype(np.int32),
-    )
+    sample = conversation_sample(tokens, mask, recorded, routing)
     case = MergedCase(sample, recorded, config, init_weights(config, seed))
     results: dict[str, Any] = {
         "schema": SCHEMA,

@@ -122,6 +122,27 @@ def mismatch(dtype: str, seed: int = 0) -> dict[str, dict[str, float]]:
     return results
 
 
+def conversation_sample(
+    tokens: np.ndarray,
+    mask: np.ndarray,
+    recorded: np.ndarray,
+    routing: np.ndarray,
+    weight_versions: list[str] | None = None,
+) -> Sample:
+    """A `conversation`'s one merged sample, as the trainer takes it: every token after the first
+    is the response, loss on the sampled positions, the engine's log-probs and routing rows."""
+    return Sample(
+        group_index=0,
+        index=0,
+        tokens=tokens.tolist(),
+        response_length=len(tokens) - 1,
+        loss_mask=mask[1:].astype(int).tolist(),
+        rollout_log_probs=recorded[1:].tolist(),
+        rollout_routed_experts=routing.astype(np.int32),
+        weight_versions=list(weight_versions or []),
+    )
+
+
 PARITY_METRICS = (
     "logprob_abs_diff_mean",
     "logprob_abs_diff_max",
@@ -138,16 +159,7 @@ def parity_families(dtype: str, seed: int = 0, lr: float = 1e-3) -> dict[str, fl
     version 0 trains at version 0, then is scored at version 1 against the version 0 it came from."""
     engine = TinyEngine(EngineConfig(seed=seed, dtype=dtype))
     tokens, mask, recorded, routing, _ = conversation(engine, seed)
-    sample = Sample(
-        group_index=0,
-        index=0,
-        tokens=tokens.tolist(),
-        response_length=len(tokens) - 1,
-        loss_mask=mask[1:].astype(int).tolist(),
-        rollout_log_probs=recorded[1:].tolist(),
-        rollout_routed_experts=routing.astype(np.int32),
-        weight_versions=["0"],
-    )
+    sample = conversation_sample(tokens, mask, recorded, routing, weight_versions=["0"])
     trainer = Trainer(
         engine.model_config,
         init_weights(engine.model_config, seed),
