@@ -22,8 +22,8 @@ Disk: the sandbox's writable directories live on one size- and inode-capped tmpf
 (`mount_tmpfs`), and every command runs under RLIMIT_FSIZE.
 
 Each sandbox cgroup is named `rl360-sbx.<server pid>.<server start time>.<sandbox>`, so a server
-that starts after another was SIGKILLed removes that server's leftovers (`clean_stale_cgroups`)
-and never a live server's. It does not own starting the sandbox or deciding what a hit limit
+that starts after another was SIGKILLed removes that server's leftovers (`clean_stale_cgroups`:
+its cgroups, and a sandbox that its death left half set up) and never a live server's. It does not own starting the sandbox or deciding what a hit limit
 means for the trial.
 """
 
@@ -51,6 +51,7 @@ _MNT_DETACH = 2
 _MS_NOSUID, _MS_NODEV = 2, 4
 CGROUP_PREFIX = "rl360-sbx."  # + owner tag + "." + sandbox name: what clean_stale_cgroups looks for
 _cpu_cursor = itertools.count()
+_ANCESTRY_DEPTH = 64  # parent links followed from a left-over process
 
 
 def _start_time(pid: int) -> str | None:
@@ -365,26 +366,68 @@ def cgroup_owner(path: Path) -> str:
     return f"{pid}.{rest.partition('.')[0]}"
 
 
+def _parent_pid(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
+def _has_ancestor_started_at(pid: int, start: str) -> bool:
+    """Whether a live ancestor of `pid` started at `start` (clock ticks since boot, as in an owner
+    tag): a process the tag's server may still own, from a PID namespace where its pid differs."""
+    for _ in range(_ANCESTRY_DEPTH):
+        parent = _parent_pid(pid)
+        if parent is None or parent <= 1:
+            return False
+        if _start_time(parent) == start:
+            return True
+        pid = parent
+    return True  # deeper than any sandbox's chain: keep it
+
+
+def _stale_members(path: Path, start: str) -> list[int]:
+    """The processes left in a dead server's sandbox cgroup that no live process with the server's
+    start time is an ancestor of: orphans of that server's sandboxes."""
+    with contextlib.suppress(OSError, ValueError):
+        members = [int(p) for p in (path / "cgroup.procs").read_text().split()]
+        return [pid for pid in members if not _has_ancestor_started_at(pid, start)]
+    return []
+
+
 def clean_stale_cgroups(wait_s: float = 5.0) -> list[str]:
     """Remove the sandbox cgroups under this process's cgroup whose server (named by the owner
-    tag in the cgroup's name) is gone; returns the removed paths. A dead server's sandboxes die
-    with it (bwrap's --die-with-parent), so its cgroups empty within moments; one that still has
-    processes after `wait_s` is left alone (never kill what another PID namespace may own)."""
-    removed = []
+    tag in the cgroup's name) is gone; returns the removed paths.
+
+    A dead server's sandboxes die with it (bwrap's --die-with-parent), except a sandbox whose
+    outer bwrap died while it set the sandbox up: its inner bwrap (the sandbox's PID 1) waits
+    forever for a user-namespace map that nobody will write. So the processes left in such a
+    cgroup are killed first, unless a live process started at the server's start time is their
+    ancestor (the server may live on in a PID namespace where its pid differs: never kill its
+    sandboxes). A cgroup that still has processes when `wait_s` (for all of them together) ends
+    is left alone."""
+    stale = []
     for path in sandbox_cgroups():
-        if owner_alive(cgroup_owner(path)):
-            continue
-        deadline = time.monotonic() + wait_s
-        while True:
+        owner = cgroup_owner(path)
+        if not owner_alive(owner):
+            stale.append(path)
+            kill_pids(_stale_members(path, owner.partition(".")[2]))
+    removed = []
+    deadline = time.monotonic() + wait_s
+    while stale:
+        left = []
+        for path in stale:
             try:
                 path.rmdir()
             except OSError:
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.05)
-                continue
-            removed.append(str(path))
+                left.append(path)
+            else:
+                removed.append(str(path))
+        if not left or time.monotonic() > deadline:
             break
+        time.sleep(0.05)
+        stale = left
     return removed
 
 
