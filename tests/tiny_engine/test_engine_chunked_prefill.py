@@ -134,8 +134,8 @@ def _short_behind_long(chunk: int, long_tokens: int) -> tuple[int, float, float,
     thread.start()
     while engine.counters["prefill_chunks"] < (2 if chunk > 0 else 0) and not long_done.is_set():
         time.sleep(0.001)
-    if chunk <= 0:
-        time.sleep(0.2)  # the one-chunk prefill is under way
+    while chunk <= 0 and not engine._model_lock._held and not long_done.is_set():
+        time.sleep(0.001)  # the one-chunk prefill is under way: it holds the model lock
     before = engine.counters["prefill_chunks"]
     started = time.perf_counter()
     engine.generate(GenerateRequest([5, 6], SamplingParams(max_new_tokens=2, temperature=0.0)))
