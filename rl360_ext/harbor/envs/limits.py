@@ -23,8 +23,8 @@ Disk: the sandbox's writable directories live on one size- and inode-capped tmpf
 
 Each sandbox cgroup is named `rl360-sbx.<server pid>.<server start time>.<sandbox>`, so a server
 that starts after another was SIGKILLed removes that server's leftovers (`clean_stale_cgroups`:
-its cgroups, and a sandbox that its death left half set up) and never a live server's. It does not own starting the sandbox or deciding what a hit limit
-means for the trial.
+its cgroups, and a sandbox that its death left half set up) and never a live server's. It does
+not own starting the sandbox or deciding what a hit limit means for the trial.
 """
 
 from __future__ import annotations
