@@ -10,8 +10,10 @@ or `headers` table of task.toml, at any depth, is refused unless every name in i
 operator allow-listed with --allow-env: the same answer whether the variable is set or not);
 and what rl360 reads from a Harbor task before admission: its image group (for pinning), its
 resource reservation and the time limits the deadline budget must respect. Harbor's own
-`Task` class parses and validates task.toml (the snapshot's). Every load returns its own
-snapshot in `TaskInfo.path`; `release` removes it. It does not own running the task.
+`Task` class parses and validates task.toml (the snapshot's), once per snapshot: `harbor_task`
+hands the trials that share a snapshot the one parsed `Task`. Every load returns a snapshot in
+`TaskInfo.path` (shared with the loads of the same tree: `rl360_ext.harbor.snapshot`); `release`
+drops it, and the last release removes it. It does not own running the task.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ class TaskCatalog:
         self.snapshots = snapshots
         self.allowed_env = frozenset(allowed_env)
         self._read_before: dict[str, TaskInfo] = {}
+        self._parsed: dict[Path, Task] = {}  # Harbor's Task of each live snapshot, by its path
         self._lock = threading.Lock()  # loads run in threads
 
     @staticmethod
@@ -164,8 +167,21 @@ class TaskCatalog:
         return info
 
     def release(self, info: TaskInfo) -> None:
-        """Remove the snapshot a `load` made."""
-        self.snapshots.release(info.path)
+        """Drop the snapshot a `load` returned (removed with its parsed Task by the last release)."""
+        if self.snapshots.release(info.path):
+            with self._lock:
+                self._parsed.pop(info.path, None)
+
+    def harbor_task(self, path: Path) -> Task:
+        """Harbor's `Task` of a live snapshot (a `TaskInfo.path`), parsed on the first call for that
+        snapshot; every trial of it shares the object (Harbor reads a Task, it never changes one)."""
+        with self._lock:
+            task = self._parsed.get(path)
+        if task is None:
+            task = Task(path)
+            with self._lock:
+                task = self._parsed.setdefault(path, task)
+        return task
 
     def _read(self, name: str, path: Path) -> TaskInfo:
         self._check_env(name, path)
@@ -173,6 +189,8 @@ class TaskCatalog:
             task = Task(path)
         except (OSError, ValueError) as exc:
             raise TaskInvalid(_FIELD, f"task {name!r} is not a valid Harbor task: {exc}") from exc
+        with self._lock:
+            self._parsed.setdefault(path, task)
         environment = task.config.environment
         reservation = Reservation(
             cpus=float(environment.cpus) if environment.cpus is not None else self.default_reservation.cpus,

@@ -4,7 +4,8 @@ Owns the attempt's life: resolve the task (the catalog's private snapshot of it,
 runs and which is removed when the attempt ends) and agent, wait for admission (concurrency, waves,
 reservations) no longer than the deadline allows, split what is left into phase budgets, build
 Harbor's TrialConfig (agent/verifier/environment timeouts = those budgets, the reservation and
-placement handed to the environment), run `Trial.create(...).run()`, and classify the result
+placement handed to the environment), run `Trial.create(...).run()` (with the catalog's parsed
+`Task` of the snapshot: `catalog_trial`), and classify the result
 through `rl360_ext.harbor.outcome`. Between the agent phase and the verifier it has the
 environment kill every process the agent left and empty what the verifier reads besides the
 agent's work product (`end_phase`, when the environment has one: /logs/verifier, /tests,
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from harbor.models.environment_type import EnvironmentType
+from harbor.models.task.task import Task
 from harbor.models.trial.config import (
     EnvironmentConfig,
     TaskConfig,
@@ -39,6 +41,7 @@ from harbor.models.trial.config import (
 )
 from harbor.models.trial.error_policy import ErrorPolicyOverride
 from harbor.models.trial.paths import EnvironmentPaths
+from harbor.tasks.client import TaskDownloadResult
 from harbor.trial.hooks import TrialEvent, TrialHookEvent
 from harbor.trial.trial import Trial
 
@@ -149,6 +152,7 @@ class TrialRunner:
             SnapshotStore(settings.trials_dir),
             settings.allow_env,
         )
+        self._trial_class = catalog_trial(self.catalog)
         self.metrics = RunMetrics()
         pacing = gate = None
         if settings.rolling_start_size is not None:
@@ -437,7 +441,7 @@ class TrialRunner:
         scope = asyncio.timeout(hard_stop)
         try:
             async with scope:
-                trial = await Trial.create(config)
+                trial = await self._trial_class.create(config)
                 trial.add_hook(TrialEvent.ENVIRONMENT_START, self._sandbox_start_hook(slot))
                 trial.add_hook(TrialEvent.AGENT_END, _phase_ender(trial))
                 trial.add_hook(
@@ -538,6 +542,22 @@ def _phase_ender(trial: Trial, *clear: str, grading: bool = False) -> Any:
             await ender(clear, grading=grading)
 
     return end_phase
+
+
+def catalog_trial(catalog: TaskCatalog) -> type[Trial]:
+    """Harbor's `Trial` whose `create` takes the task from `catalog.harbor_task` (parsed once per
+    snapshot, shared by the trials of a group) instead of parsing task.toml again for every trial.
+    Never instantiated: `create` still builds Harbor's own trial class around the task. A trial
+    config that asks for extra instructions or no verification is loaded by Harbor itself."""
+
+    async def load_task(config: TrialConfig) -> tuple[Task, TaskDownloadResult]:
+        path = config.task.path
+        extras = config.extra_instruction_paths or config.extra_instructions
+        if path is None or extras or config.verifier.disable:
+            return await Trial._load_task(config)
+        return catalog.harbor_task(path), TaskDownloadResult(path=path, download_time_sec=0.0, cached=True)
+
+    return type("CatalogTrial", (Trial,), {"_load_task": staticmethod(load_task)})
 
 
 def _uncancel() -> None:

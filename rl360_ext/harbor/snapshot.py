@@ -18,6 +18,12 @@ swapped for a symlink, a file for a link to a host file), so:
 - the copy is capped (entries, bytes, depth), and digested while it is made (every entry's kind,
   path, mode, bytes or link target): two snapshots with one digest are the same tree, so what
   the catalog derived from one holds for the other.
+Sharing: attempts that load the same tree at the same time share one snapshot. A load first
+walks and digests the task without writing anything; when a live snapshot of that task name has
+the digest, the load takes a reference to it (the digest covers every byte, so it is the tree the
+load just read); otherwise it copies the tree (digesting it again, as it is written). A snapshot
+is removed when its last reference is released. So a group of attempts of one task costs one
+copy, one parse and one removal, not one each; nothing writes into a snapshot once taken.
 Refusals are `TaskSnapshotRefused(relative path, reason)`; the catalog names the task in them.
 It does not own which names are tasks or what a task declares (`rl360_ext.harbor.catalog`).
 """
@@ -30,6 +36,7 @@ import os
 import shutil
 import socket
 import stat
+import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -87,8 +94,16 @@ class Snapshot:
     digest: str
 
 
+@dataclass
+class _Shared:
+    snapshot: Snapshot
+    references: int = 1
+
+
 class SnapshotStore:
-    """Where one server keeps its snapshots: a 0700 directory of its own, one subdirectory per load."""
+    """Where one server keeps its snapshots: a 0700 directory of its own, one subdirectory per
+    snapshot, each shared by the loads of one task name and digest while any of them holds it.
+    Thread-safe (loads run in threads)."""
 
     def __init__(self, parent: Path, limits: SnapshotLimits = SnapshotLimits()) -> None:
         self.limits = limits
@@ -97,26 +112,61 @@ class SnapshotStore:
         self.root = parent / f".rl360-task-snapshots-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.root.mkdir(mode=0o700)
         (self.root / _OWNER_FILE).write_text(f"{socket.gethostname()} {owner_tag()}")
+        self._lock = threading.Lock()
+        self._live: dict[tuple[str, str], _Shared] = {}  # (task dir name, digest) -> snapshot
+        self._by_path: dict[Path, tuple[str, str]] = {}
 
     def take(self, tasks_root: Path, name: PurePosixPath) -> Snapshot:
-        """Copy the task `tasks_root/name` into a fresh snapshot. Raises TaskSnapshotRefused,
-        FileNotFoundError (no such task dir or no task.toml in it)."""
+        """A snapshot of the task `tasks_root/name`: a live one with the tree's digest, else a fresh
+        copy; `release` it when done. Raises TaskSnapshotRefused, FileNotFoundError (no such task
+        dir or no task.toml in it)."""
+        dir_name = name.name or "task"
+        digest = _snapshot(tasks_root, name, None, self.limits)
+        if (shared := self._share((dir_name, digest))) is not None:
+            return shared
         holder = self.root / uuid.uuid4().hex
         holder.mkdir(mode=0o700)
-        target = holder / (name.name or "task")
+        target = holder / dir_name
         try:
             digest = _snapshot(tasks_root, name, target, self.limits)
         except BaseException:
             shutil.rmtree(holder, ignore_errors=True)
             raise
-        return Snapshot(target, digest)
+        fresh = Snapshot(target, digest)
+        with self._lock:
+            if (entry := self._live.get((dir_name, digest))) is None:
+                self._live[(dir_name, digest)] = _Shared(fresh)
+                self._by_path[target] = (dir_name, digest)
+                return fresh
+            entry.references += 1  # another load copied the same tree meanwhile: keep one copy
+        shutil.rmtree(holder, ignore_errors=True)
+        return entry.snapshot
 
-    @staticmethod
-    def release(path: Path) -> None:
-        """Remove a snapshot `take` returned (its `path`)."""
+    def _share(self, key: tuple[str, str]) -> Snapshot | None:
+        with self._lock:
+            if (entry := self._live.get(key)) is None:
+                return None
+            entry.references += 1
+            return entry.snapshot
+
+    def release(self, path: Path) -> bool:
+        """Drop one reference to a snapshot `take` returned (its `path`); the last one removes it.
+        Returns whether it was removed."""
+        with self._lock:
+            key = self._by_path.get(path)
+            entry = self._live.get(key) if key is not None else None
+            if entry is not None:
+                entry.references -= 1
+                if entry.references > 0:
+                    return False
+                del self._live[key], self._by_path[path]
         shutil.rmtree(path.parent, ignore_errors=True)
+        return True
 
     def close(self) -> None:
+        with self._lock:
+            self._live.clear()
+            self._by_path.clear()
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -146,8 +196,10 @@ def _open_task(tasks_root: Path, name: PurePosixPath) -> int:
         raise TaskNameIsALink("", "a segment of the task's path is not a directory") from exc
 
 
-def _snapshot(tasks_root: Path, name: PurePosixPath, target: Path, limits: SnapshotLimits) -> str:
+def _snapshot(tasks_root: Path, name: PurePosixPath, target: Path | None, limits: SnapshotLimits) -> str:
+    """The digest of the task's tree, copied into `target` as it is read (None: read only)."""
     source_fd = _open_task(tasks_root, name)
+    links: list[PurePosixPath] = []
     try:
         try:
             toml = os.stat("task.toml", dir_fd=source_fd, follow_symlinks=False)
@@ -155,24 +207,27 @@ def _snapshot(tasks_root: Path, name: PurePosixPath, target: Path, limits: Snaps
             raise FileNotFoundError(f"no task.toml in {name}") from None
         if not stat.S_ISREG(toml.st_mode):
             raise TaskSnapshotRefused("task.toml", "is not a regular file")
-        os.mkdir(target, 0o700)
-        target_fd = os.open(target, _DIR_FLAGS)
+        target_fd = None
+        if target is not None:
+            os.mkdir(target, 0o700)
+            target_fd = os.open(target, _DIR_FLAGS)
         count = _Count()
         try:
-            links: list[PurePosixPath] = []
             _copy_dir(source_fd, target_fd, PurePosixPath(), count, limits, links, tasks_root / name)
         finally:
-            os.close(target_fd)
+            if target_fd is not None:
+                os.close(target_fd)
     finally:
         os.close(source_fd)
-    for link in links:
-        _check_link(target, link)
+    if target is not None:  # a read-only pass is only ever shared with a copy that was checked
+        for link in links:
+            _check_link(target, link)
     return count.digest.hexdigest()
 
 
 def _copy_dir(
     source_fd: int,
-    target_fd: int,
+    target_fd: int | None,
     relative: PurePosixPath,
     count: _Count,
     limits: SnapshotLimits,
@@ -200,12 +255,15 @@ def _copy_dir(
             count.add(b"d", rel)
             child = _open_child(source_fd, name, rel)
             try:
-                os.mkdir(name, 0o700, dir_fd=target_fd)
-                out = os.open(name, _DIR_FLAGS, dir_fd=target_fd)
+                out = None
+                if target_fd is not None:
+                    os.mkdir(name, 0o700, dir_fd=target_fd)
+                    out = os.open(name, _DIR_FLAGS, dir_fd=target_fd)
                 try:
                     _copy_dir(child, out, rel, count, limits, links, original)
                 finally:
-                    os.close(out)
+                    if out is not None:
+                        os.close(out)
             finally:
                 os.close(child)
         elif stat.S_ISREG(info.st_mode):
@@ -213,7 +271,8 @@ def _copy_dir(
         elif stat.S_ISLNK(info.st_mode):
             target = _link_target(source_fd, name, rel, original)
             count.add(b"l", rel, target.encode())
-            os.symlink(target, name, dir_fd=target_fd)
+            if target_fd is not None:
+                os.symlink(target, name, dir_fd=target_fd)
             links.append(rel)
         else:
             raise TaskSnapshotRefused(rel.as_posix(), "is not a regular file or directory")
@@ -229,7 +288,12 @@ def _open_child(parent_fd: int, name: str, rel: PurePosixPath) -> int:
 
 
 def _copy_file(
-    source_fd: int, target_fd: int, name: str, rel: PurePosixPath, count: _Count, limits: SnapshotLimits
+    source_fd: int,
+    target_fd: int | None,
+    name: str,
+    rel: PurePosixPath,
+    count: _Count,
+    limits: SnapshotLimits,
 ) -> None:
     try:
         fd = nofollow.open_regular(source_fd, name)
@@ -238,7 +302,7 @@ def _copy_file(
     try:
         mode = stat.S_IMODE(os.fstat(fd).st_mode) & 0o755 | 0o600
         count.add(b"f", rel, oct(mode).encode())
-        out = os.open(name, _CREATE_FLAGS, mode, dir_fd=target_fd)
+        out = os.open(name, _CREATE_FLAGS, mode, dir_fd=target_fd) if target_fd is not None else None
         try:
             while chunk := os.read(fd, _CHUNK):
                 count.add(b"c", rel, chunk)
@@ -246,10 +310,11 @@ def _copy_file(
                 if count.bytes > limits.max_bytes:
                     raise TaskSnapshotRefused("", f"is larger than {limits.max_bytes} bytes")
                 view = memoryview(chunk)
-                while view:
+                while out is not None and view:
                     view = view[os.write(out, view) :]
         finally:
-            os.close(out)
+            if out is not None:
+                os.close(out)
     finally:
         os.close(fd)
 

@@ -9,6 +9,7 @@ import shutil
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -323,7 +324,9 @@ def test_an_unchanged_tree_is_not_parsed_again_and_a_changed_one_is(
 
     monkeypatch.setattr(catalog_module, "Task", counting)
     catalog = TaskCatalog(root, DEFAULT, store)
-    first, second = catalog.load("fix-mean"), catalog.load("fix-mean")
+    first = catalog.load("fix-mean")
+    catalog.release(first)
+    second = catalog.load("fix-mean")
     assert len(parsed) == 1 and first.path != second.path and second.image_group == first.image_group
     toml = root / "fix-mean" / "task.toml"
     toml.write_text(toml.read_text() + "\n[verifier.env]\nX = '${SECRET}'\n")
@@ -372,3 +375,72 @@ def test_any_env_value_is_refused_exactly_when_it_holds_a_template(
     else:
         with contextlib.suppress(TaskInvalid):  # Harbor may refuse a header value for reasons of its own
             catalog.load("fix-mean")
+
+
+def test_loads_of_one_tree_share_a_snapshot_and_its_parsed_task_until_the_last_release(
+    root: Path, store: SnapshotStore
+) -> None:
+    catalog = TaskCatalog(root, DEFAULT, store)
+    group = [catalog.load("fix-mean") for _ in range(4)]
+    path = group[0].path
+    assert {info.path for info in group} == {path}
+    assert catalog.harbor_task(path) is catalog.harbor_task(group[3].path)
+    assert catalog.harbor_task(path).name == "fix-mean"
+    (root / "fix-mean" / "instruction.md").write_text("changed while the group runs\n")
+    changed = catalog.load("fix-mean")  # another tree: its own snapshot, never the group's
+    assert changed.path != path and "changed" in catalog.harbor_task(changed.path).instruction
+    assert "changed" not in (path / "instruction.md").read_text()
+    for info in group[:3]:
+        catalog.release(info)
+        assert path.is_dir()
+    catalog.release(group[3])
+    assert not path.parent.exists()
+    catalog.release(changed)
+    assert not changed.path.parent.exists()
+    assert [entry for entry in store.root.iterdir() if entry.is_dir()] == []
+
+
+def test_a_task_name_gets_its_own_snapshot_even_for_a_tree_another_name_has(
+    root: Path, store: SnapshotStore
+) -> None:
+    shutil.copytree(root / "fix-mean", root / "twin")
+    catalog = TaskCatalog(root, DEFAULT, store)
+    one, twin = catalog.load("fix-mean"), catalog.load("twin")
+    assert one.path != twin.path and twin.path.name == "twin"  # Harbor names a task by its folder
+    catalog.release(one)
+    catalog.release(twin)
+
+
+def test_concurrent_loads_of_a_new_tree_keep_one_copy(root: Path, store: SnapshotStore) -> None:
+    catalog = TaskCatalog(root, DEFAULT, store)
+    with ThreadPoolExecutor(8) as pool:
+        infos = list(pool.map(lambda _: catalog.load("fix-mean"), range(16)))
+    assert len({info.path for info in infos}) == 1
+    assert len([entry for entry in store.root.iterdir() if entry.is_dir()]) == 1
+    for info in infos:
+        catalog.release(info)
+    assert [entry for entry in store.root.iterdir() if entry.is_dir()] == []
+
+
+async def test_a_trial_is_created_around_the_catalogs_parsed_task(
+    root: Path, store: SnapshotStore, tmp_path: Path
+) -> None:
+    from harbor.models.trial.config import EnvironmentConfig, TaskConfig, TrialConfig
+
+    from rl360_ext.harbor.envs.bwrap import IMPORT_PATH
+    from rl360_ext.harbor.runner import catalog_trial
+
+    catalog = TaskCatalog(root, DEFAULT, store)
+    info = catalog.load("fix-mean")
+    trial_class = catalog_trial(catalog)
+    config = TrialConfig(
+        task=TaskConfig(path=info.path),
+        trials_dir=tmp_path / "trials",
+        environment=EnvironmentConfig(import_path=IMPORT_PATH, kwargs={"sandbox_root": str(tmp_path / "sbx")}),
+    )
+    trial = await trial_class.create(config)
+    assert trial.task is catalog.harbor_task(info.path) and type(trial) is not trial_class
+    extra = config.model_copy(update={"extra_instructions": ["also this"]})
+    own, _ = await trial_class._load_task(extra)  # Harbor parses a task with extras itself
+    assert own is not catalog.harbor_task(info.path) and own.instruction.endswith("also this")
+    catalog.release(info)
