@@ -185,7 +185,7 @@ def test_updates_within_a_request(weight_files: list[str], points: list[int], mo
 
 def test_in_place_flush_is_refused_while_requests_hold_kv(weight_files: list[str]) -> None:
     """SGLang: under an in_place pause the update lands but the flush is refused (the call fails)."""
-    engine = TinyEngine(EngineConfig(seed=0, layers=1))
+    engine = _slow_engine()  # the request is still running when the wait looks, however busy the machine
     job = _Background(engine, GenerateRequest(PROMPT, SamplingParams(max_new_tokens=200, ignore_eos=True)))
     _wait(lambda: any(s["output_tokens"] >= 2 for s in engine.inflight()))
     engine.pause("in_place")
@@ -200,7 +200,7 @@ def test_in_place_flush_is_refused_while_requests_hold_kv(weight_files: list[str
 
 def test_unpaused_update_waits_for_in_flight_requests(weight_files: list[str]) -> None:
     """SGLang's model_update_lock: an update without a pause lands after the running requests."""
-    engine = TinyEngine(EngineConfig(seed=0, layers=1))
+    engine = _slow_engine()  # the request is still running when the wait looks, however busy the machine
     job = _Background(engine, GenerateRequest(PROMPT, SamplingParams(max_new_tokens=60, ignore_eos=True)))
     _wait(lambda: any(s["output_tokens"] >= 1 for s in engine.inflight()))
     assert engine.update_weights_from_disk(weight_files[0], "v1", flush_cache=True)[0]
