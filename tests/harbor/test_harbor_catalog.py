@@ -436,7 +436,9 @@ async def test_a_trial_is_created_around_the_catalogs_parsed_task(
     config = TrialConfig(
         task=TaskConfig(path=info.path),
         trials_dir=tmp_path / "trials",
-        environment=EnvironmentConfig(import_path=IMPORT_PATH, kwargs={"sandbox_root": str(tmp_path / "sbx")}),
+        environment=EnvironmentConfig(
+            import_path=IMPORT_PATH, kwargs={"sandbox_root": str(tmp_path / "sandboxes")}
+        ),
     )
     trial = await trial_class.create(config)
     assert trial.task is catalog.harbor_task(info.path) and type(trial) is not trial_class
