@@ -19,6 +19,7 @@ drops it, and the last release removes it. It does not own running the task.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import threading
@@ -43,6 +44,15 @@ _FIELD = "task"
 _RESOLVED_TABLES = frozenset({"env", "headers"})
 _TEMPLATE_NAME = re.compile(r"\$\{([^}:]*)")
 _CACHED_TASKS = 1024  # what was read from a snapshot, by its digest
+
+
+class SnapshotTask(Task):
+    """Harbor's `Task` of a snapshot, which nothing changes once taken: its content checksum
+    (Harbor re-hashes the task's files at every trial's start) is computed once."""
+
+    @functools.cached_property
+    def checksum(self) -> str:
+        return super().checksum
 
 
 @dataclass(frozen=True)
@@ -178,7 +188,7 @@ class TaskCatalog:
         with self._lock:
             task = self._parsed.get(path)
         if task is None:
-            task = Task(path)
+            task = SnapshotTask(path)
             with self._lock:
                 task = self._parsed.setdefault(path, task)
         return task
@@ -186,7 +196,7 @@ class TaskCatalog:
     def _read(self, name: str, path: Path) -> TaskInfo:
         self._check_env(name, path)
         try:
-            task = Task(path)
+            task = SnapshotTask(path)
         except (OSError, ValueError) as exc:
             raise TaskInvalid(_FIELD, f"task {name!r} is not a valid Harbor task: {exc}") from exc
         with self._lock:

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from harbor.models.task.task import Task
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -316,13 +317,13 @@ def test_an_unchanged_tree_is_not_parsed_again_and_a_changed_one_is(
     import rl360_ext.harbor.catalog as catalog_module
 
     parsed: list[Path] = []
-    real_task = catalog_module.Task
+    real_task = catalog_module.SnapshotTask
 
     def counting(path: Path) -> object:
         parsed.append(path)
         return real_task(path)
 
-    monkeypatch.setattr(catalog_module, "Task", counting)
+    monkeypatch.setattr(catalog_module, "SnapshotTask", counting)
     catalog = TaskCatalog(root, DEFAULT, store)
     first = catalog.load("fix-mean")
     catalog.release(first)
@@ -386,6 +387,9 @@ def test_loads_of_one_tree_share_a_snapshot_and_its_parsed_task_until_the_last_r
     assert {info.path for info in group} == {path}
     assert catalog.harbor_task(path) is catalog.harbor_task(group[3].path)
     assert catalog.harbor_task(path).name == "fix-mean"
+    with pytest.warns(DeprecationWarning):  # Harbor's own checksum, computed once per snapshot
+        assert catalog.harbor_task(path).checksum == Task(path).checksum
+    assert "checksum" in vars(catalog.harbor_task(path))
     (root / "fix-mean" / "instruction.md").write_text("changed while the group runs\n")
     changed = catalog.load("fix-mean")  # another tree: its own snapshot, never the group's
     assert changed.path != path and "changed" in catalog.harbor_task(changed.path).instruction
