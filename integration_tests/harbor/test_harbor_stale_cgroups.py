@@ -22,6 +22,7 @@ from rl360_ext.harbor.envs.limits import (
     kill_pids,
     owner_tag,
 )
+from rl360_ext.util.proc_stat import STATE, stat_fields
 
 pytestmark = [pytest.mark.integration]
 
@@ -41,11 +42,8 @@ def _dead_owner_tag() -> str:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
+    fields = stat_fields(pid)
+    return fields is not None and fields[STATE] != "Z"
 
 
 @pytest.fixture

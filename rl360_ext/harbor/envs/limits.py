@@ -41,6 +41,8 @@ import signal
 import time
 from pathlib import Path
 
+from rl360_ext.util.proc_stat import PARENT, START_TIME, STATE, stat_fields
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _JOIN_SCRIPT = (
@@ -55,11 +57,8 @@ _ANCESTRY_DEPTH = 64  # parent links followed from a left-over process
 
 
 def _start_time(pid: int) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2 :].split()[19]
+    fields = stat_fields(pid)
+    return fields[START_TIME] if fields is not None else None
 
 
 def owner_tag(pid: int | None = None) -> str:
@@ -76,9 +75,9 @@ def owner_alive(tag: str) -> bool:
     return _start_time(int(pid)) == start
 
 
-def _is_zombie(pid: str) -> bool:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat[stat.rindex(")") + 2] == "Z"
+def _is_live(pid: str) -> bool:
+    fields = stat_fields(pid)
+    return fields is not None and fields[STATE] != "Z"
 
 
 def pids_in_namespace(pidns_inode: int) -> list[int]:
@@ -88,7 +87,7 @@ def pids_in_namespace(pidns_inode: int) -> list[int]:
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError, ValueError, IndexError):
-            if os.stat(f"/proc/{entry.name}/ns/pid").st_ino == pidns_inode and not _is_zombie(entry.name):
+            if os.stat(f"/proc/{entry.name}/ns/pid").st_ino == pidns_inode and _is_live(entry.name):
                 pids.append(int(entry.name))
     return pids
 
@@ -367,11 +366,8 @@ def cgroup_owner(path: Path) -> str:
 
 
 def _parent_pid(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2 :].split()[1])
+    fields = stat_fields(pid)
+    return int(fields[PARENT]) if fields is not None else None
 
 
 def _has_ancestor_started_at(pid: int, start: str) -> bool:

@@ -45,6 +45,7 @@ from rl360_ext.local.bench.local_ray import local_ray
 from rl360_ext.local.fixtures import tasks_root as fixture_tasks_root
 from rl360_ext.local.services import start_harbor
 from rl360_ext.local.stack import HarborServer
+from rl360_ext.util.proc_stat import CHILDREN_SYSTEM_TICKS, PARENT, USER_TICKS, stat_fields
 from rl360_ext.util.procs import LOOPBACK
 from rl360_ext.util.progress import stage
 
@@ -82,9 +83,10 @@ class ReplicaFigures:
 
 def _cpu_s(pid: int) -> tuple[float, float]:
     """(the process's own user+system CPU s, its reaped children's) from /proc/<pid>/stat."""
-    text = Path(f"/proc/{pid}/stat").read_text()
-    fields = text[text.rindex(")") + 2 :].split()
-    utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
+    fields = stat_fields(pid)
+    if fields is None:
+        raise ProcessLookupError(f"process {pid} is gone")
+    utime, stime, cutime, cstime = (int(v) for v in fields[USER_TICKS : CHILDREN_SYSTEM_TICKS + 1])
     return (utime + stime) / TICKS, (cutime + cstime) / TICKS
 
 
@@ -412,9 +414,9 @@ def _children() -> set[int]:
     """Pids of this process's children, zombies included."""
     mine, found = os.getpid(), set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            text = stat.read_text()
-            if int(text[text.rindex(")") + 2 :].split()[1]) == mine:
+        with contextlib.suppress(ValueError, IndexError):
+            fields = stat_fields(stat.parent.name)
+            if fields is not None and int(fields[PARENT]) == mine:
                 found.add(int(stat.parent.name))
     return found
 

@@ -53,6 +53,7 @@ from rl360_ext.local.bench.local_ray import local_ray
 from rl360_ext.local.services import start_engine
 from rl360_ext.session.options import ServiceOptions
 from rl360_ext.util.fielddocs import field_flags
+from rl360_ext.util.proc_stat import SYSTEM_TICKS, USER_TICKS, stat_fields
 from rl360_ext.util.procs import LOOPBACK, Service, free_port, rl360_argv, running, start_service
 from rl360_ext.util.progress import stage
 
@@ -122,8 +123,10 @@ class CaseResult:
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    fields = stat_fields(pid)
+    if fields is None:
+        raise ProcessLookupError(f"process {pid} is gone")
+    return (int(fields[USER_TICKS]) + int(fields[SYSTEM_TICKS])) / os.sysconf("SC_CLK_TCK")
 
 
 def _rss_mb(pid: int) -> float:

@@ -1,0 +1,30 @@
+"""`stat_fields`: the fields after a command name that may hold spaces and parentheses."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from rl360_ext.util.proc_stat import PARENT, START_TIME, STATE, stat_fields
+
+
+def test_a_command_name_with_parentheses_and_spaces_does_not_shift_the_fields(tmp_path: Path) -> None:
+    odd = tmp_path / "a) b ( c"
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", odd)
+    child = subprocess.Popen([str(odd), "30"])
+    try:
+        fields, own = stat_fields(child.pid), stat_fields(os.getpid())
+        assert fields is not None and own is not None
+        assert fields[STATE] in {"R", "S", "D"} and int(fields[PARENT]) == os.getpid()
+        assert int(fields[START_TIME]) >= int(own[START_TIME])
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_process_that_is_gone_has_no_fields() -> None:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    assert stat_fields(child.pid) is None
