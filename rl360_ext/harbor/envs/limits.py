@@ -365,21 +365,17 @@ def cgroup_owner(path: Path) -> str:
     return f"{pid}.{rest.partition('.')[0]}"
 
 
-def _parent_pid(pid: int) -> int | None:
-    fields = stat_fields(pid)
-    return int(fields[PARENT]) if fields is not None else None
-
-
 def _has_ancestor_started_at(pid: int, start: str) -> bool:
     """Whether a live ancestor of `pid` started at `start` (clock ticks since boot, as in an owner
-    tag): a process the tag's server may still own, from a PID namespace where its pid differs."""
+    tag): a process the tag's server may still own, from a PID namespace where its pid differs.
+    One read of /proc/<pid>/stat per process on the way up."""
+    fields = stat_fields(pid)
     for _ in range(_ANCESTRY_DEPTH):
-        parent = _parent_pid(pid)
-        if parent is None or parent <= 1:
+        if fields is None or int(fields[PARENT]) <= 1:
             return False
-        if _start_time(parent) == start:
+        fields = stat_fields(fields[PARENT])
+        if fields is not None and fields[START_TIME] == start:
             return True
-        pid = parent
     return True  # deeper than any sandbox's chain: keep it
 
 
