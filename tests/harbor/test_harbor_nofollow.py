@@ -154,3 +154,17 @@ def test_a_copy_out_stops_at_its_time_budget(tmp_path: Path) -> None:
     with nofollow.opened_dir(root) as fd:
         nofollow.copy_tree_out(fd, tmp_path / "out", budget)
     assert os.listdir(tmp_path / "out") == [] and "time budget" in budget.skipped[0]
+
+
+def test_a_copy_out_spends_its_time_budget_mid_tree_and_names_what_it_left(tmp_path: Path) -> None:
+    root = sandbox(tmp_path)
+    for number in range(20):
+        (root / f"f{number:02}").write_text("x")
+    ticks = iter(range(1_000))
+    budget = nofollow.CopyBudget(max_seconds=7.5, clock=lambda: float(next(ticks)))
+    with nofollow.opened_dir(root) as fd:
+        nofollow.copy_tree_out(fd, tmp_path / "out", budget)
+    copied = os.listdir(tmp_path / "out")
+    assert 0 < len(copied) < 20 and len(copied) == budget.copied_inodes
+    assert budget.skipped[-1] == "./ (the copy's 7.5s time budget is spent)"  # the rest, as one
+    assert all("7.5s time budget is spent" in reason for reason in budget.skipped)

@@ -44,7 +44,8 @@ class TooLarge(ValueError):
 class CopyBudget:
     """Caps for one copy out of a sandbox; what is over a cap is skipped and listed in `skipped`.
     Every inode the copy creates on the host (files and directories) counts against
-    `max_inodes`; past `max_seconds` (from the budget's creation) nothing more is copied."""
+    `max_inodes`; past `max_seconds` on `clock` (from the budget's creation) nothing more is
+    copied."""
 
     max_file_bytes: int = 64 * 2**20
     max_total_bytes: int = 256 * 2**20
@@ -54,10 +55,14 @@ class CopyBudget:
     copied_bytes: int = 0
     copied_inodes: int = 0
     skipped: list[str] = field(default_factory=list)
-    started: float = field(default_factory=time.monotonic)
+    clock: Callable[[], float] = time.monotonic
+    started: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.started = self.clock()
 
     def out_of_time(self) -> bool:
-        return time.monotonic() - self.started > self.max_seconds
+        return self.clock() - self.started > self.max_seconds
 
     def take_inode(self, rel: PurePosixPath, what: str) -> bool:
         """Count one host inode for `rel`; False (and `rel` listed as skipped) past a cap."""
