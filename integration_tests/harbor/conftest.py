@@ -43,7 +43,7 @@ def make_env(
     **options: object,
 ) -> BwrapEnvironment:
     """A bwrap environment for a one-file task (`/app/seed.txt`), not started yet; `options` are
-    BwrapOptions."""
+    BwrapOptions (`sandbox_root` defaults to one of the test's own)."""
     environment_dir = tmp_path / "task" / "environment"
     (environment_dir / "app").mkdir(parents=True)
     (environment_dir / "app" / "seed.txt").write_text("seeded\n")
@@ -59,8 +59,7 @@ def make_env(
         task_env_config=EnvironmentConfig(
             network_mode=network_mode, cpus=1, memory_mb=memory_mb, workdir=workdir
         ),
-        sandbox_root=str(sandbox_root(tmp_path)),
-        **options,
+        **{"sandbox_root": str(sandbox_root(tmp_path)), **options},
     )
 
 

@@ -57,21 +57,26 @@ def running(service: Service) -> int:
     return int(httpx.get(service.url + "/health", timeout=5).json()["running"])
 
 
+@pytest.mark.parametrize("warm", [0, 2], ids=["cold", "warm"])
 async def test_sigterm_answers_every_client_cancelled(
     harbor_server: Callable[..., Any],
     descendants: Callable[[int], list[tuple[int, str]]],
     tmp_path: Path,
     tasks: Path,
     sandboxes: Path,
+    warm: int,
 ) -> None:
     flags = ("--tasks-root", str(tasks), "--max-concurrent", "2", "--env-kwarg", f"sandbox_root={sandboxes}")
-    with harbor_server(tmp_path / "logs", *flags, *BUDGET_FLAGS) as service:
+    warm_flags = ("--env-kwarg", f"warm_sandboxes={warm}")  # with spares: they go with the server too
+    with harbor_server(tmp_path / "logs", *flags, *warm_flags, *BUDGET_FLAGS) as service:
         async with httpx.AsyncClient(base_url=service.url, timeout=120) as http:
             calls = [
                 asyncio.create_task(http.post("/run", json={"task": "slow", "deadline_s": 200}))
                 for _ in range(3)
             ]
-            await asyncio.to_thread(wait_for, lambda: running(service) == 2 and _entries(sandboxes) == 2)
+            await asyncio.to_thread(
+                wait_for, lambda: running(service) == 2 and _entries(sandboxes) == 2 + warm
+            )
             await asyncio.sleep(1.0)  # the agents are inside their sandboxes now
             os.kill(service.pid, signal.SIGTERM)
             responses = await asyncio.gather(*calls)

@@ -57,7 +57,7 @@ from rl360_ext.harbor.admission import (
     StartGate,
 )
 from rl360_ext.harbor.catalog import TaskCatalog, TaskInfo
-from rl360_ext.harbor.envs import bwrap
+from rl360_ext.harbor.envs import bwrap, warm
 from rl360_ext.harbor.envs.bwrap import IMPORT_PATH as BWRAP_IMPORT_PATH
 from rl360_ext.harbor.errors import AgentKwargReserved, AgentNotAllowed, FieldInvalid, ServerShuttingDown
 from rl360_ext.harbor.metrics import RunMetrics
@@ -207,6 +207,7 @@ class TrialRunner:
             "agents": self.agents.names,
             "shutting_down": self.shutting_down,
             "leftovers_removed_at_start": len(self.cleaned_at_start),
+            "warm_sandboxes": warm.counts(),
             "node_labels": list(settings.node_labels),
             "tasks_root": str(self.catalog.root),
         }
@@ -525,9 +526,10 @@ class TrialRunner:
 
     async def shutdown(self) -> None:
         """Refuse new attempts, cancel every queued or running one (each answers `failure_cause:
-        cancelled`) and wait (bounded) until their sandboxes are stopped."""
+        cancelled`), wait (bounded) until their sandboxes are stopped, and discard the warm ones."""
         self.shutting_down = True
         await self.flush_all()
+        await warm.close()
         self.catalog.snapshots.close()
 
 

@@ -630,6 +630,8 @@ def demo_stack_config(config: DemoConfig) -> StackConfig:
             "max_concurrent": concurrent,
             "trials_dir": config.out / "trials",
             "keep_trials": "failed",
+            # a step's sandboxes are started while the previous step trains, not when it asks
+            "env_kwarg": (f"warm_sandboxes={concurrent}",),
             **DEMO_HARBOR_BUDGET,
         },
     )

@@ -62,6 +62,11 @@ Design (the sandboxed code is hostile: the policy wrote it)
   (`SandboxBuildFailedError`). Links in the task are never followed (the catalog refuses links
   that leave the task directory). `environment/Dockerfile`, `docker-compose.yaml` and
   `[environment] docker_image` are ignored: the host's /usr is the image.
+- Warm sandboxes (`warm_sandboxes`): a sandbox's start depends only on its shape (options,
+  workdir, reservation), so the server can keep sandboxes started ahead of the trials
+  (`rl360_ext.harbor.envs.warm`); a trial of that shape takes one (`WarmSpare.hand_to`) instead
+  of starting its own. Nothing but the holder ran in it: it is the sandbox a cold start makes.
+  Tasks with network always start their own.
 - Teardown: `stop` SIGKILLs the holder, waits until no process of the PID namespace is left,
   removes the cgroup and, with `delete`, the sandbox's host directories. Each sandbox directory
   and cgroup is tagged with its server's pid and start time; `clean_stale` (run when a server
@@ -93,6 +98,7 @@ import signal
 import stat
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar, Literal
@@ -104,7 +110,7 @@ from harbor.models.task.config import NetworkMode
 from harbor.utils.path_filter import filter_paths_by_patterns
 from pydantic import Field
 
-from rl360_ext.harbor.envs import nofollow, seccomp
+from rl360_ext.harbor.envs import nofollow, seccomp, warm
 from rl360_ext.harbor.envs.limits import (
     SandboxLimits,
     clean_stale_cgroups,
@@ -205,6 +211,17 @@ class BwrapOptions(EnvironmentOptions):
     max_output_kb: int = Field(
         default=1024, ge=1, description="Output kept per command and stream (its head and tail)."
     )
+    warm_sandboxes: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Sandboxes kept started ahead of the trials that take them (per server, of the shapes "
+            "last started); 0: every trial starts its own."
+        ),
+    )
+    warm_max_age_s: float = Field(
+        default=300.0, gt=0, description="A warm sandbox older than this is discarded, not taken."
+    )
 
 
 def bwrap_executable() -> str | None:
@@ -265,85 +282,65 @@ def clean_stale(sandbox_root: Path | None = None) -> list[str]:
     return removed
 
 
-class BwrapEnvironment(BaseEnvironment):
-    options_model: ClassVar[type[EnvironmentOptions]] = BwrapOptions
-    options: BwrapOptions
+class _Sandbox:
+    """One sandbox's host side: its directories and tmpfs, its cgroup, its holder (and
+    slirp4netns), entering nothing. `BwrapEnvironment` is one with Harbor's interface on top;
+    a `WarmSpare` is one no trial has taken yet. What `_STATE` names is the started sandbox:
+    a trial's environment takes a spare's over (`WarmSpare.hand_to`)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    _STATE = (
+        "sandbox_dir",
+        "files_dir",
+        "_limits",
+        "_holder",
+        "_holder_pipes",
+        "_init_pid",
+        "_pidns",
+        "_pidns_fd",
+    )
+    options: BwrapOptions
+    session_id: str
+    workdir: str
+    logger: logging.Logger | logging.LoggerAdapter[logging.Logger]
+
+    def _init_sandbox(self, options: BwrapOptions, session_id: str, workdir: str) -> None:
+        self.options = options
+        self.session_id = session_id
+        self.workdir = workdir
         self._holder: asyncio.subprocess.Process | None = None
         self._holder_pipes: tuple[int, ...] = ()  # read ends of its stdout and stderr
         self._init_pid: int | None = None
         self._pidns: int | None = None
         self._pidns_fd: int | None = None  # keeps the namespace (and so its inode number) alive
         self._limits: SandboxLimits = SandboxLimits()
-        self._stopped = False
-        self._grading = False
-        self._holder_due = False  # a phase ended: the next command starts a fresh holder first
-        self._holder_lock = asyncio.Lock()
         self._slirp: asyncio.subprocess.Process | None = None
         self._slirp_exit_fd: int | None = None
         self._slirp_log: _Capture | None = None  # its stderr, read as it comes (bounded)
-        super().__init__(*args, **kwargs)
-        if self._host_mounts:
-            raise ValueError("the bwrap environment binds no host directories; remove the mounts")
-        root = Path(self.options.sandbox_root) if self.options.sandbox_root else default_sandbox_root()
-        self.sandbox_dir = root / self.session_id
+        root = Path(options.sandbox_root) if options.sandbox_root else default_sandbox_root()
+        self.sandbox_dir = root / session_id
         self.files_dir = self.sandbox_dir / FILES_DIR
-        self.workdir = self.task_env_config.workdir or "/app"
-        uid = self.options.sandbox_uid
-        self.owner: nofollow.Owner = (uid, uid)
-
-    @staticmethod
-    def type() -> str:
-        return "bwrap"
-
-    @classmethod
-    def check_server_options(cls, kwargs: dict[str, Any]) -> None:
-        """Refuse, when a server starts, options no trial could run with: a ValueError naming
-        the option (a bad value, or network allowed where slirp4netns is missing)."""
-        options = cls.parse_options(kwargs)
-        if isinstance(options, BwrapOptions) and options.allow_network and slirp4netns_executable() is None:
-            raise ValueError(
-                "--env-kwarg allow_network=true needs slirp4netns (apt-get install slirp4netns): "
-                "the bwrap environment never gives a sandbox the host's network namespace"
-            )
-
-    @property
-    def capabilities(self) -> EnvironmentCapabilities:
-        # mounted=False: nothing of the trial directory is visible in the sandbox; Harbor copies
-        # the log directories out through download_dir.
-        return EnvironmentCapabilities(disable_internet=True, mounted=False)
-
-    @classmethod
-    def resource_capabilities(cls) -> EnvironmentResourceCapabilities:
-        return EnvironmentResourceCapabilities(cpu_limit=True, memory_limit=True, fractional_cpus=True)
-
-    def _validate_definition(self) -> None:
-        try:
-            info = os.lstat(self.environment_dir)
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(f"task environment directory not found: {self.environment_dir}") from exc
-        if not stat.S_ISDIR(info.st_mode):
-            raise FileNotFoundError(f"{self.environment_dir} is not a directory")
-        setup = self.environment_dir / "setup.sh"
-        with contextlib.suppress(FileNotFoundError):
-            if not stat.S_ISREG(os.lstat(setup).st_mode):
-                raise FileNotFoundError(f"{setup} is not a regular file")
-
-    @property
-    def limits_mode(self) -> str:
-        return self._limits.mode
-
-    @property
-    def pids_mode(self) -> str:
-        """How the process limit applies: "cgroup+rlimit" or "rlimit" (see limits.py)."""
-        return self._limits.pids_mode
+        self.owner: nofollow.Owner = (options.sandbox_uid, options.sandbox_uid)
 
     @property
     def network_enabled(self) -> bool:
-        return self.options.allow_network and self.network_policy.network_mode == NetworkMode.PUBLIC
+        return False
 
-    # -- mounts ---------------------------------------------------------------------------------
+    async def _create(self, cpus: float | None, memory_mb: int | None) -> None:
+        """Make the directories, tmpfs and limits, and start the holder (raises
+        SandboxBuildFailedError; the caller tears down what was made)."""
+        await asyncio.to_thread(self._make_dirs)
+        self._limits = make_limits(
+            self.options.limits, f"{owner_tag()}.{self.session_id}", cpus, memory_mb, self.options.max_pids
+        )
+        await self._launch()
+
+    async def _remove(self, delete: bool) -> None:
+        """After `_kill_sandbox`: remove the cgroup and, with `delete`, the directories."""
+        self._limits.detach()  # on the loop: a watchdog's poller is a task of it
+        try:
+            await asyncio.to_thread(self._release, delete)
+        finally:
+            self._unpin_pidns()
 
     def _writable_mounts(self) -> list[tuple[PurePosixPath, Path]]:
         """(sandbox path, host path) of every writable mount, deepest first."""
@@ -410,8 +407,6 @@ class BwrapEnvironment(BaseEnvironment):
             argv += ["--seccomp", str(seccomp_fd)]
         return [*argv, "--", "/bin/sh", "-c", "echo ready; exec sleep infinity"]
 
-    # -- lifecycle ------------------------------------------------------------------------------
-
     def _make_dirs(self) -> None:
         self.sandbox_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
         for directory in (self.sandbox_dir.parent, *self.sandbox_dir.parent.parents):
@@ -446,61 +441,6 @@ class BwrapEnvironment(BaseEnvironment):
         """Unmount the sandbox's tmpfs and remove its host directory."""
         unmount(self.files_dir)
         shutil.rmtree(self.sandbox_dir, ignore_errors=True)
-
-    async def start(self, force_build: bool) -> None:
-        """Start the sandbox; a start that fails tears down what it made (the tmpfs, the cgroup,
-        any process) before it raises."""
-        try:
-            await self._start()
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self.stop(delete=True))
-            raise
-
-    async def _start(self) -> None:
-        if bwrap_executable() is None:
-            raise SandboxBuildFailedError("bubblewrap is not installed (apt-get install bubblewrap)")
-        if os.geteuid() != 0:
-            raise SandboxBuildFailedError(
-                "the bwrap environment runs as root: it maps the sandbox to an unprivileged uid"
-            )
-        if self.network_enabled and slirp4netns_executable() is None:
-            raise SandboxBuildFailedError(
-                "this task asks for network (network_mode public) and the server allows it, but "
-                "slirp4netns is not installed (apt-get install slirp4netns): the bwrap environment "
-                "never gives a sandbox the host's network namespace"
-            )
-        if self.options.seccomp:
-            try:
-                seccomp.prepare()
-            except seccomp.SeccompUnsupported as exc:
-                raise SandboxBuildFailedError(f"{exc}; run with --env-kwarg seccomp=false") from exc
-        await asyncio.to_thread(self._make_dirs)
-        app_seed = self.environment_dir / "app"
-        if app_seed.is_dir() and not app_seed.is_symlink():
-            with nofollow.opened_dir(self.files_dir, PurePosixPath("app")) as app_fd:
-                await asyncio.to_thread(nofollow.copy_tree_in, app_seed, app_fd, owner=self.owner)
-        self._limits = make_limits(
-            self.options.limits,
-            f"{owner_tag()}.{self.session_id}",
-            self.task_env_config.cpus,
-            self.task_env_config.memory_mb,
-            self.options.max_pids,
-        )
-        await self._launch()
-        setup = self.environment_dir / "setup.sh"
-        try:
-            script = nofollow.read_regular(setup, _SETUP_SCRIPT_CAP)
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError) as exc:
-            raise SandboxBuildFailedError(f"environment/setup.sh cannot be read: {exc}") from exc
-        result = await self._run(
-            ["/bin/bash", "-s"], stdin=script, cwd=self.workdir, env=self._merge_env(None)
-        )
-        if result.return_code != 0:
-            tail = (result.stderr or result.stdout or "")[-1000:]
-            raise SandboxBuildFailedError(f"environment/setup.sh exited {result.return_code}: {tail}")
 
     async def _launch(self) -> None:
         """Start a holder and wait until its sandbox runs. bwrap's info, the holder's "ready" line
@@ -707,6 +647,192 @@ class BwrapEnvironment(BaseEnvironment):
         await self._stop_slirp()
         self._init_pid = self._holder = None
 
+    def _release(self, delete: bool) -> None:
+        """`stop`'s blocking part, in one trip off the event loop: remove the cgroup (retried
+        while the kernel still counts the killed processes in it) and, with `delete`, the
+        sandbox's tmpfs and directories."""
+        self._limits.close()
+        if delete:
+            self._remove_dirs()
+
+    def _reap(self) -> None:
+        self._limits.kill_all()
+        if self._pidns is not None:
+            for _ in range(250):
+                if not pids_in_namespace(self._pidns):
+                    break
+                time.sleep(0.02)
+
+
+class WarmSpare(_Sandbox):
+    """A started sandbox no trial has taken yet (`rl360_ext.harbor.envs.warm` keeps it): its
+    tmpfs with the empty writable directories, its cgroup and its holder, nothing else run."""
+
+    def __init__(self, options: BwrapOptions, workdir: str) -> None:
+        self.logger = _log
+        self._handed = False
+        self._init_sandbox(options, f"warm-{uuid.uuid4().hex[:12]}", workdir)
+
+    @classmethod
+    async def started(
+        cls, options: BwrapOptions, workdir: str, cpus: float | None, memory_mb: int | None
+    ) -> WarmSpare:
+        """A spare of this shape, started; a start that fails or is cancelled leaves nothing."""
+        spare = cls(options, workdir)
+        try:
+            await spare._create(cpus, memory_mb)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(spare.discard())
+            raise
+        return spare
+
+    def hand_to(self, taker: _Sandbox) -> None:
+        """Give the started sandbox to `taker` (a trial's environment of the same shape)."""
+        for name in self._STATE:
+            setattr(taker, name, getattr(self, name))
+        self._handed = True
+
+    async def discard(self) -> None:
+        if self._handed:
+            return
+        self._handed = True
+        await self._kill_sandbox()
+        await self._remove(delete=True)
+
+
+class BwrapEnvironment(_Sandbox, BaseEnvironment):
+    options_model: ClassVar[type[EnvironmentOptions]] = BwrapOptions
+    options: BwrapOptions
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._stopped = False
+        self._grading = False
+        self._holder_due = False  # a phase ended: the next command starts a fresh holder first
+        self._holder_lock = asyncio.Lock()
+        super().__init__(*args, **kwargs)
+        if self._host_mounts:
+            raise ValueError("the bwrap environment binds no host directories; remove the mounts")
+        self._init_sandbox(self.options, self.session_id, self.task_env_config.workdir or "/app")
+
+    @staticmethod
+    def type() -> str:
+        return "bwrap"
+
+    @classmethod
+    def check_server_options(cls, kwargs: dict[str, Any]) -> None:
+        """Refuse, when a server starts, options no trial could run with: a ValueError naming
+        the option (a bad value, or network allowed where slirp4netns is missing)."""
+        options = cls.parse_options(kwargs)
+        if isinstance(options, BwrapOptions) and options.allow_network and slirp4netns_executable() is None:
+            raise ValueError(
+                "--env-kwarg allow_network=true needs slirp4netns (apt-get install slirp4netns): "
+                "the bwrap environment never gives a sandbox the host's network namespace"
+            )
+
+    @property
+    def capabilities(self) -> EnvironmentCapabilities:
+        # mounted=False: nothing of the trial directory is visible in the sandbox; Harbor copies
+        # the log directories out through download_dir.
+        return EnvironmentCapabilities(disable_internet=True, mounted=False)
+
+    @classmethod
+    def resource_capabilities(cls) -> EnvironmentResourceCapabilities:
+        return EnvironmentResourceCapabilities(cpu_limit=True, memory_limit=True, fractional_cpus=True)
+
+    def _validate_definition(self) -> None:
+        try:
+            info = os.lstat(self.environment_dir)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"task environment directory not found: {self.environment_dir}") from exc
+        if not stat.S_ISDIR(info.st_mode):
+            raise FileNotFoundError(f"{self.environment_dir} is not a directory")
+        setup = self.environment_dir / "setup.sh"
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISREG(os.lstat(setup).st_mode):
+                raise FileNotFoundError(f"{setup} is not a regular file")
+
+    @property
+    def limits_mode(self) -> str:
+        return self._limits.mode
+
+    @property
+    def pids_mode(self) -> str:
+        """How the process limit applies: "cgroup+rlimit" or "rlimit" (see limits.py)."""
+        return self._limits.pids_mode
+
+    @property
+    def network_enabled(self) -> bool:
+        return self.options.allow_network and self.network_policy.network_mode == NetworkMode.PUBLIC
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self, force_build: bool) -> None:
+        """Start the sandbox; a start that fails tears down what it made (the tmpfs, the cgroup,
+        any process) before it raises."""
+        try:
+            await self._start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.stop(delete=True))
+            raise
+
+    async def _start(self) -> None:
+        if bwrap_executable() is None:
+            raise SandboxBuildFailedError("bubblewrap is not installed (apt-get install bubblewrap)")
+        if os.geteuid() != 0:
+            raise SandboxBuildFailedError(
+                "the bwrap environment runs as root: it maps the sandbox to an unprivileged uid"
+            )
+        if self.network_enabled and slirp4netns_executable() is None:
+            raise SandboxBuildFailedError(
+                "this task asks for network (network_mode public) and the server allows it, but "
+                "slirp4netns is not installed (apt-get install slirp4netns): the bwrap environment "
+                "never gives a sandbox the host's network namespace"
+            )
+        if self.options.seccomp:
+            try:
+                seccomp.prepare()
+            except seccomp.SeccompUnsupported as exc:
+                raise SandboxBuildFailedError(f"{exc}; run with --env-kwarg seccomp=false") from exc
+        await self._sandbox_up()
+        app_seed = self.environment_dir / "app"
+        if app_seed.is_dir() and not app_seed.is_symlink():
+            with nofollow.opened_dir(self.files_dir, PurePosixPath("app")) as app_fd:
+                await asyncio.to_thread(nofollow.copy_tree_in, app_seed, app_fd, owner=self.owner)
+        setup = self.environment_dir / "setup.sh"
+        try:
+            script = nofollow.read_regular(setup, _SETUP_SCRIPT_CAP)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            raise SandboxBuildFailedError(f"environment/setup.sh cannot be read: {exc}") from exc
+        result = await self._run(
+            ["/bin/bash", "-s"], stdin=script, cwd=self.workdir, env=self._merge_env(None)
+        )
+        if result.return_code != 0:
+            tail = (result.stderr or result.stdout or "")[-1000:]
+            raise SandboxBuildFailedError(f"environment/setup.sh exited {result.return_code}: {tail}")
+
+    async def _sandbox_up(self) -> None:
+        """Take a warm spare of this sandbox's shape if the loop's pool holds one, else start the
+        sandbox here; then have the pool make a spare for the next trial of this shape. A task
+        with network is never warm: its slirp4netns starts with its holder."""
+        cpus, memory_mb = self.task_env_config.cpus, self.task_env_config.memory_mb
+        pool = None
+        if self.options.warm_sandboxes > 0 and not self.network_enabled:
+            pool = warm.pool(self.options.warm_sandboxes, self.options.warm_max_age_s)
+        shape = (self.options.model_dump_json(), self.workdir, cpus, memory_mb)
+        spare = pool.take(shape) if pool is not None else None
+        if isinstance(spare, WarmSpare):
+            spare.hand_to(self)
+            self.logger.debug("sandbox %s: took warm sandbox %s", self.session_id, self.sandbox_dir.name)
+        else:
+            await self._create(cpus, memory_mb)
+        if pool is not None:
+            make = functools.partial(WarmSpare.started, self.options, self.workdir, cpus, memory_mb)
+            pool.refill(shape, make)
+
     async def end_phase(self, clear: Sequence[str] = (), *, grading: bool = False) -> None:
         """Kill every process the sandbox runs, empty the sandbox directories in `clear`, and have
         the next command start a fresh holder (fresh namespaces) over the same files first: what
@@ -770,27 +896,7 @@ class BwrapEnvironment(BaseEnvironment):
         self._stopped = True
         async with self._holder_lock:  # a holder being started is waited for, then killed
             await self._kill_sandbox()
-        self._limits.detach()  # on the loop: a watchdog's poller is a task of it
-        try:
-            await asyncio.to_thread(self._release, delete)
-        finally:
-            self._unpin_pidns()
-
-    def _release(self, delete: bool) -> None:
-        """`stop`'s blocking part, in one trip off the event loop: remove the cgroup (retried
-        while the kernel still counts the killed processes in it) and, with `delete`, the
-        sandbox's tmpfs and directories."""
-        self._limits.close()
-        if delete:
-            self._remove_dirs()
-
-    def _reap(self) -> None:
-        self._limits.kill_all()
-        if self._pidns is not None:
-            for _ in range(250):
-                if not pids_in_namespace(self._pidns):
-                    break
-                time.sleep(0.02)
+        await self._remove(delete)
 
     # -- commands -------------------------------------------------------------------------------
 

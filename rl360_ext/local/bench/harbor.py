@@ -2,15 +2,18 @@
 per-replica figures docs/scale-out.md sizes a pool from.
 
 For each `max_concurrent` (8, 16) and each way a replica runs -- `process` (`rl360 harbor serve`,
-the demo's one-replica path) and `ray actor` (one `HarborPool` replica in a local Ray, the demo's
-path from two replicas on) -- it sends `ATTEMPTS_PER_SLOT` x max_concurrent oracle attempts of a
-short task (`fizzbuzz`) at once, after one warm-up attempt, and measures: attempts/s (all of them
+the demo's one-replica path), `process, warm` (the same with `warm_sandboxes` = max_concurrent:
+sandboxes started ahead of the trials that take them, as the demo runs) and `ray actor` (one
+`HarborPool` replica in a local Ray, the demo's path from two replicas on) -- it sends
+`ATTEMPTS_PER_SLOT` x max_concurrent oracle attempts of a short task (`fizzbuzz`) at once, after
+one warm-up attempt (which also fills the warm case's spares), and measures: attempts/s (all of them
 over the wall time), sandbox starts/s (between the first and the last sandbox start), p50
 environment setup, the replica process's own CPU per attempt (user+system, not its sandboxes'),
 the sandboxes' CPU per attempt (the replica's reaped children), the replica's RSS after the run,
 and the memory per live sandbox (PSS of the replica's descendants over the live bubblewrap
 sandboxes, median over samples every `SAMPLE_S`), and environment setup's share of the time the
-attempts held their slots. No start-rate limit: starts/s is what one replica does unpaced.
+attempts held their slots, and, for the warm case, how many starts took a spare or missed. No
+start-rate limit: starts/s is what one replica does unpaced.
 
 Floors, in the same run and at the same concurrency (before Ray starts): the oracle's commands
 (`bash /solution/solve.sh`, then `bash /tests/test.sh`) in rl360's sandbox driven directly
@@ -54,7 +57,8 @@ if TYPE_CHECKING:  # the harbor extra (Python >= 3.12): imported where a floor r
 
 TASK = "fizzbuzz"
 CONCURRENCY = (8, 16)
-MODES = ("process", "ray actor")
+MODES = ("process", "process, warm", "ray actor")
+WARM_MODE = "process, warm"  # a process replica keeping max_concurrent warm sandboxes
 ATTEMPTS_PER_SLOT = 3
 SAMPLE_S = 0.2
 DEADLINE_S = 300.0  # the default phase budgets need 145 s for this task
@@ -79,6 +83,8 @@ class ReplicaFigures:
     server_rss_mb: float
     mb_per_live_sandbox: float | None
     peak_live_sandboxes: int
+    warm_taken: int | None
+    warm_missed: int | None
 
 
 def _cpu_s(pid: int) -> tuple[float, float]:
@@ -188,12 +194,14 @@ def setup_share(timings: list[dict[str, float | None]]) -> float | None:
 def measure(mode: str, url: str, pid: int, max_concurrent: int) -> ReplicaFigures:
     """One case against a replica serving at `url` in process `pid` (already warm)."""
     count = ATTEMPTS_PER_SLOT * max_concurrent
+    warm_before = _warm_counts(url)
     own_before, children_before = _cpu_s(pid)
     started = time.monotonic()
     with Sampler(pid) as sampler:
         results = asyncio.run(_attempts(url, count))
     wall = time.monotonic() - started
     own_after, children_after = _cpu_s(pid)
+    warm_after = _warm_counts(url)
     graded = [r for r in results if r is not None and r.get("reward") == 1.0]
     starts = sorted(
         r["timeline"]["sandbox_started_at"] for r in graded if r.get("timeline", {}).get("sandbox_started_at")
@@ -220,7 +228,24 @@ def measure(mode: str, url: str, pid: int, max_concurrent: int) -> ReplicaFigure
         server_rss_mb=_rss_mb(pid),
         mb_per_live_sandbox=sampler.per_sandbox_mb(),
         peak_live_sandboxes=sampler.peak(),
+        warm_taken=_delta(warm_before, warm_after, "taken"),
+        warm_missed=_delta(warm_before, warm_after, "missed"),
     )
+
+
+def _warm_counts(url: str) -> dict[str, int] | None:
+    """The replica's warm-sandbox counters (`/health`), None where it keeps none."""
+    return httpx.get(f"{url}/health", timeout=30).json().get("warm_sandboxes")
+
+
+def _wait_for_spares(url: str, count: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while ((_warm_counts(url) or {}).get("held") or 0) < count and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _delta(before: dict[str, int] | None, after: dict[str, int] | None, key: str) -> int | None:
+    return after[key] - (before or {}).get(key, 0) if after is not None else None
 
 
 # -- floors: the same attempt's commands in rl360's sandbox, a bare bwrap and on the host ----------
@@ -487,19 +512,22 @@ def overhead_ratio(
     return ours / bare if ours is not None and bare else None
 
 
-def _server(work: Path, max_concurrent: int) -> HarborServer:
-    return HarborServer(
-        name=f"harbor-{max_concurrent}",
-        agent="oracle",
-        settings={"max_concurrent": max_concurrent, "trials_dir": work / "trials", "keep_trials": "none"},
-    )
+def _server(work: Path, max_concurrent: int, warm: bool) -> HarborServer:
+    settings: dict[str, Any] = {
+        "max_concurrent": max_concurrent,
+        "trials_dir": work / "trials",
+        "keep_trials": "none",
+    }
+    if warm:
+        settings["env_kwarg"] = (f"warm_sandboxes={max_concurrent}",)
+    return HarborServer(name=f"harbor-{max_concurrent}", agent="oracle", settings=settings)
 
 
 @contextlib.contextmanager
 def replica(mode: str, work: Path, max_concurrent: int) -> Iterator[tuple[str, int]]:
     """(URL, pid) of one replica, as a process or as a one-replica `HarborPool`; stopped on exit."""
-    server = _server(work, max_concurrent)
-    if mode == "process":
+    server = _server(work, max_concurrent, warm=mode == WARM_MODE)
+    if mode in ("process", WARM_MODE):
         service = start_harbor(
             work / "logs", fixture_tasks_root(), server.agent, *server.argv_flags(), name=server.name
         )
@@ -538,6 +566,8 @@ def collect(
                     stage(f"{mode}, max_concurrent {max_concurrent}")
                     with replica(mode, work, max_concurrent) as (url, pid):
                         asyncio.run(_attempts(url, 1))  # warm-up: first sandbox, first imports
+                        if mode == WARM_MODE:  # the spares made while the replica was idle
+                            _wait_for_spares(url, max_concurrent)
                         rows.append(measure(mode, url, pid, max_concurrent))
     floor_dicts = [asdict(row) for row in floor_rows]
     cases = [
@@ -583,7 +613,7 @@ def main(as_json: bool) -> None:
         "replica", "max conc.", "attempts", "failed", "attempts/s", "starts/s", "env setup p50 s",
         "setup share", "setup / floor", "server CPU ms/attempt",
         "sandbox CPU ms/attempt", "server RSS MB", "MB per live sandbox",
-        "peak live",
+        "peak live", "warm taken / missed",
     ):  # fmt: skip
         table.add_column(column, justify="left" if column == "replica" else "right")
     for row in results["cases"]:
@@ -602,6 +632,7 @@ def main(as_json: bool) -> None:
             f"{row['server_rss_mb']:.0f}",
             _figure(row["mb_per_live_sandbox"], ".1f"),
             str(row["peak_live_sandboxes"]),
+            "-" if row["warm_taken"] is None else f"{row['warm_taken']} / {row['warm_missed']}",
         )
     Console().print(table)
     floors = Table(
