@@ -191,6 +191,33 @@ async def test_path_kinds_are_answered_on_the_host_without_a_holder_between_phas
     assert not await env.is_dir("/etc/passwd")
 
 
+async def test_files_are_removed_on_the_host_without_following_links(
+    env: BwrapEnvironment, tmp_path: Path
+) -> None:
+    canary = tmp_path / "host-canary"
+    canary.write_text("host")
+    os.chmod(tmp_path, 0o755)
+    made = await env.exec(
+        "cd /logs/verifier && echo 1 > reward.txt && mkdir -p reward.json/deep && "
+        "mkdir -p /app/real && echo keep > /app/real/x && ln -s /app/real /logs/verifier/linked && "
+        f"ln -s {canary} /logs/verifier/to-host && echo kept > /logs/verifier/other"
+    )
+    assert made.return_code == 0, made.stderr
+    await env.end_phase()  # no holder runs: the removal is the host's
+    await env.remove_files(
+        ["/logs/verifier/reward.txt", "/logs/verifier/reward.json", "/logs/verifier/missing",
+         "/logs/verifier/linked/x", "/logs/verifier/to-host", "/logs/verifier/none/x"]
+    )  # fmt: skip
+    assert env._init_pid is None
+    left = await env.exec("ls -A /logs/verifier; cat /app/real/x")
+    assert left.stdout.split() == ["linked", "other", "keep"]  # a link's target is never touched
+    assert canary.read_text() == "host"
+    with pytest.raises(PermissionError):
+        await env.remove_files(["/etc/passwd"])
+    with pytest.raises(IsADirectoryError):
+        await env.remove_files(["/logs"])
+
+
 async def test_the_sandbox_is_an_unprivileged_user_in_its_own_namespaces(env: BwrapEnvironment) -> None:
     os.environ["RL360_PROBE_SECRET"] = "do-not-leak"
     try:

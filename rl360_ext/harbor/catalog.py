@@ -30,7 +30,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from harbor.environments.definition import environment_content_hash
+from harbor.models.task.file_filter import TaskFileFilter
 from harbor.models.task.task import Task
+from harbor.utils.file_selection import FileSelection
 
 from rl360_ext.harbor.admission import Reservation
 from rl360_ext.harbor.errors import TaskInvalid, TaskNotFound, TaskPathRejected
@@ -46,9 +48,37 @@ _TEMPLATE_NAME = re.compile(r"\$\{([^}:]*)")
 _CACHED_TASKS = 1024  # what was read from a snapshot, by its digest
 
 
+class SnapshotFileFilter(TaskFileFilter):
+    """Harbor's task-file filter (.harborignore rules) over a snapshot, which nothing changes
+    once taken: each path's verdict and each directory's selection are computed once, not at
+    every trial (the verifier selects the tests, walking them with `pathlib`, per attempt)."""
+
+    def __init__(self, task_dir: Path | str) -> None:
+        super().__init__(task_dir)
+        self._excluded: dict[Path, bool] = {}
+        self._selections: dict[Path, FileSelection] = {}
+
+    def is_excluded(self, path: Path) -> bool:
+        found = self._excluded.get(path)
+        if found is None:
+            found = self._excluded[path] = super().is_excluded(path)
+        return found
+
+    def select(self, source_dir: Path) -> FileSelection:
+        found = self._selections.get(source_dir)
+        if found is None:
+            found = self._selections[source_dir] = super().select(source_dir)
+        return found
+
+
 class SnapshotTask(Task):
     """Harbor's `Task` of a snapshot, which nothing changes once taken: its content checksum
-    (Harbor re-hashes the task's files at every trial's start) is computed once."""
+    (Harbor re-hashes the task's files at every trial's start) and its file selections are
+    computed once."""
+
+    def __init__(self, task_dir: Path | str) -> None:
+        super().__init__(task_dir)
+        self.file_filter = SnapshotFileFilter(self.file_filter.task_dir)
 
     @functools.cached_property
     def checksum(self) -> str:

@@ -79,6 +79,20 @@ class ExitRecordingVerifier(Verifier):
     def _parse_reward_text(self) -> dict[str, float | int]:
         return self._graded(self.trial_paths.reward_text_path)
 
+    async def _remove_reward_files(self) -> None:
+        """Harbor's removal of stale reward files, done by an environment that removes files on
+        the host (the bwrap sandbox's `remove_files`: no `rm -f` command started in it); any
+        other environment runs Harbor's command."""
+        remove = getattr(self.environment, "remove_files", None)
+        if remove is None:
+            await super()._remove_reward_files()
+            return
+        paths = EnvironmentPaths.for_os(self.environment.os)
+        await remove([str(paths.reward_text_path), str(paths.reward_json_path)])
+        if not self.environment.is_path_mounted(paths.verifier_dir, self.trial_paths.verifier_dir):
+            self.trial_paths.reward_text_path.unlink(missing_ok=True)
+            self.trial_paths.reward_json_path.unlink(missing_ok=True)
+
     async def verify(self) -> VerifierResult:
         marker = str(EnvironmentPaths.for_os(self.environment.os).verifier_dir / "test-stdout.txt")
         environment = self.environment

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from rl360_ext.harbor.admission import Reservation
 from rl360_ext.harbor.catalog import (
+    SnapshotTask,
     TaskCatalog,
     TaskInvalid,
     TaskNotFound,
@@ -450,3 +451,31 @@ async def test_a_trial_is_created_around_the_catalogs_parsed_task(
     own, _ = await trial_class._load_task(extra)  # Harbor parses a task with extras itself
     assert own is not catalog.harbor_task(info.path) and own.instruction.endswith("also this")
     catalog.release(info)
+
+
+_IGNORE_LINES = st.lists(
+    st.sampled_from(["*.log", "data/", "!keep.log", "/fixtures", "deep/**", "a.txt"]), max_size=4
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(tests_ignore=_IGNORE_LINES, solution_ignore=_IGNORE_LINES)
+def test_a_snapshot_s_file_selection_is_harbor_s_computed_once(
+    tmp_path_factory: pytest.TempPathFactory, tests_ignore: list[str], solution_ignore: list[str]
+) -> None:
+    task_dir = tmp_path_factory.mktemp("task") / "t"
+    shutil.copytree(example_tasks_root() / "fizzbuzz", task_dir)
+    for name in ("tests", "solution"):
+        for relative in ("data/a.txt", "deep/x/y.txt", "fixtures/f.txt", "keep.log", "run.log"):
+            (task_dir / name / relative).parent.mkdir(parents=True, exist_ok=True)
+            (task_dir / name / relative).write_text(relative)
+    (task_dir / "tests" / ".harborignore").write_text("\n".join(tests_ignore))
+    (task_dir / "solution" / ".harborignore").write_text("\n".join(solution_ignore))
+    harbor, ours = Task(task_dir), SnapshotTask(task_dir)
+    for name in ("tests", "solution"):
+        expected = harbor.file_filter.select(task_dir / name)
+        selected = ours.file_filter.select(task_dir / name)
+        assert selected == expected
+        assert ours.file_filter.select(task_dir / name) is selected  # once per snapshot
+        for path in sorted((task_dir / name).rglob("*")):
+            assert ours.file_filter.is_excluded(path) == harbor.file_filter.is_excluded(path)

@@ -10,6 +10,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from harbor.environments.base import ExecResult
+from harbor.models.task.config import TaskOS
 from harbor.verifier.verifier import RewardFileEmptyError, VerifierOutputParseError
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -170,7 +172,9 @@ def _verifier(verifier_dir: Path, bounds: RewardRange) -> ExitRecordingVerifier:
     verifier = ExitRecordingVerifier.__new__(ExitRecordingVerifier)
     verifier.reward_range = bounds
     verifier.trial_paths = SimpleNamespace(  # type: ignore[assignment]
-        reward_json_path=verifier_dir / REWARD_JSON, reward_text_path=verifier_dir / REWARD_TXT
+        reward_json_path=verifier_dir / REWARD_JSON,
+        reward_text_path=verifier_dir / REWARD_TXT,
+        verifier_dir=verifier_dir,
     )
     return verifier
 
@@ -200,3 +204,45 @@ def test_the_verifier_and_the_adapter_agree_on_what_counts(tmp_path: Path) -> No
     assert outcome.read_verifier_rewards(tmp_path, narrow) is None
     assert _verifier(tmp_path, BOUNDS)._parse_reward_json() == {"reward": 5.0}
     assert outcome.read_verifier_rewards(tmp_path, BOUNDS) == {"reward": 5.0}
+
+
+class _Sandbox:
+    """An environment with or without host-side `remove_files`, recording what it is asked."""
+
+    os = TaskOS.LINUX
+
+    def __init__(self, host_removal: bool) -> None:
+        self.commands: list[str] = []
+        self.removed: list[list[str]] = []
+        if host_removal:
+            self.remove_files = self._remove
+
+    async def _remove(self, paths: list[str]) -> None:
+        self.removed.append(paths)
+
+    async def exec(self, command: str, **_: object) -> ExecResult:
+        self.commands.append(command)
+        return ExecResult(stdout="", stderr="", return_code=0)
+
+    def is_path_mounted(self, *_: object) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("host_removal", [True, False], ids=["host", "command"])
+async def test_stale_reward_files_are_removed_on_the_host_where_the_sandbox_can(
+    tmp_path: Path, host_removal: bool
+) -> None:
+    verifier = _verifier(tmp_path, BOUNDS)
+    sandbox = _Sandbox(host_removal)
+    verifier.environment = sandbox  # type: ignore[assignment]
+    (tmp_path / REWARD_TXT).write_text("1")
+    (tmp_path / REWARD_JSON).write_text('{"reward": 1}')
+    await verifier._remove_reward_files()
+    assert not (tmp_path / REWARD_TXT).exists() and not (tmp_path / REWARD_JSON).exists()
+    if host_removal:
+        assert sandbox.commands == []
+        assert sandbox.removed == [["/logs/verifier/reward.txt", "/logs/verifier/reward.json"]]
+    else:
+        assert sandbox.removed == [] and sandbox.commands == [
+            "rm -f -- /logs/verifier/reward.txt /logs/verifier/reward.json"
+        ]

@@ -1087,6 +1087,19 @@ class BwrapEnvironment(_Sandbox, BaseEnvironment):
         except PermissionError:
             return await super().is_file(path, user=user)
 
+    async def remove_files(self, paths: Sequence[str]) -> None:
+        """Remove each of `paths` (whatever it is, a directory with its contents) from the
+        writable sandbox directories, on the host and without following a link, as `is_dir`
+        reads them: no command, no holder. A path whose parent is missing or a link has nothing
+        to remove. Raises PermissionError for a path outside the writable directories."""
+        for sandbox_path in paths:
+            root, relative = self._host_path(sandbox_path)
+            if not relative.parts:
+                raise IsADirectoryError(f"{sandbox_path} is a sandbox directory, not a file path")
+            missing = (FileNotFoundError, NotADirectoryError, nofollow.UnsafePath)
+            with contextlib.suppress(*missing), nofollow.opened_dir(root, relative.parent) as fd:
+                nofollow.remove_entry(fd, relative.name)
+
     def _upload_file(self, source: Path, target_path: str) -> None:
         root, relative = self._host_path(target_path)
         if not relative.parts:
