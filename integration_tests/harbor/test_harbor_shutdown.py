@@ -87,14 +87,16 @@ async def test_sigterm_answers_every_client_cancelled(
         assert descendants(service.pid) == [] and os.listdir(sandboxes) == []
 
 
+@pytest.mark.parametrize("warm", [0, 2], ids=["cold", "warm"])
 async def test_after_sigkill_the_next_server_cleans_what_was_left(
-    harbor_server: Callable[..., Any], tmp_path: Path, tasks: Path, sandboxes: Path
+    harbor_server: Callable[..., Any], tmp_path: Path, tasks: Path, sandboxes: Path, warm: int
 ) -> None:
     flags = ("--tasks-root", str(tasks), "--env-kwarg", f"sandbox_root={sandboxes}", *BUDGET_FLAGS)
-    with harbor_server(tmp_path / "first", *flags) as first:
+    warm_flags = ("--env-kwarg", f"warm_sandboxes={warm}")  # spares are left like any sandbox
+    with harbor_server(tmp_path / "first", *flags, *warm_flags) as first:
         async with httpx.AsyncClient(base_url=first.url, timeout=120) as http:
             call = asyncio.create_task(http.post("/run", json={"task": "slow", "deadline_s": 200}))
-            await asyncio.to_thread(wait_for, lambda: running(first) == 1 and _entries(sandboxes) == 1)
+            await asyncio.to_thread(wait_for, lambda: running(first) == 1 and _entries(sandboxes) == 1 + warm)
             await asyncio.sleep(1.0)
             dead = owner_tag(first.pid)
             os.kill(first.pid, signal.SIGKILL)
@@ -102,7 +104,7 @@ async def test_after_sigkill_the_next_server_cleans_what_was_left(
             with pytest.raises(httpx.HTTPError):
                 await call
     left = os.listdir(sandboxes)
-    assert len(left) == 1  # a SIGKILL tears nothing down
+    assert len(left) == 1 + warm  # a SIGKILL tears nothing down
     left_cgroups = [path for path in sandbox_cgroups() if cgroup_owner(path) == dead]
     if cgroups_usable():
         assert left_cgroups
