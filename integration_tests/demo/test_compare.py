@@ -11,7 +11,8 @@ seeds and compare.html their charts. The planning, the pairing across arrival or
 statistics and the page are unit-tested (tests/local/test_fault_modes.py, test_compare.py,
 tests/diagnostics/test_ab_stats.py, test_compare_report.py). Four demo runs of 1 step x 2 tasks x
 2 attempts, each mostly the stack's start and stop (20-50 s) around a 3-4 s rollout: 243 s at load
-9 and 364 s at load 12 on the shared 2-core machine.
+9 and 364 s at load 12 on the shared 2-core machine; 368-507 s in the whole suite on a slower
+instance, hence the 840 s bound (a hang still fails it, well inside CI's 90 minutes).
 """
 
 from __future__ import annotations
@@ -35,14 +36,14 @@ ARMS = ("rl360", "upstream")
 ENGINE_503 = "infra:no_engine_available"
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_compare_upstream_runs_both_arms_on_the_same_seeds_and_plans(tmp_path: Path) -> None:
     out = tmp_path / "ab"
     flags = ["--steps", str(STEPS), "--tasks", str(TASKS), "--attempts", str(ATTEMPTS), "--engines", "1"]
     ab = ["--faults", str(FAULTS), "--compare", "upstream", "--seeds", str(SEEDS)]
     argv = rl360_argv("demo", "--out", str(out), *flags, *ab)
     run = subprocess.run(
-        argv, capture_output=True, text=True, timeout=560, env={**os.environ, "COLUMNS": "160"}
+        argv, capture_output=True, text=True, timeout=840, env={**os.environ, "COLUMNS": "160"}
     )
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
