@@ -819,19 +819,18 @@ class BwrapEnvironment(_Sandbox, BaseEnvironment):
         sandbox here; then have the pool make a spare for the next trial of this shape. A task
         with network is never warm: its slirp4netns starts with its holder."""
         cpus, memory_mb = self.task_env_config.cpus, self.task_env_config.memory_mb
-        pool = None
-        if self.options.warm_sandboxes > 0 and not self.network_enabled:
-            pool = warm.pool(self.options.warm_sandboxes, self.options.warm_max_age_s)
+        if self.options.warm_sandboxes == 0 or self.network_enabled:
+            await self._create(cpus, memory_mb)
+            return
+        pool = warm.pool(self.options.warm_sandboxes, self.options.warm_max_age_s)
         shape = (self.options.model_dump_json(), self.workdir, cpus, memory_mb)
-        spare = pool.take(shape) if pool is not None else None
+        spare = pool.take(shape)
         if isinstance(spare, WarmSpare):
             spare.hand_to(self)
             self.logger.debug("sandbox %s: took warm sandbox %s", self.session_id, self.sandbox_dir.name)
         else:
             await self._create(cpus, memory_mb)
-        if pool is not None:
-            make = functools.partial(WarmSpare.started, self.options, self.workdir, cpus, memory_mb)
-            pool.refill(shape, make)
+        pool.refill(shape, functools.partial(WarmSpare.started, self.options, self.workdir, cpus, memory_mb))
 
     async def end_phase(self, clear: Sequence[str] = (), *, grading: bool = False) -> None:
         """Kill every process the sandbox runs, empty the sandbox directories in `clear`, and have

@@ -95,9 +95,7 @@ class WarmPool:
                 self._evict_one(but=shape)
             try:
                 spare = await self._makers[shape]()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
+            except Exception:  # a cancellation (close) is not one: it ends the filler
                 _log.warning("could not start a warm sandbox; trials start theirs", exc_info=True)
                 return
             if self._closed or shape not in self._kept:
