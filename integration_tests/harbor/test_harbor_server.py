@@ -18,15 +18,18 @@ from rl360_ext.util.procs import Service
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CODING_TASKS = ("fix-mean", "fizzbuzz", "slow-sum")
-FAULTS = {
-    "fault-env-start-fails": "sandbox_failed",
-    "fault-env-start-hangs": "environment_start_timeout",
-    "fault-verifier-crashes": "verifier_crash",
-    "fault-judge-fails": "judge_failure",
-    "fault-verifier-no-reward": "reward_file_missing",
-    "fault-verifier-hangs": "verifier_timeout",
-    "fault-agent-over-budget": "agent_timeout",
-    "fault-memory-hog": "memory_limit_exceeded",
+# Each fault task run by the oracle: its cause, who it is attributed to (issue 34: a verifier that
+# fails on the oracle's own end state is the task's, the known-good state reproduces it; a limit
+# the agent's processes hit, or its time budget, is the policy's and is graded), and its reward.
+FAULTS: dict[str, tuple[str, str, float | None]] = {
+    "fault-env-start-fails": ("sandbox_failed", "infrastructure", None),
+    "fault-env-start-hangs": ("environment_start_timeout", "infrastructure", None),
+    "fault-verifier-crashes": ("verifier_crash", "task", None),
+    "fault-judge-fails": ("judge_failure", "infrastructure", None),
+    "fault-verifier-no-reward": ("reward_file_missing", "task", None),
+    "fault-verifier-hangs": ("verifier_timeout", "task", None),
+    "fault-agent-over-budget": ("agent_timeout", "policy", 0.0),
+    "fault-memory-hog": ("memory_limit_exceeded", "policy", 1.0),
 }
 BUDGET_FLAGS = ("--env-setup-s", "20", "--agent-setup-s", "5", "--margin-s", "2", "--min-agent-s", "1")
 
@@ -71,15 +74,24 @@ async def test_oracle_passes_and_nop_fails_on_every_coding_task(server: Service)
         assert result["placement"] == {"node_label": "local", "image_group": "rl360-python-3"}
 
 
-async def test_each_fault_task_fails_with_its_cause_and_no_reward(server: Service) -> None:
+async def test_each_fault_task_fails_with_its_cause_and_its_attribution(server: Service) -> None:
     bodies = [{"task": task, "deadline_s": 120, "agent": "oracle"} for task in FAULTS]
     for body, result in zip(bodies, await run_all(server, bodies), strict=True):
-        assert (result["failure_cause"], result["reward"], result["reward_source"], result["rewards"]) == (
-            FAULTS[body["task"]],
-            None,
-            None,
-            None,
+        cause, who, reward = FAULTS[body["task"]]
+        source = None if reward is None else "verifier"
+        assert (
+            result["failure_cause"],
+            result["attributed_to"],
+            result["reward"],
+            result["reward_source"],
+        ) == (
+            cause,
+            who,
+            reward,
+            source,
         ), result
+        assert (result["attempt_class"] == "valid") == (reward is not None), result
+        assert result["evidence"]["control"] == ("regrade" if who == "task" else "rule"), result
         assert result["exception_message"], result
         # Every fault but the judge's surfaces as a Harbor exception; a failed judge is reported by
         # the test script's exit code (75) while Harbor itself saw a normal grading.
@@ -89,7 +101,11 @@ async def test_each_fault_task_fails_with_its_cause_and_no_reward(server: Servic
 async def test_a_task_over_its_memory_reservation_fails_alone(server: Service) -> None:
     bodies = [{"task": "fault-memory-hog", "deadline_s": 120}] + [{"task": "slow-sum", "deadline_s": 120}] * 3
     hog, *neighbours = await run_all(server, bodies)
-    assert (hog["failure_cause"], hog["reward"]) == ("memory_limit_exceeded", None)
+    assert (hog["failure_cause"], hog["attributed_to"], hog["evidence"]["resource"]) == (
+        "memory_limit_exceeded",
+        "policy",
+        "memory",
+    ), hog
     for result in neighbours:
         assert (result["reward"], result["reward_source"], result["failure_cause"]) == (1.0, "verifier", None)
 

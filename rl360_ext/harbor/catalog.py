@@ -94,6 +94,10 @@ class TaskInfo:
     environment_setup_s: float
     verifier_s: float
     agent_s: float | None
+    digest: str = ""
+    """The snapshot's content digest: one tree, one digest (what a control is cached by)."""
+    floor_reward: float | None = None
+    """The task's `[metadata] floor_reward`, where it declares one."""
 
 
 def image_group(task: Task) -> str:
@@ -196,7 +200,7 @@ class TaskCatalog:
                 known = self._read_before.get(snapshot.digest)
             if known is not None:
                 return dataclasses.replace(known, name=name, path=snapshot.path)
-            info = self._read(name, snapshot.path)
+            info = dataclasses.replace(self._read(name, snapshot.path), digest=snapshot.digest)
         except BaseException:
             self.snapshots.release(snapshot.path)
             raise
@@ -239,6 +243,7 @@ class TaskCatalog:
             else self.default_reservation.memory_mb,
         )
         agent_s = task.config.agent.timeout_sec
+        floor = task.config.metadata.get("floor_reward")
         return TaskInfo(
             name=name,
             path=path,
@@ -247,4 +252,12 @@ class TaskCatalog:
             environment_setup_s=float(environment.build_timeout_sec),
             verifier_s=float(task.config.verifier.timeout_sec),
             agent_s=float(agent_s) if agent_s is not None and math.isfinite(agent_s) else None,
+            floor_reward=_finite(floor),
         )
+
+
+def _finite(value: object) -> float | None:
+    """A task.toml number as a finite float, or None (absent, not a number, a bool, inf, nan)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)

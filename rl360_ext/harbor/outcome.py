@@ -18,19 +18,24 @@ What it reads for the verdict, stricter than Harbor's policy, never looser:
   present and matches was written by this run's verifier;
 - Harbor's error policy (`has_valid_reward`) for the recorded exception, and the test script's
   exit code rl360's verifier recorded (`rl360_ext.harbor.verifier`).
-So: reward is a float exactly when reward_source == "verifier"; then failure_cause is null or
-a policy cause. When reward is null, failure_cause says why.
+So: reward is a float exactly when reward_source is "verifier" or "floor"; then failure_cause is
+null or a cause attributed to the policy. When reward is null, failure_cause says why. Every failed
+attempt carries `attributed_to` and `evidence` (`rl360_ext.outcomes.attribution`): the phase the
+recorded exception came from is read off the trial's timings here, the limits the sandbox's own
+processes hit come from the environment (`limit_hits`), the known-good control from the runner.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from rl360_ext.harbor.envs.nofollow import TooLarge, read_regular
+from rl360_ext.outcomes.attribution import AttributionRule, LimitHit, Phase
 from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.rewards import REWARD_JSON, REWARD_TXT, RewardParse, RewardRange, parse_reward_file
 from rl360_ext.outcomes.verdict import TrialFacts, Verdict, judge
@@ -58,6 +63,8 @@ class Outcome:
     reward_source: str | None = None
     failure_cause: str | None = None
     attempt_class: str | None = None  # the verdict: "valid" or "infra:<cause>"
+    attributed_to: str | None = None  # policy | infrastructure | task, for a failed attempt
+    evidence: dict[str, str | None] | None = None  # `Evidence.as_json()`: phase, resource, signal, control
     exception_type: str | None = None
     exception_message: str | None = None
     phase_timings: dict[str, float | None] = field(default_factory=dict)
@@ -82,11 +89,19 @@ def failure(cause: str, exc: BaseException | None = None, message: str | None = 
     return Outcome(
         failure_cause=_plain(verdict.failure_cause),
         attempt_class=verdict.attempt_class,
+        **_attribution(verdict),
         exception_type=exception_type,
         exception_message=bounded(
             message if message is not None else (str(exc) if exc is not None else None)
         ),
     )
+
+
+def _attribution(verdict: Verdict) -> dict[str, Any]:
+    return {
+        "attributed_to": None if verdict.attributed_to is None else verdict.attributed_to.value,
+        "evidence": None if verdict.evidence is None else verdict.evidence.as_json(),
+    }
 
 
 def _plain(cause: Cause | None) -> str | None:
@@ -193,8 +208,50 @@ def _same_rewards(on_disk: dict[str, float], graded: Any) -> bool:
         return False
 
 
-def trial_facts(result: Any, trial_dir: Path, bounds: RewardRange = DEFAULT_RANGE) -> TrialFacts:
-    """What the verdict needs from a finished trial, read off Harbor's result and the trial directory."""
+def exception_phase(result: Any) -> Phase | None:
+    """The phase the recorded exception was raised in, from when it occurred against the trial's
+    phase timings; None where the result does not say."""
+    occurred = getattr(getattr(result, "exception_info", None), "occurred_at", None)
+    if not isinstance(occurred, datetime):
+        return None
+    for phase, timing in (
+        (Phase.VERIFIER, getattr(result, "verifier", None)),
+        (Phase.AGENT, getattr(result, "agent_execution", None)),
+        (Phase.AGENT, getattr(result, "agent_setup", None)),
+    ):
+        started = getattr(timing, "started_at", None)
+        if isinstance(started, datetime) and occurred >= started:
+            return phase
+    return Phase.ENVIRONMENT_SETUP
+
+
+def limit_hits(trial: Any) -> tuple[LimitHit, ...]:
+    """The limits the trial's sandbox saw its own processes hit (an environment that keeps no such
+    record, as Harbor's own do not, reports none)."""
+    report = getattr(getattr(trial, "agent_environment", None), "limit_hits", None)
+    return tuple(report()) if callable(report) else ()
+
+
+def recorded_verifier_failure(trial_dir: Path) -> str | None:
+    """How the verifier phase failed (an exception type), as rl360's verifier recorded it."""
+    try:
+        failure = json.loads((trial_dir / VERIFIER_EXIT_FILE).read_text()).get("failure")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return failure if isinstance(failure, str) else None
+
+
+def trial_facts(
+    result: Any,
+    trial_dir: Path,
+    bounds: RewardRange = DEFAULT_RANGE,
+    *,
+    limit_hits: Sequence[LimitHit] = (),
+    rule: AttributionRule = AttributionRule.EVIDENCE,
+    floor_reward: float = 0.0,
+) -> TrialFacts:
+    """What the verdict needs from a finished trial, read off Harbor's result and the trial directory
+    (`limit_hits`: the environment's record of the limits its processes hit)."""
     exception_info = getattr(result, "exception_info", None)
     return TrialFacts(
         rewards=verified_rewards(result, trial_dir, bounds),
@@ -202,20 +259,29 @@ def trial_facts(result: Any, trial_dir: Path, bounds: RewardRange = DEFAULT_RANG
         harbor_025_cause=getattr(result, "failure_cause", None),
         harbor_keeps_reward=exception_info is None or _policy_keeps_reward(exception_info),
         test_exit_code=recorded_test_exit_code(trial_dir),
+        exception_phase=exception_phase(result) if exception_info is not None else None,
+        verifier_started=getattr(result, "verifier", None) is not None,
+        verifier_failure=recorded_verifier_failure(trial_dir),
+        limit_hits=tuple(limit_hits),
+        rule=rule,
+        floor_reward=floor_reward,
     )
 
 
-def classify(result: Any, trial_dir: Path, bounds: RewardRange = DEFAULT_RANGE) -> Outcome:
+def classify(
+    result: Any, trial_dir: Path, bounds: RewardRange = DEFAULT_RANGE, facts: TrialFacts | None = None
+) -> Outcome:
     """The outcome of a finished Harbor trial, from its result and its trial directory (rewards
-    outside `bounds` are no rewards)."""
+    outside `bounds` are no rewards), or from `facts` already read off them."""
     exception_info = getattr(result, "exception_info", None)
-    verdict: Verdict = judge(trial_facts(result, trial_dir, bounds))
+    verdict: Verdict = judge(facts if facts is not None else trial_facts(result, trial_dir, bounds))
     return Outcome(
         reward=verdict.reward,
         rewards=verdict.rewards,
         reward_source=verdict.reward_source,
         failure_cause=_plain(verdict.failure_cause),
         attempt_class=verdict.attempt_class,
+        **_attribution(verdict),
         exception_type=getattr(exception_info, "exception_type", None),
         exception_message=verdict.detail or bounded(getattr(exception_info, "exception_message", None)),
         phase_timings=phase_timings(result),

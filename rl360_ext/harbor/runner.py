@@ -10,6 +10,11 @@ through `rl360_ext.harbor.outcome`. Between the agent phase and the verifier it 
 environment kill every process the agent left and empty what the verifier reads besides the
 agent's work product (`end_phase`, when the environment has one: /logs/verifier, /tests,
 /solution, and the environment's own HOME and tmp).
+After the trial it reads the facts the verdict needs (`outcome.trial_facts`, with the limits the
+environment saw its processes hit) and, when a verifier failed on the agent's end state, the
+evidence about the task's verifier on its known-good state (`rl360_ext.harbor.controls`: the
+audit's, or a control regrade that `_control` runs with Harbor's oracle). Under the `evidence`
+and `regrade` rules Harbor grades after an agent timeout and after a limit the agent hit.
 `flush(instance_id)` cancels every queued or running attempt of a session server instance;
 Harbor stops their sandboxes on cancellation; `shutdown` refuses new attempts and cancels all
 (each answers `failure_cause: cancelled`). Refused requests raise `rl360_ext.harbor.errors`
@@ -21,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import logging
 import math
 import shutil
@@ -45,7 +52,7 @@ from harbor.tasks.client import TaskDownloadResult
 from harbor.trial.hooks import TrialEvent, TrialHookEvent
 from harbor.trial.trial import Trial
 
-from rl360_ext.harbor import agents, budget, outcome
+from rl360_ext.harbor import agents, budget, controls, outcome
 from rl360_ext.harbor.admission import (
     Admission,
     AdmissionRefused,
@@ -64,16 +71,26 @@ from rl360_ext.harbor.metrics import RunMetrics
 from rl360_ext.harbor.settings import ServerSettings
 from rl360_ext.harbor.snapshot import SnapshotStore
 from rl360_ext.harbor.verifier import IMPORT_PATH as VERIFIER_IMPORT_PATH
+from rl360_ext.outcomes.attribution import AttributionRule, Control
 from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.harbor_exceptions import AGENT_TIMEOUT_ERROR
+from rl360_ext.outcomes.known_good import KnownGood
+from rl360_ext.outcomes.verdict import TrialFacts, needs_known_good
 
 FLUSH_WAIT_S = 60.0
 _PATHS = EnvironmentPaths()
 # emptied, with no agent process left, before grading: the verifier's output, the task's tests
 # (uploaded again whole, so nothing the agent added there stays) and the oracle's solution
 GRADING_CLEARS = tuple(str(path) for path in (_PATHS.verifier_dir, _PATHS.tests_dir, _PATHS.solution_dir))
-# An agent that ran out of its budget is cut off by us, not judged: skip grading, keep no reward.
-_ERROR_POLICY = {AGENT_TIMEOUT_ERROR: ErrorPolicyOverride(should_grade=False, has_valid_reward=False)}
+# The `list` rule (rl360 before attribution): an agent that ran out of its budget is cut off, not
+# judged. The other rules grade what a timed-out agent, or one whose processes hit the memory
+# limit, left: the policy's own failure, scored (docs/harbor.md).
+_LISTED_ERROR_POLICY = {AGENT_TIMEOUT_ERROR: ErrorPolicyOverride(should_grade=False, has_valid_reward=False)}
+_GRADED = ErrorPolicyOverride(should_grade=True, has_valid_reward=True)
+_POLICY_LIMIT_ERRORS = (AGENT_TIMEOUT_ERROR, "MemoryLimitExceededError", "SandboxLikelyOutOfMemoryError")
+_EVIDENCE_ERROR_POLICY = dict.fromkeys(_POLICY_LIMIT_ERRORS, _GRADED)
+ORACLE = agents.AgentEntry("oracle", harbor_name="oracle")
+CONTROL_AGENT_S = 600.0  # a control's oracle budget where the task sets no agent timeout
 _log = logging.getLogger(__name__)
 _Worked = tuple[outcome.Outcome, Placement | None, str | None]  # an attempt's outcome, placement, agent
 
@@ -153,6 +170,10 @@ class TrialRunner:
             settings.allow_env,
         )
         self._trial_class = catalog_trial(self.catalog)
+        rule = AttributionRule(settings.attribution)
+        audited = controls.read_task_health(settings.task_health) if settings.task_health else {}
+        self.controls = controls.KnownGoodControls(rule, audited, settings.max_controls)
+        self._error_policy = _LISTED_ERROR_POLICY if rule == AttributionRule.LIST else _EVIDENCE_ERROR_POLICY
         self.metrics = RunMetrics()
         pacing = gate = None
         if settings.rolling_start_size is not None:
@@ -208,6 +229,7 @@ class TrialRunner:
             "shutting_down": self.shutting_down,
             "leftovers_removed_at_start": len(self.cleaned_at_start),
             "warm_sandboxes": warm.counts(),
+            "attribution": {"rule": self.controls.rule.value, **self.controls.counts},
             "node_labels": list(settings.node_labels),
             "tasks_root": str(self.catalog.root),
         }
@@ -419,7 +441,7 @@ class TrialRunner:
             ),
             environment_build_timeout_multiplier=plan.environment_setup_s
             / max(task.environment_setup_s, 1e-9),
-            override_error_policy=_ERROR_POLICY,
+            override_error_policy=self._error_policy,
         )
 
     async def _run_trial(
@@ -448,7 +470,13 @@ class TrialRunner:
                 trial.add_hook(
                     TrialEvent.VERIFICATION_START, _phase_ender(trial, *GRADING_CLEARS, grading=True)
                 )
-                result = outcome.classify(await trial.run(), trial_dir, self.settings.reward_range)
+                finished = await trial.run()
+                facts = self._facts(task, trial, finished, trial_dir, self.controls.rule)
+                if needs_known_good(facts):
+                    left = (scope.when() or 0.0) - asyncio.get_running_loop().time() - plan.margin_s / 4
+                    known = await self.controls.known_good(task, functools.partial(self._control, task), left)
+                    facts = dataclasses.replace(facts, known_good=known)
+                result = outcome.classify(finished, trial_dir, facts=facts)
         except TimeoutError as exc:
             if not scope.expired():
                 result = outcome.failure(Cause.HARBOR_INTERNAL_ERROR, exc)
@@ -467,6 +495,52 @@ class TrialRunner:
         result.timeline.update(slot)
         await self._tidy(trial_dir, result)
         return result
+
+    def _facts(
+        self, task: TaskInfo, trial: Trial, finished: Any, trial_dir: Path, rule: AttributionRule
+    ) -> TrialFacts:
+        floor = task.floor_reward if task.floor_reward is not None else self.settings.floor_reward
+        return outcome.trial_facts(
+            finished,
+            trial_dir,
+            self.settings.reward_range,
+            limit_hits=outcome.limit_hits(trial),
+            rule=rule,
+            floor_reward=floor,
+        )
+
+    async def _control(self, task: TaskInfo) -> KnownGood:
+        """A control regrade: Harbor's oracle on `task` in a fresh sandbox, then its verifier, judged
+        on what the trial left (`controls.known_good_of`). It holds a snapshot of its own (the
+        attempt that asked may end first); a task whose tree changed since is no evidence."""
+        loaded = await asyncio.to_thread(self.catalog.load, task.name)
+        try:
+            if loaded.digest != task.digest:
+                return KnownGood(None, Control.REGRADE, "the task changed before its control could run")
+            return await self._control_trial(loaded)
+        finally:
+            await asyncio.to_thread(self.catalog.release, loaded)
+
+    async def _control_trial(self, task: TaskInfo) -> KnownGood:
+        policy = self.budget
+        agent_s = task.agent_s if task.agent_s is not None else CONTROL_AGENT_S
+        deadline_s = budget.fixed_cost_s(policy, task.environment_setup_s, task.verifier_s) + agent_s
+        plan = budget.plan(policy, deadline_s, 0.0, task.environment_setup_s, task.verifier_s, task.agent_s)
+        request = RunRequest(task=task.name, deadline_s=deadline_s)
+        placement = self.pinning.place(task.image_group)
+        config = self._trial_config(request, task, ORACLE, placement, plan, agent_s)
+        config.trial_name = "control__" + config.trial_name
+        trial_dir = config.trials_dir / config.trial_name
+        try:
+            trial = await self._trial_class.create(config)
+            trial.add_hook(TrialEvent.AGENT_END, _phase_ender(trial))
+            grading = _phase_ender(trial, *GRADING_CLEARS, grading=True)
+            trial.add_hook(TrialEvent.VERIFICATION_START, grading)
+            async with asyncio.timeout(deadline_s):
+                finished = await trial.run()
+            return controls.known_good_of(self._facts(task, trial, finished, trial_dir, AttributionRule.LIST))
+        finally:
+            await asyncio.to_thread(shutil.rmtree, trial_dir, ignore_errors=True)
 
     def _sandbox_start_hook(self, slot: dict[str, float]) -> Any:
         """A hook for Harbor's sandbox start: hold the rolling-start limit exactly, count the
@@ -526,9 +600,11 @@ class TrialRunner:
 
     async def shutdown(self) -> None:
         """Refuse new attempts, cancel every queued or running one (each answers `failure_cause:
-        cancelled`), wait (bounded) until their sandboxes are stopped, and discard the warm ones."""
+        cancelled`) and every control regrade, wait (bounded) until their sandboxes are stopped, and
+        discard the warm ones."""
         self.shutting_down = True
         await self.flush_all()
+        await self.controls.close()
         await warm.close()
         self.catalog.snapshots.close()
 

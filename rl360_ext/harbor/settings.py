@@ -19,6 +19,7 @@ from typing import Any
 from rl360_ext.harbor.admission import Reservation
 from rl360_ext.harbor.budget import BudgetPolicy
 from rl360_ext.harbor.guard import HttpLimits
+from rl360_ext.outcomes.attribution import AttributionRule
 from rl360_ext.outcomes.rewards import RewardRange
 from rl360_ext.util.fielddocs import flag_of
 from rl360_ext.util.flags import key_values
@@ -99,6 +100,17 @@ class ServerSettings:
     """Smallest reward a verifier may write; a smaller one is reward_file_invalid."""
     reward_max: float = RewardRange.high
     """Largest reward a verifier may write; a larger one is reward_file_invalid."""
+    attribution: str = AttributionRule.EVIDENCE.value
+    """Who a failure belongs to: evidence (the audit's, else a control regrade), regrade (always a
+    control regrade) or list (the cause list alone, for the A/B; docs/harbor.md's table)."""
+    task_health: Path | None = None
+    """The task audit's task_health.jsonl: its oracle runs are the evidence that a task's verifier
+    grades the task's known-good state (matched by the task's content digest)."""
+    floor_reward: float = 0.0
+    """The reward of a failure attributed to the policy that left nothing to grade (a task's
+    [metadata] floor_reward wins)."""
+    max_controls: int = field(default=4, metadata=_min(1))
+    """Control regrades on known-good states running at once (one per task digest, cached)."""
     max_body_bytes: int = field(default=HttpLimits.max_body_bytes, metadata=_min(1))
     """Largest request body, bytes (a larger Content-Length, or a body that streams past it: 413)."""
     header_timeout_s: float = field(default=HttpLimits.header_timeout_s, metadata=_min(0.001))
@@ -125,6 +137,9 @@ class ServerSettings:
             raise ValueError(
                 f"--reward-min ({self.reward_min}) must be below --reward-max ({self.reward_max})"
             )
+        if self.attribution not in {rule.value for rule in AttributionRule}:
+            known = ", ".join(rule.value for rule in AttributionRule)
+            raise ValueError(f"--attribution must be one of {known}, got {self.attribution!r}")
         if bad := [name for name in self.allow_env if not _ENV_NAME.fullmatch(name)]:
             raise ValueError(f"--allow-env takes environment variable names, got {bad}")
         self.parse_env_kwargs()  # a bad pair is a start-time error

@@ -5,9 +5,10 @@ Owns the keys rl360 writes into `Sample.metadata` and the single rule for readin
 post-processing, metrics, reducers and the audit only read it through `attempt_class` /
 `is_valid`, so there is one way to ask "does this sample's reward count?".
 
-Rule: a reward counts only if a verifier wrote it. A sample that carries no class is judged by
-its `reward_source` alone: "verifier" is valid, anything else is `infra:unclassified`, never a
-reward of 0.
+Rule: a reward counts only if a verifier wrote it, or it is the task's floor for a failure the
+verdict attributed to the policy by evidence (`reward_source == "floor"`: the policy's own processes
+left no end state a healthy verifier could grade). A sample that carries no class is judged by its
+`reward_source` alone: "verifier" is valid, anything else is `infra:unclassified`, never a reward of 0.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 VALID = "valid"
 INFRA_PREFIX = "infra:"
 UNCLASSIFIED = f"{INFRA_PREFIX}unclassified"
-VERIFIER = "verifier"  # the one `reward_source` whose reward counts
+VERIFIER = "verifier"  # the `reward_source` of a reward this run's verifier wrote
+FLOOR = "floor"  # the `reward_source` of the task's floor, scored for a failure attributed to the policy
 
 # Keys rl360 writes into Sample.metadata.
 ATTEMPT_CLASS = "attempt_class"  # "valid" | "infra:<cause>"

@@ -18,6 +18,16 @@ that is infrastructure. Every failure text or exception type not in the tables o
 `rl360_ext.outcomes.causes` / `.harbor_exceptions` becomes infra ("infra:unclassified" or
 "infra:harbor_internal_error"), never a reward of 0.
 
+Attribution (`rl360_ext.outcomes.attribution`; the table is in docs/harbor.md): every failed
+attempt says who it belongs to and the evidence. Under the `evidence` and `regrade` rules a limit
+the sandbox's own processes hit in the agent phase, or the agent's timeout, is the policy's: the
+verifier grades the end state (the server lets it run) and that grade counts. A verifier-phase
+failure on the agent's end state (timeout, limit, crash, no reward) is the policy's, scored at the
+task's floor (`reward_source == "floor"`), when the task's verifier is known healthy on its
+known-good state (`KnownGood`: the audit's oracle runs, or a control regrade); the task's when the
+known-good state reproduces it; without such evidence it stays infrastructure. Everything outside
+the sandbox is infrastructure. The `list` rule is the cause list alone (kept for the A/B).
+
 Agent timeout is a policy decision: "score" (default) keeps the verifier's reward when the
 verifier ran after the timeout; "mask" turns every agent timeout into "infra:agent_timeout".
 Masking looks cleaner but removes exactly the slow, failing attempts from the batch, so the
@@ -34,6 +44,18 @@ from typing import Any
 
 import numpy as np
 
+from rl360_ext.outcomes.attribution import (
+    ATTRIBUTED_TO,
+    EVIDENCE,
+    Attribution,
+    AttributionRule,
+    Control,
+    Evidence,
+    LimitHit,
+    Phase,
+    Resource,
+    as_attribution,
+)
 from rl360_ext.outcomes.causes import (
     COARSE_CAUSES,
     FAILURE_TO_INFRA,
@@ -49,9 +71,11 @@ from rl360_ext.outcomes.harbor_exceptions import (
     HARBOR_EXCEPTIONS,
     cause_for_exception_type,
 )
+from rl360_ext.outcomes.known_good import VERIFIER_FAILURES, KnownGood
 from rl360_ext.outcomes.provenance import (
     ATTEMPT_CLASS,
     FAILURE_CAUSE,
+    FLOOR,
     INFRA_PREFIX,
     REWARD_SOURCE,
     UNCLASSIFIED,
@@ -74,6 +98,18 @@ _POLICY = "policy"  # partial verdict: the policy's own outcome, a verifier rewa
 _TIMEOUT = "agent_timeout"  # partial verdict: the agent timed out, the timeout policy decides
 
 
+# A limit hit or timeout in the agent phase: the policy's own doing; the verifier grades what it left.
+POLICY_LIMIT_CAUSES = frozenset({Cause.MEMORY_LIMIT_EXCEEDED, Cause.AGENT_TIMEOUT})
+# Failures of a verifier that ran on the agent's end state: whose they are, a known-good state says.
+VERIFIER_PHASE_CAUSES = VERIFIER_FAILURES | {Cause.AGENT_TIMEOUT, Cause.NO_VERIFIER_REWARD}
+# The resource a cause names where no limit hit was recorded (the evidence's `resource`).
+_CAUSE_RESOURCE = {
+    Cause.VERIFIER_TIMEOUT: Resource.TIME,
+    Cause.AGENT_TIMEOUT: Resource.TIME,
+    Cause.MEMORY_LIMIT_EXCEEDED: Resource.MEMORY,
+}
+
+
 @dataclass(frozen=True)
 class TrialFacts:
     """What a Harbor trial left, read by `rl360_ext.harbor.outcome` (Harbor-free)."""
@@ -90,6 +126,19 @@ class TrialFacts:
     """The exit code of the task's tests/test.sh, when rl360's verifier recorded it."""
     failure_cause: Cause | None = None
     """A failure decided outside a trial result (no budget, cancelled, past the deadline, ...)."""
+    exception_phase: Phase | None = None
+    """The phase the recorded exception was raised in, where the trial's timings say."""
+    verifier_started: bool = False
+    """The verifier phase began (on the agent's end state)."""
+    verifier_failure: str | None = None
+    """How the verifier phase itself failed (an exception type), where another exception hid it."""
+    limit_hits: tuple[LimitHit, ...] = ()
+    """The limits the sandbox's own processes hit, with their phases (the environment's record)."""
+    known_good: KnownGood | None = None
+    """The task's verifier on its known-good state: asked for only when a verdict needs it."""
+    rule: AttributionRule = AttributionRule.EVIDENCE
+    floor_reward: float = 0.0
+    """The task's floor: what a failure attributed to the policy scores when nothing was graded."""
 
 
 @dataclass(frozen=True)
@@ -100,16 +149,34 @@ class Verdict:
     """ "valid" or "infra:<cause>"."""
     failure_cause: Cause | None = None
     reward: float | None = None
-    """The scalar reward; not None exactly when `reward_source == "verifier"`."""
+    """The scalar reward; not None exactly when `reward_source` is "verifier" or "floor"."""
     rewards: dict[str, float] | None = None
     reward_source: str | None = None
-    """Reward provenance: "verifier" (this run's verifier wrote it) or None."""
+    """Reward provenance: "verifier" (this run's verifier wrote it), "floor" (the task's floor for a
+    failure attributed to the policy) or None."""
     detail: str | None = None
     """Why, when the verdict knows better than the exception message."""
+    attributed_to: Attribution | None = None
+    """Who a failed attempt belongs to (None: nothing failed)."""
+    evidence: Evidence | None = None
 
 
 def judge(facts: TrialFacts) -> Verdict:
     """The verdict on one attempt from what its Harbor trial left (see the module docstring)."""
+    listed = _listed(facts)
+    if facts.rule == AttributionRule.LIST:
+        return _attributed(listed, _listed_attribution(listed), _rule_evidence(facts, listed))
+    return _by_evidence(facts, listed)
+
+
+def needs_known_good(facts: TrialFacts) -> bool:
+    """Whether the verdict on `facts` turns on the task's verifier on its known-good state: a
+    verifier-phase failure on the agent's end state, under a rule that asks (not `list`)."""
+    return facts.rule != AttributionRule.LIST and _verifier_phase_failure(facts, _listed(facts))
+
+
+def _listed(facts: TrialFacts) -> Verdict:
+    """The verdict by the cause list alone (rl360 before attribution; the `list` rule)."""
     exception = facts.exception_type
     if facts.failure_cause is not None:
         return _without_reward(facts.failure_cause, exception)
@@ -124,22 +191,136 @@ def judge(facts: TrialFacts) -> Verdict:
         cause = cause_for_exception_type(exception, facts.harbor_025_cause)
         if cause == Cause.REWARD_FILE_MISSING and (facts.test_exit_code or 0) != 0:
             cause = Cause.VERIFIER_CRASH
+        if facts.rule != AttributionRule.LIST and _agent_policy_limit(facts, cause):
+            if facts.rewards is None:
+                return _without_reward(cause, exception)
+            return _rewarded(facts.rewards, cause, exception, Attribution.POLICY)
         if cause not in POLICY_CAUSES or not facts.harbor_keeps_reward:
             return _without_reward(cause, exception)
     if facts.rewards is None:
         return _without_reward(cause or Cause.REWARD_FILE_MISSING, exception)
-    rewards = {str(k): float(v) for k, v in facts.rewards.items()}
+    return _rewarded(facts.rewards, cause, exception)
+
+
+def _rewarded(
+    rewards_written: Mapping[str, float],
+    cause: Cause | None,
+    exception: str | None,
+    attributed_to: Attribution | None = None,
+    source: str = VERIFIER,
+) -> Verdict:
+    rewards = {str(k): float(v) for k, v in rewards_written.items()}
     reward = scalar_reward(rewards)
     if reward is None:
         detail = f"the verifier wrote rewards without a 'reward' key: {sorted(rewards)}"
         return _without_reward(Cause.REWARD_KEY_MISSING, exception, detail)
-    fields = {"reward": reward, REWARD_SOURCE: VERIFIER, FAILURE_CAUSE: cause, EXCEPTION_TYPE: exception}
-    return Verdict(attempt_class_of(fields), cause, reward, rewards, VERIFIER)
+    fields = {
+        "reward": reward,
+        REWARD_SOURCE: source,
+        FAILURE_CAUSE: cause,
+        EXCEPTION_TYPE: exception,
+        ATTRIBUTED_TO: attributed_to,
+    }
+    return Verdict(attempt_class_of(fields), cause, reward, rewards, source)
 
 
 def _without_reward(cause: Cause, exception: str | None, detail: str | None = None) -> Verdict:
     fields = {FAILURE_CAUSE: cause, EXCEPTION_TYPE: exception}
     return Verdict(attempt_class_of(fields), cause, detail=detail)
+
+
+# ---- attribution (the rules of docs/harbor.md's table) ---------------------------------------------
+
+
+def _agent_policy_limit(facts: TrialFacts, cause: Cause | None) -> bool:
+    """The recorded failure is a limit or the timeout the policy hit in the agent phase."""
+    in_agent = facts.exception_phase == Phase.AGENT or (
+        facts.exception_phase is None and not facts.verifier_started
+    )
+    return in_agent and cause in POLICY_LIMIT_CAUSES
+
+
+def _hit(facts: TrialFacts, phase: Phase) -> LimitHit | None:
+    return next((hit for hit in facts.limit_hits if hit.phase == phase), None)
+
+
+def _verifier_phase_failure(facts: TrialFacts, listed: Verdict) -> bool:
+    """The verifier ran on the agent's end state and gave no reward, for a reason inside the
+    sandbox (not the judge, the host, Harbor or the client)."""
+    if facts.failure_cause is not None or not facts.verifier_started or listed.reward is not None:
+        return False
+    cause = listed.failure_cause
+    lost_to_a_limit = cause in (Cause.SANDBOX_FAILED, Cause.SANDBOX_LOST) and _hit(facts, Phase.VERIFIER)
+    return cause in VERIFIER_PHASE_CAUSES or bool(lost_to_a_limit)
+
+
+def _phase(facts: TrialFacts) -> Phase:
+    if facts.failure_cause is not None:
+        return Phase.HOST
+    if facts.exception_phase is not None:
+        return facts.exception_phase
+    return Phase.VERIFIER if facts.verifier_started else Phase.AGENT
+
+
+def _rule_evidence(facts: TrialFacts, verdict: Verdict, phase: Phase | None = None) -> Evidence | None:
+    """Evidence for a verdict the rule alone decides; None for an attempt where nothing failed."""
+    phase = phase or _phase(facts)
+    hit = _hit(facts, phase)
+    if verdict.failure_cause is None and hit is None:
+        return None
+    cause = verdict.failure_cause
+    return Evidence(
+        phase=phase,
+        control=Control.RULE,
+        resource=hit.resource if hit is not None else _CAUSE_RESOURCE.get(cause) if cause else None,
+        signal=(cause.value if cause is not None else None) or facts.exception_type,
+        detail=hit.detail if hit is not None and hit.detail else None,
+    )
+
+
+def _listed_attribution(verdict: Verdict) -> Attribution | None:
+    if verdict.attempt_class != VALID:
+        return Attribution.INFRASTRUCTURE
+    return Attribution.POLICY if verdict.failure_cause is not None else None
+
+
+def _attributed(verdict: Verdict, who: Attribution | None, evidence: Evidence | None) -> Verdict:
+    if who is None:
+        return verdict
+    return Verdict(
+        verdict.attempt_class,
+        verdict.failure_cause,
+        verdict.reward,
+        verdict.rewards,
+        verdict.reward_source,
+        verdict.detail,
+        who,
+        evidence,
+    )
+
+
+def _by_evidence(facts: TrialFacts, listed: Verdict) -> Verdict:
+    """The `evidence` and `regrade` rules (docs/harbor.md): see the module docstring."""
+    if listed.attempt_class == VALID:
+        agent_hit = _hit(facts, Phase.AGENT)
+        policy = listed.failure_cause is not None or agent_hit is not None
+        phase = facts.exception_phase or (Phase.AGENT if agent_hit is not None else None)
+        evidence = _rule_evidence(facts, listed, phase)
+        return _attributed(listed, Attribution.POLICY if policy else None, evidence)
+    if not _verifier_phase_failure(facts, listed):
+        return _attributed(listed, Attribution.INFRASTRUCTURE, _rule_evidence(facts, listed))
+    hit = _hit(facts, Phase.VERIFIER)
+    cause = listed.failure_cause
+    signal = facts.verifier_failure or (cause.value if cause is not None else facts.exception_type)
+    resource = hit.resource if hit is not None else _CAUSE_RESOURCE.get(as_cause(signal) or cause)
+    known = facts.known_good or KnownGood(None, Control.NONE, "no control on the known-good state was run")
+    evidence = Evidence(Phase.VERIFIER, known.control, resource, signal, known.detail or None)
+    if known.healthy is None:
+        return _attributed(listed, Attribution.INFRASTRUCTURE, evidence)
+    if not known.healthy:
+        return _attributed(listed, Attribution.TASK, evidence)
+    floor = _rewarded({"reward": facts.floor_reward}, cause, facts.exception_type, Attribution.POLICY, FLOOR)
+    return _attributed(floor, Attribution.POLICY, evidence)
 
 
 def scalar_reward(rewards: Mapping[str, float]) -> float | None:
@@ -196,12 +377,14 @@ def _exception_verdict(exception_type: Any) -> str | None:
 
 
 def attempt_class_of(fields: Mapping[str, Any], agent_timeout_policy: str = "score") -> str:
-    """The class of reported fields (`reward`, `reward_source`, `failure_cause`, `exception_type`).
+    """The class of reported fields (`reward`, `reward_source`, `failure_cause`, `exception_type`,
+    `attributed_to`).
 
     `judge` ends with it. Harbor's coarse causes (sandbox_failed, ...) yield to a specific
     exception: a sandbox that never started (SandboxBuildFailedError) is no_sandbox, not
-    sandbox_lost. An infra reading of either field wins; then the timeout policy; then the
-    reward must carry verifier provenance and be a verifier reward.
+    sandbox_lost. An infra reading of either field wins, unless the failure is attributed to the
+    policy and scored (a verifier's grade or the task's floor); then the timeout policy; then the
+    reward must carry that provenance and be a verifier reward.
     """
     _check_policy(agent_timeout_policy)
     failure_cause = fields.get(FAILURE_CAUSE)
@@ -212,17 +395,33 @@ def attempt_class_of(fields: Mapping[str, Any], agent_timeout_policy: str = "sco
     verdicts = (
         [exception_verdict, cause_verdict] if coarse and specific else [cause_verdict, exception_verdict]
     )
+    source = fields.get(REWARD_SOURCE)
+    scored_policy = _policy_scored(fields)
     infra = [v for v in verdicts if v is not None and v.startswith(INFRA_PREFIX)]
-    if infra:
+    if infra and not scored_policy:
         return infra[0]
-    timed_out = _TIMEOUT in verdicts
+    timed_out = _TIMEOUT in verdicts or (scored_policy and fields.get(EXCEPTION_TYPE) == AGENT_TIMEOUT_ERROR)
     if timed_out and agent_timeout_policy == "mask":
         return infra_class(Cause.AGENT_TIMEOUT)
-    if fields.get(REWARD_SOURCE) != VERIFIER:
+    if source != VERIFIER and not scored_policy:
         return infra_class(Cause.AGENT_TIMEOUT) if timed_out else infra_class(Cause.NO_VERIFIER_REWARD)
     if not is_verifier_reward(fields.get("reward")):
         return infra_class(Cause.REWARD_FILE_INVALID)
     return VALID
+
+
+def _policy_scored(fields: Mapping[str, Any]) -> bool:
+    """A failure attributed to the policy and scored: the verifier's grade after a policy outcome
+    or a limit the policy hit, or the task's floor after a verifier-phase failure."""
+    if as_attribution(fields.get(ATTRIBUTED_TO)) != Attribution.POLICY:
+        return False
+    reported = fields.get(FAILURE_CAUSE)
+    cause = as_cause(reported)
+    if fields.get(REWARD_SOURCE) == VERIFIER:
+        return reported in (None, "") or cause in POLICY_OUTCOME_CAUSES | POLICY_LIMIT_CAUSES
+    if fields.get(REWARD_SOURCE) == FLOOR:
+        return cause in VERIFIER_PHASE_CAUSES | {Cause.SANDBOX_FAILED, Cause.SANDBOX_LOST}
+    return False
 
 
 def _check_policy(agent_timeout_policy: str) -> None:
@@ -282,9 +481,10 @@ def read_verdict(recorded: Mapping[str, Any], agent_timeout_policy: str = "score
     """The class a server's verdict (`recorded["attempt_class"]`) stands for on this client.
 
     An infra class stands (an unknown cause is "infra:unclassified"). "valid" stands only when the
-    record agrees with it: verifier provenance (else no_verifier_reward), a verifier reward (else
-    reward_file_invalid), no failure or exception but a policy outcome or the agent timeout (else
-    unclassified); "mask" turns a timed-out valid attempt into infra:agent_timeout. Anything
+    record agrees with it: verifier provenance, or the floor for a failure attributed to the policy
+    with its evidence (else no_verifier_reward), a verifier reward (else reward_file_invalid), no
+    failure or exception but a policy outcome, the agent timeout or one the policy was attributed
+    (else unclassified); "mask" turns a timed-out valid attempt into infra:agent_timeout. Anything
     else, including no verdict at all, is "infra:unclassified".
     """
     _check_policy(agent_timeout_policy)
@@ -295,20 +495,32 @@ def read_verdict(recorded: Mapping[str, Any], agent_timeout_policy: str = "score
         return recorded_class if recorded_class.removeprefix(INFRA_PREFIX) in INFRA_CAUSES else UNCLASSIFIED
     if recorded_class != VALID:
         return UNCLASSIFIED
-    if recorded.get(REWARD_SOURCE) != VERIFIER:
+    scored_policy = _policy_scored(recorded) and _evidence_of(recorded) is not None
+    if recorded.get(REWARD_SOURCE) != VERIFIER and not scored_policy:
         return infra_class(Cause.NO_VERIFIER_REWARD)
     if not is_verifier_reward(recorded.get("reward")):
         return infra_class(Cause.REWARD_FILE_INVALID)
     cause_verdict = _cause_verdict(recorded.get(FAILURE_CAUSE))
     exception = recorded.get(EXCEPTION_TYPE)
     timeout_exception = exception == AGENT_TIMEOUT_ERROR
-    if cause_verdict not in (None, _POLICY, _TIMEOUT) or not (
-        exception in (None, "") or exception in POLICY_OUTCOME_EXCEPTIONS or timeout_exception
-    ):
+    known_exception = exception in (None, "") or exception in POLICY_OUTCOME_EXCEPTIONS or timeout_exception
+    if not scored_policy and (cause_verdict not in (None, _POLICY, _TIMEOUT) or not known_exception):
+        return UNCLASSIFIED
+    if scored_policy and not (known_exception or exception in HARBOR_EXCEPTIONS):
         return UNCLASSIFIED
     if agent_timeout_policy == "mask" and (cause_verdict == _TIMEOUT or timeout_exception):
         return infra_class(Cause.AGENT_TIMEOUT)
     return VALID
+
+
+def _evidence_of(recorded: Mapping[str, Any]) -> Evidence | None:
+    evidence = recorded.get(EVIDENCE)
+    if not isinstance(evidence, Mapping):
+        return None
+    try:
+        return Evidence.from_json(evidence)
+    except ValueError:
+        return None
 
 
 def attempt_class(

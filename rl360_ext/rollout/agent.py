@@ -55,6 +55,15 @@ from typing import Any
 
 import httpx
 
+from rl360_ext.outcomes.attribution import (
+    ATTRIBUTED_TO,
+    EVIDENCE,
+    Attribution,
+    Control,
+    Evidence,
+    Phase,
+    as_attribution,
+)
 from rl360_ext.outcomes.causes import CLIENT_CAUSES, FAILURE_TO_INFRA, Cause, infra_class
 from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, FAILURE_CAUSE, PHASE_TIMINGS, REWARD_SOURCE, TIMELINE
 from rl360_ext.outcomes.verdict import attempt_class
@@ -143,6 +152,9 @@ def result_metadata(response: Mapping[str, Any], agent_timeout_policy: str = "sc
     verdict = attempt_class(response, agent_timeout_policy=agent_timeout_policy)
     valid = verdict == "valid"
     failure_cause = response.get("failure_cause")
+    attributed = as_attribution(response.get(ATTRIBUTED_TO))
+    if attributed is None and not valid:
+        attributed = Attribution.INFRASTRUCTURE  # a masked attempt the server gave no attribution
     return {
         "reward": response.get("reward") if valid else None,
         "rewards": response.get("rewards") if valid else None,
@@ -151,6 +163,8 @@ def result_metadata(response: Mapping[str, Any], agent_timeout_policy: str = "sc
         "exception_type": response.get("exception_type"),
         "exception_message": _bounded(response.get("exception_message")),
         ATTEMPT_CLASS: verdict,
+        ATTRIBUTED_TO: None if attributed is None else attributed.value,
+        EVIDENCE: _mapping(response.get(EVIDENCE)) or None,
         "exit_status": failure_cause or ("completed" if valid else "no_reward"),
         PHASE_TIMINGS: _mapping(response.get("phase_timings")),
         TIMELINE: _mapping(response.get("timeline")),
@@ -178,6 +192,8 @@ def failure_metadata(
         "exception_type": exception_type,
         "exception_message": _bounded(message),
         ATTEMPT_CLASS: infra_class(FAILURE_TO_INFRA.get(cause, cause)),
+        ATTRIBUTED_TO: Attribution.INFRASTRUCTURE.value,
+        EVIDENCE: Evidence(Phase.HOST, Control.RULE, signal=cause.value).as_json(),
         "exit_status": cause.value,
         PHASE_TIMINGS: {} if elapsed_s is None else {"client_wait": elapsed_s},
         TIMELINE: {},

@@ -17,7 +17,8 @@ reported as unavailable (null), never guessed. The registry holds at most
 
 Metric names (JSONL "metrics"; Miles tracking gets them with a "rollout/" prefix so wandb plots
 them against rollout/step): reward/unfiltered_mean, reward/kept_mean, reward/valid_fraction,
-infra/failure_rate, infra/<cause>_rate, infra/masked_fraction, domain/<d>/{unfiltered_mean,
+infra/failure_rate, infra/<cause>_rate, infra/masked_fraction, attribution/<who>_rate,
+count/attribution/<who>/<cause>, count/policy_floor, domain/<d>/{unfiltered_mean,
 kept_mean,attempts,valid_fraction}, count/{attempts,valid,infra,trained,masked,kept_groups,
 dropped_groups,unused_groups}, count/infra/<cause>, count/dropped_groups/<reason>,
 tito/render_mismatch_frac (of trained attempts the session compared, the fraction whose tokens
@@ -47,9 +48,11 @@ from typing import Any
 
 import orjson
 
+from rl360_ext.outcomes.attribution import ATTRIBUTED_TO, EVIDENCE
 from rl360_ext.outcomes.provenance import (
     DOMAIN,
     FAILURE_CAUSE,
+    FLOOR,
     INFRA_PREFIX,
     PHASE_TIMINGS,
     REWARD_SOURCE,
@@ -163,6 +166,8 @@ def attempt_summary(sample: Any, reward_key: str | None = None) -> dict[str, Any
         "reward": reward_value(sample, reward_key) if cls == VALID else None,
         "reward_source": metadata.get(REWARD_SOURCE),
         "failure_cause": metadata.get(FAILURE_CAUSE),
+        "attributed_to": metadata.get(ATTRIBUTED_TO),
+        "evidence": metadata.get(EVIDENCE),
         "exception_type": metadata.get("exception_type"),
         "task": metadata.get(TASK_KEY),
         "domain": metadata.get(DOMAIN),
@@ -266,8 +271,28 @@ def _prefilter_metrics(
     for cause, count in sorted(causes.items()):
         metrics[f"infra/{cause}_rate"] = count / total
         metrics[f"count/infra/{cause}"] = count
+    metrics.update(attribution_metrics(attempts))
     for reason, count in sorted(reasons.items()):
         metrics[f"count/dropped_groups/{reason}"] = count
+    return metrics
+
+
+def attribution_metrics(attempts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Who the step's failed attempts belong to: `attribution/<who>_rate` over every attempt,
+    `count/attribution/<who>/<cause>` (the failure cause, else the resource a limit hit named) and
+    `count/policy_floor` (scored at the task's floor: the policy's failure left nothing to grade)."""
+    total = len(attempts)
+    pairs: Counter[tuple[str, str]] = Counter()
+    for attempt in attempts:
+        who = attempt.get("attributed_to")
+        if isinstance(who, str):
+            evidence = attempt.get("evidence") or {}
+            pairs[(who, attempt.get("failure_cause") or evidence.get("resource") or "unspecified")] += 1
+    metrics: dict[str, Any] = {"count/policy_floor": sum(a.get("reward_source") == FLOOR for a in attempts)}
+    for who in sorted({who for who, _ in pairs}):
+        metrics[f"attribution/{who}_rate"] = sum(n for (w, _), n in pairs.items() if w == who) / total
+    for (who, cause), count in sorted(pairs.items()):
+        metrics[f"count/attribution/{who}/{cause}"] = count
     return metrics
 
 

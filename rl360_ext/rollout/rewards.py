@@ -36,6 +36,7 @@ from rl360_ext.outcomes.causes import Cause, infra_class
 from rl360_ext.outcomes.infra import mark_infra_sample
 from rl360_ext.outcomes.provenance import (
     ATTEMPT_CLASS,
+    FLOOR,
     REWARD_SOURCE,
     UNCLASSIFIED,
     VALID,
@@ -221,7 +222,10 @@ def classify_agent_metadata(metadata: Any, agent_timeout_policy: str = "score") 
 
 def verifier_reward_value(result: Mapping[str, Any], reward_key: str | None) -> tuple[Any, str | None]:
     """Sample.reward of a valid attempt from the /run answer (or the metadata it became): (reward,
-    None), the rewards dict with --reward-key, or (None, detail) when the wanted value is not there."""
+    None), the rewards dict with --reward-key, or (None, detail) when the wanted value is not there.
+    The task's floor (a failure attributed to the policy, nothing graded) is the floor under any key."""
+    if reward_key and result.get(REWARD_SOURCE) == FLOOR:
+        return {reward_key: float(result["reward"])}, None
     if reward_key:
         rewards = result.get("rewards")
         if not isinstance(rewards, Mapping) or reward_key not in rewards:

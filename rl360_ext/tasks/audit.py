@@ -33,6 +33,7 @@ from rl360_ext.tasks.verdicts import (
     Control,
     TaskVerdict,
 )
+from rl360_ext.util.tree_digest import task_digest
 
 TASK_HEALTH_FILE = "task_health.jsonl"
 QUARANTINE_FILE = "quarantine.json"
@@ -182,17 +183,6 @@ class TaskHealth:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TaskHealth:
         return cls(data["task"], [TaskVerdict(v) for v in data["verdicts"]], dict(data["evidence"]))
-
-
-def task_digest(task_dir: Path) -> str:
-    """sha256 over every regular file of a task (relative path and bytes, in path order); links
-    are hashed by their target text, so a changed task never reuses a cached result."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in task_dir.rglob("*") if p.is_symlink() or p.is_file()):
-        rel = path.relative_to(task_dir).as_posix().encode()
-        body = b"link:" + str(path.readlink()).encode() if path.is_symlink() else path.read_bytes()
-        digest.update(len(rel).to_bytes(8, "big") + rel + len(body).to_bytes(8, "big") + body)
-    return digest.hexdigest()
 
 
 def _table(task_dir: Path, *keys: str) -> Any:

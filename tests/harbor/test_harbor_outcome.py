@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from rl360_ext.harbor import outcome
 from rl360_ext.outcomes import harbor_exceptions
+from rl360_ext.outcomes.attribution import AttributionRule
 from rl360_ext.outcomes.causes import POLICY_CAUSES, Cause
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -38,6 +39,7 @@ def make_result(
     written_name: str = "reward.txt",
     exception: str | None = None,
     verifier_ran: bool = True,
+    raised_at: float = 0.0,
 ) -> TrialResult:
     (trial_dir / "verifier").mkdir(parents=True, exist_ok=True)
     if written is not None:
@@ -53,7 +55,8 @@ def make_result(
         agent_result=AgentContext(n_input_tokens=120, n_output_tokens=30, metadata={"n_episodes": 4}),
         verifier_result=VerifierResult(rewards=graded) if graded is not None else None,
         exception_info=ExceptionInfo(
-            exception_type=exception, exception_message="boom", exception_traceback="", occurred_at=T0
+            exception_type=exception, exception_message="boom", exception_traceback="",
+            occurred_at=T0 + timedelta(seconds=raised_at),
         )
         if exception
         else None,
@@ -118,14 +121,21 @@ def test_a_policy_failure_keeps_the_verifier_reward(tmp_path: Path) -> None:
     assert result.attempt_class == "valid"
 
 
-def test_an_agent_timeout_keeps_no_reward_even_with_a_reward_file(tmp_path: Path) -> None:
-    harbor_result = make_result(tmp_path, graded={"reward": 1.0}, written="1", exception="AgentTimeoutError")
+def test_an_agent_timeout_keeps_the_grade_the_verifier_gave_after_it(tmp_path: Path) -> None:
+    harbor_result = make_result(
+        tmp_path, graded={"reward": 1.0}, written="1", exception="AgentTimeoutError", raised_at=11.0
+    )
     result = outcome.classify(harbor_result, tmp_path)
+    assert (result.reward, result.failure_cause, result.attempt_class) == (1.0, "agent_timeout", "valid")
+    assert result.attributed_to == "policy"
+    listed = outcome.trial_facts(harbor_result, tmp_path, rule=AttributionRule.LIST)
+    result = outcome.classify(harbor_result, tmp_path, facts=listed)
     assert (result.reward, result.failure_cause, result.attempt_class) == (
         None,
         "agent_timeout",
         "infra:agent_timeout",
     )
+    assert result.attributed_to == "infrastructure"
 
 
 @pytest.mark.parametrize(

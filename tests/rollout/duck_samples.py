@@ -37,9 +37,14 @@ def valid(
 
 
 def infra(
-    group: int | None, index: int, cause: str = "sandbox_lost", reward: Any = None, domain: str | None = None
+    group: int | None,
+    index: int,
+    cause: str = "sandbox_lost",
+    reward: Any = None,
+    domain: str | None = None,
+    **metadata: Any,
 ) -> DuckSample:
-    meta: dict[str, Any] = {ATTEMPT_CLASS: f"infra:{cause}"}
+    meta: dict[str, Any] = {ATTEMPT_CLASS: f"infra:{cause}", **metadata}
     if domain is not None:
         meta[DOMAIN] = domain
     return DuckSample(

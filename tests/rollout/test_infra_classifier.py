@@ -15,12 +15,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rl360_ext.outcomes.attribution import AttributionRule
 from rl360_ext.outcomes.causes import INFRA_CAUSES, POLICY_OUTCOME_CAUSES, Cause
 from rl360_ext.outcomes.harbor_exceptions import AGENT_TIMEOUT_ERROR as AGENT_TIMEOUT_EXCEPTION
 from rl360_ext.outcomes.harbor_exceptions import HARBOR_EXCEPTIONS
 from rl360_ext.outcomes.infra import mark_infra_sample
 from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, attempt_class, is_valid
 from rl360_ext.outcomes.verdict import (
+    POLICY_LIMIT_CAUSES,
     POLICY_OUTCOME_EXCEPTIONS,
     TrialFacts,
     attempt_class_of,
@@ -305,8 +307,15 @@ def test_the_client_reads_the_servers_verdict_and_never_classifies_again() -> No
             "valid",
             Cause.AGENT_NONZERO_EXIT,
         ),
-        (
+        (  # graded after the timeout: the verifier's grade counts (issue 34)
             TrialFacts(rewards={"reward": 0.0}, exception_type=AGENT_TIMEOUT_EXCEPTION),
+            "valid",
+            Cause.AGENT_TIMEOUT,
+        ),
+        (  # the cause list alone (`--attribution list`): a timed-out attempt is not graded
+            TrialFacts(
+                rewards={"reward": 0.0}, exception_type=AGENT_TIMEOUT_EXCEPTION, rule=AttributionRule.LIST
+            ),
             "infra:agent_timeout",
             Cause.AGENT_TIMEOUT,
         ),
@@ -345,6 +354,7 @@ def test_a_verdict_counts_a_reward_only_when_the_verifier_wrote_it(
     )
     if verdict.reward is not None:
         assert rewards is not None and outside is None and exit_code != 75
-        assert verdict.failure_cause is None or verdict.failure_cause in POLICY_OUTCOME_CAUSES
+        policy_limit = verdict.attributed_to == "policy" and verdict.failure_cause in POLICY_LIMIT_CAUSES
+        assert verdict.failure_cause is None or verdict.failure_cause in POLICY_OUTCOME_CAUSES or policy_limit
     if verdict.attempt_class == "valid":
         assert verdict.reward is not None and client_attempt_class(asdict(verdict)) == "valid"

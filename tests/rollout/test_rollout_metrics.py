@@ -73,6 +73,12 @@ def reference_metrics(groups: list[GroupRecord], trained: list[dict]) -> dict[st
         n = sum(1 for a in seen if a["attempt_class"] == cls)
         ref[f"infra/{cause}_rate"] = n / len(seen)
         ref[f"count/infra/{cause}"] = n
+    ref["count/policy_floor"] = sum(1 for a in seen if a["reward_source"] == "floor")
+    for who in {a["attributed_to"] for a in seen if a["attributed_to"]}:
+        mine = [a for a in seen if a["attributed_to"] == who]
+        ref[f"attribution/{who}_rate"] = len(mine) / len(seen)
+        for cause in {a["failure_cause"] for a in mine}:
+            ref[f"count/attribution/{who}/{cause}"] = sum(1 for a in mine if a["failure_cause"] == cause)
     for reason in {g.reason for g in groups if not g.keep}:
         ref[f"count/dropped_groups/{reason}"] = sum(1 for g in groups if not g.keep and g.reason == reason)
     for domain in {a["domain"] for a in seen + trained if a["domain"] is not None}:
@@ -92,7 +98,7 @@ def reference_metrics(groups: list[GroupRecord], trained: list[dict]) -> dict[st
 
 
 attempt_strategy = st.tuples(
-    st.sampled_from(["valid", "valid", "infra:sandbox_lost", "infra:client_deadline"]),
+    st.sampled_from(["valid", "valid", "floor", "infra:sandbox_lost", "infra:client_deadline"]),
     st.sampled_from([0.0, 0.5, 1.0]),
     st.sampled_from([None, "python", "rust"]),
 )
@@ -115,11 +121,15 @@ def test_metrics_equal_a_brute_force_reference(
     for g, (members, verdict) in enumerate(groups):
         attempts = []
         for cls, reward, domain in members:
-            sample = (
-                valid(g, index, reward, domain=domain)
-                if cls == "valid"
-                else infra(g, index, cls[6:], domain=domain)
-            )
+            if cls == "floor":  # a verifier timeout attributed to the policy, scored at the floor
+                cause = {"failure_cause": "verifier_timeout", "reward_source": "floor"}
+                sample = valid(g, index, 0.0, domain=domain, attributed_to="policy", **cause)
+            elif cls == "valid":
+                sample = valid(g, index, reward, domain=domain)
+            else:
+                sample = infra(
+                    g, index, cls[6:], domain=domain, attributed_to="infrastructure", failure_cause=cls[6:]
+                )
             attempts.append(attempt_summary(sample))
             index += 1
         keep = verdict in ("kept", "unused")
