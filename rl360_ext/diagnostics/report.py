@@ -56,6 +56,7 @@ from rl360_ext.diagnostics.report_data import (
     Run,
     Summary,
     WeightPushRecord,
+    attributions,
     cache_and_routing,
     chance_level,
     eval_metric_series,
@@ -686,7 +687,24 @@ def _infra_section(run: Run) -> str:
             "which cover the trained batch only.</p>"
         )
     chart = bar_chart([str(r) for r in run.step_ids], series, x_label=STEP_AXIS, y_label="attempts")
-    return page.section("chart-infra", title, caption, note + chart + legend(series, totals))
+    body = note + chart + legend(series, totals) + _attribution(run)
+    return page.section("chart-infra", title, caption, body)
+
+
+def _attribution(run: Run) -> str:
+    """Who each failed attempt belongs to (policy: scored; infrastructure and task: masked), per step."""
+    counts = attributions(run)
+    if not counts:
+        return ""
+    series = [Series(key, PALETTE[i % len(PALETTE)], per) for i, (key, per) in enumerate(counts.items())]
+    totals = [f"({sum(per):,})" for per in counts.values()]
+    chart = bar_chart([str(r) for r in run.step_ids], series, x_label=STEP_AXIS, y_label="attempts")
+    return (
+        "<h3>Who each failure belongs to (attribution/cause)</h3><p class=\"caption\">policy: scored (the "
+        "verifier's grade, or the task's floor); infrastructure and task: masked (docs/harbor.md).</p>"
+        + chart
+        + legend(series, totals)
+    )
 
 
 TASK_STEP_SERIES = (

@@ -500,6 +500,19 @@ def infra_causes(run: Run) -> tuple[dict[str, list[int]], list[int]]:
     return {cause: [counter[cause] for counter in per_step] for cause in names}, from_lines
 
 
+def attributions(run: Run) -> dict[str, list[int]]:
+    """{"<who>/<cause>": count per step} of the failed attempts, from the step metrics
+    (`count/attribution/<who>/<cause>`, rl360_ext.rollout.metrics.attribution_metrics)."""
+    prefix = "count/attribution/"
+    per_step = []
+    for rollout_id in run.step_ids:
+        step = run.steps.get(rollout_id)
+        names = [] if step is None else [name for name in step.metrics if name.startswith(prefix)]
+        per_step.append({name[len(prefix) :]: int(step.metric(name) or 0) for name in names})  # type: ignore[union-attr]
+    keys = sorted({key for counts in per_step for key in counts})
+    return {key: [counts.get(key, 0) for counts in per_step] for key in keys}
+
+
 @dataclass
 class CacheStep:
     hit_rate: float | None

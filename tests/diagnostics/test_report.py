@@ -468,3 +468,22 @@ def test_many_engines_show_min_median_max_calls(tmp_path: Path) -> None:
     assert calls.values("min over engines") == {"after 0 → v1": 41.0, "after 1 → v2": 1400.0}
     assert calls.values("max over engines") == {"after 0 → v1": 80.0, "after 1 → v2": 1439.0}
     assert calls.values("median over engines") == {"after 0 → v1": 60.5, "after 1 → v2": 1419.5}
+
+
+def test_infra_section_shows_who_each_failure_belongs_to(tmp_path: Path) -> None:
+    counts = {"count/attribution/policy/verifier_timeout": 2, "count/attribution/task/verifier_crash": 1}
+    metrics = {
+        "count/attempts": 8,
+        "count/valid": 7,
+        "count/infra": 1,
+        "count/infra/verifier_crash": 1,
+        **counts,
+    }
+    append_records(tmp_path / "metrics.jsonl", [{"kind": "step", "rollout_id": 0, "metrics": metrics}])
+    main(tmp_path, None)
+    page = parse_page((tmp_path / "report.html").read_text(encoding="utf-8"))
+    assert drawn(page, "chart-infra") == {
+        ("0", "verifier_crash"): 1.0,
+        ("0", "policy/verifier_timeout"): 2.0,
+        ("0", "task/verifier_crash"): 1.0,
+    }

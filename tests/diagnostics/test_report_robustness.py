@@ -53,6 +53,8 @@ metrics = st.fixed_dictionaries(
             "count/infra": count,
             "count/infra/no_sandbox": count,
             "count/infra/client_deadline": count,
+            "count/attribution/policy/verifier_timeout": count,
+            "count/attribution/task/verifier_crash": count,
             "count/trained": count,
             "count/masked": count,
             "count/dropped_groups": count,
