@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 
 from rl360_ext.local.stack import HarborServer, StackConfig, local_stack
+from rl360_ext.outcomes.attribution import ATTRIBUTED_TO
 from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, REWARD_SOURCE, VALID, attempt_class
 from rl360_ext.rollout import agent as agent_module
 from rl360_ext.rollout.filters import check_valid_reward_nonzero_std
@@ -63,6 +64,7 @@ class FaultCase:
     agent: str | None = None  # Harbor agent for /run; None: the server's default (the demo agent)
     engine_faults: dict[str, float] | None = None
     deadline_s: float = 120.0
+    attributed: str | None = None  # who the server must attribute the failure to (None: not checked)
 
 
 # The class each case must get (a tuple, so a case may accept more than one precise class).
@@ -82,11 +84,12 @@ CASES: tuple[FaultCase, ...] = (
               ("infra:verifier_timeout",)),
     FaultCase("verifier_no_reward", "tests/test.sh exits 0 without a reward file", "fault-verifier-no-reward",
               ("infra:reward_file_missing",)),
-    # The policy's own failures (issue 34): graded, never masked.
-    FaultCase("memory_hog", "the agent uses 4x its memory reservation (graded: the policy's)",
-              "fault-memory-hog", (VALID,), agent="oracle"),
-    FaultCase("agent_over_budget", "the agent runs past its 3 s budget (graded: the policy's)",
-              "fault-agent-over-budget", (VALID,), agent="oracle"),
+    # The policy's own failures (issue 34): the server grades them and attributes them to the policy.
+    # The oracle makes no model call, so the graded attempt has no tokens to train: aborted here.
+    FaultCase("memory_hog", "the agent uses 4x its memory reservation (graded, the policy's)",
+              "fault-memory-hog", ("infra:aborted",), agent="oracle", attributed="policy"),
+    FaultCase("agent_over_budget", "the agent runs past its 3 s budget (graded, the policy's)",
+              "fault-agent-over-budget", ("infra:aborted",), agent="oracle", attributed="policy"),
     FaultCase("insufficient_budget", "a deadline too short for the task (no sandbox started)", "fizzbuzz",
               ("infra:no_sandbox",), deadline_s=20.0),
     FaultCase("engine_503", "every engine call answers 503", "fizzbuzz", ("infra:no_engine_available",),
@@ -137,6 +140,7 @@ class MatrixRow:
     expected: list[str]
     class_ok: bool
     failure_cause: str | None
+    attributed_to: str | None
     reward: Any
     status: str
     loss_tokens: int  # response tokens with loss mask 1
@@ -386,8 +390,10 @@ def matrix_rows(results: Sequence[CaseResult], anchors: Sequence[Any], work_dir:
                 injected=result.case.injected,
                 attempt_class=cls,
                 expected=list(result.case.expected),
-                class_ok=cls in result.case.expected,
+                class_ok=cls in result.case.expected
+                and result.case.attributed in (None, sample.metadata.get(ATTRIBUTED_TO)),
                 failure_cause=sample.metadata.get("failure_cause"),
+                attributed_to=sample.metadata.get(ATTRIBUTED_TO),
                 reward=sample.reward,
                 status=getattr(sample.status, "value", str(sample.status)),
                 loss_tokens=int(sum(loss_mask)),
@@ -429,7 +435,11 @@ def summarize(rows: Sequence[MatrixRow]) -> MatrixSummary:
     shifts = [
         r.upstream_shift for r in infra if r.upstream_shift is not None and not math.isnan(r.upstream_shift)
     ]
-    failures = [f"{r.case}: class {r.attempt_class} not in {r.expected}" for r in rows if not r.class_ok]
+    failures = [
+        f"{r.case}: class {r.attempt_class} not in {r.expected} (attributed to {r.attributed_to})"
+        for r in rows
+        if not r.class_ok
+    ]
     failures += [f"{r.case}: an infra reward entered a mean or baseline" for r in infra if r.enters_means]
     return MatrixSummary(
         rows=len(rows),
