@@ -182,7 +182,11 @@ async def test_the_agent_budget_comes_from_the_client_deadline(server: Service) 
     # fixed cost: setup 20 + agent setup 5 + verifier 30 + margin 2 = 57 s, so a 59 s deadline leaves 2 s
     (result,) = await run_all(server, [{"task": "fault-agent-over-budget", "deadline_s": 59}])
     # graded after the timeout (the policy's): the oracle never wrote done.txt
-    assert (result["failure_cause"], result["reward"], result["attributed_to"]) == ("agent_timeout", 0.0, "policy")
+    assert (result["failure_cause"], result["reward"], result["attributed_to"]) == (
+        "agent_timeout",
+        0.0,
+        "policy",
+    )
     agent_timeout = float(re.search(r"timed out after ([0-9.]+) seconds", result["exception_message"])[1])
     assert 1.5 < agent_timeout <= 2.0  # what the deadline left, not the task's own 3 s
     assert result["phase_timings"]["total"] < 59
