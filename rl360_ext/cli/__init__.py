@@ -237,6 +237,13 @@ def demo(
         except ValueError as err:
             raise typer.BadParameter(str(err), param_hint="--compare") from None
     modes, ab_seeds = _ab_runs(arms is not None, seeds, fault_modes)
+    if arms is not None:
+        from rl360_ext.local.compare import compare_runs
+
+        try:  # every run's settings, before anything starts (rl360-list needs a crash-tool mode)
+            compare_runs(config, arms, modes, ab_seeds)
+        except ValueError as err:
+            raise typer.BadParameter(str(err), param_hint="--compare") from None
     preflight(demo_stack_config(config), "rl360 demo", install=True)
     if audit_tasks:
         _audit_demo_tasks(out)
