@@ -43,7 +43,8 @@ paired: everything after the arms' weights part, which the intervals over seeds 
 Layout: `OUT/<mode>/<arm>/seed-<S>` (each a whole `rl360 demo` run: its own stack, engines,
 trainer weights and report), `OUT/clean/seed-<S>`, and `OUT/compare.html` / `compare.json`.
 Wall time: runs x one demo of the same size, one after the other (each gets both cores):
-S x (modes x 2 + 1 with clean) runs. It does not own any hook, the statistics
+S x (modes x 2 + 1 with clean, + 1 per crash mode with rl360-list, + 1 per crash mode with clean)
+runs. It does not own any hook, the statistics
 (`rl360_ext.diagnostics.ab_stats`) or the report's layout (`rl360_ext.diagnostics.compare_report`).
 """
 
