@@ -181,7 +181,8 @@ def demo(
         help="'schedules': run one-step-off, in-flight in_place and in-flight retract, side by side. "
         "The fault A/B, 'upstream' or 'upstream,clean': runs rl360's arm, then upstream Miles' defaults "
         "(failures scored 0, Miles' baseline, masked samples in the loss denominator) on the same seed, "
-        "tasks and faults, then (clean) rl360's rules without faults; --seeds seeds x --fault-modes modes, "
+        "tasks and faults, then (rl360-list, in the exploitable mode) rl360's rules on a Harbor server with "
+        "--attribution list, then (clean) rl360's rules without faults; --seeds seeds x --fault-modes modes, "
         "one run after the other, each a full demo in OUT/<mode>/<arm>/seed-<S> (wall time: S x (modes x 2 "
         "+ 1 with clean) demos), plus OUT/compare.html and compare.json (mean and 95% interval over seeds).",
     ),
@@ -194,7 +195,8 @@ def demo(
         None,
         help=f"With --compare upstream[,clean]: comma-separated fault modes, each a set of runs (default "
         f"{LIVE_FAULT_MODES}): uniform, burst (the middle step only), correlated (faults grow with an "
-        "attempt's sandbox calls); the offline A/B's modes (docs/demo.md).",
+        "attempt's sandbox calls), exploitable (uniform, and the quiz agent's crash tool); the offline "
+        "A/B's modes (docs/demo.md).",
     ),
 ) -> None:
     """Run the whole RL loop on this CPU machine (rollouts, the reference trainer, weight pushes)
@@ -235,6 +237,13 @@ def demo(
         except ValueError as err:
             raise typer.BadParameter(str(err), param_hint="--compare") from None
     modes, ab_seeds = _ab_runs(arms is not None, seeds, fault_modes)
+    if arms is not None:
+        from rl360_ext.local.compare import compare_runs
+
+        try:  # every run's settings, before anything starts (rl360-list needs a crash-tool mode)
+            compare_runs(config, arms, modes, ab_seeds)
+        except ValueError as err:
+            raise typer.BadParameter(str(err), param_hint="--compare") from None
     preflight(demo_stack_config(config), "rl360 demo", install=True)
     if audit_tasks:
         _audit_demo_tasks(out)

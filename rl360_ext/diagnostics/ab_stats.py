@@ -3,7 +3,10 @@
 
 Owns the figures of one run from its per-step series (`curve_figures`: steps to the goal,
 right-censored at the step count; area under the learning curve; final mean over the last third;
-eval pass rate; mean gradient scale; mean advantage shift), the mean and two-sided 95 %
+eval pass rate; mean gradient scale; mean advantage shift; where the run records them, the share
+of attempts that took the crash action, over the run and over the last third, and the final pass
+rate with a crash counted 0), per-step intervals of a series (`step_intervals`), the mean and
+two-sided 95 %
 Student-t interval over seeds (`interval`), paired differences against the reference arm on the
 same seeds (`paired_interval`), the per-mode, per-arm table (`summarize`), the summary sentences
 read from the intervals ("no difference detected" when two arms' intervals overlap) and the rich
@@ -24,6 +27,7 @@ import numpy as np
 REFERENCE_ARM = "rl360"  # the arm every other arm is compared with (rl360_ext.local.ab_config.RL360)
 CONFIDENCE = 0.95
 METRICS = ("steps_to_goal", "auc", "final_mean", "eval_pass", "gradient_scale", "advantage_shift")
+METRICS += ("crash_rate", "final_crash_rate", "final_pass")
 METRIC_NAMES = {
     "steps_to_goal": "steps to goal",
     "auc": "area under the curve",
@@ -31,9 +35,12 @@ METRIC_NAMES = {
     "eval_pass": "eval pass rate (greedy)",
     "gradient_scale": "gradient scale",
     "advantage_shift": "advantage shift",
+    "crash_rate": "crash-action rate",
+    "final_crash_rate": "final crash-action rate",
+    "final_pass": "final pass rate (a crash counts 0)",
 }
 # lower is better for steps to goal; for the others higher reads as "learned more", and for the
-# gradient scale and the advantage shift the sentence names the direction only
+# gradient scale, the advantage shift and the crash rates the sentence names the direction only
 LOWER_IS_BETTER = {"steps_to_goal"}
 INTERVAL_NOTE = "two-sided 95% Student t over seeds; paired differences vs rl360 over the same seeds"
 
@@ -125,18 +132,35 @@ def curve_figures(
     eval_pass: float,
     total_steps: int,
     goal: float,
+    *,
+    crash_rates: Sequence[float | None] = (),
+    pass_rates: Sequence[float | None] = (),
 ) -> dict[str, float]:
     """One run's figures from its per-step unfiltered means `curve` ((step, mean or None)), its
     trained steps' gradient scales and advantage shifts (None: the step has none) and its eval pass
     rate (NaN: no eval): steps to goal (the first step whose mean is >= `goal`; `total_steps`,
     censored, when none is), area under the learning curve (mean of the per-step means, steps
     without a valid attempt left out), final mean (last third of the steps), eval pass rate, mean
-    gradient scale and mean advantage shift (NaN when the run has none)."""
+    gradient scale and mean advantage shift (NaN when the run has none). With `crash_rates` and
+    `pass_rates` (per step, in `curve`'s order: the share of attempts that took the crash action;
+    the pass rate of the attempts no infrastructure fault hit, a crash counted 0): the crash rate
+    over the run and over the last third, and the final pass rate (last third); NaN without."""
     present = [(step, mean) for step, mean in curve if mean is not None]
     reached = next((step for step, mean in present if mean >= goal), None)
-    late = [m for step, m in present if step >= total_steps - max(1, total_steps // 3)]
+    first_late = total_steps - max(1, total_steps // 3)
+    late = [m for step, m in present if step >= first_late]
     scales = [s for s in loss_scales if s is not None]
     shifts = [s for s in advantage_shifts if s is not None]
+
+    def series(values: Sequence[float | None], late_only: bool) -> float:
+        steps = [step for step, _ in curve]
+        kept = [
+            v
+            for step, v in zip(steps, values, strict=True)
+            if v is not None and (not late_only or step >= first_late)
+        ]
+        return float(np.mean(kept)) if kept else math.nan
+
     return {
         "steps_to_goal": float(total_steps if reached is None else reached),
         "censored": float(reached is None),
@@ -145,7 +169,29 @@ def curve_figures(
         "eval_pass": eval_pass,
         "gradient_scale": _mean(scales) if scales else math.nan,
         "advantage_shift": _mean(shifts) if shifts else math.nan,
+        "crash_rate": series(crash_rates, False) if crash_rates else math.nan,
+        "final_crash_rate": series(crash_rates, True) if crash_rates else math.nan,
+        "final_pass": series(pass_rates, True) if pass_rates else math.nan,
     }
+
+
+def step_intervals(
+    records: Sequence[Mapping[str, Any]], key: str
+) -> dict[str, dict[str, list[dict[str, Any] | None]]]:
+    """Per mode and arm, per step: the interval over seeds of the per-step series `key` of each
+    record (a list, one value or None per step); records without `key` are left out."""
+    series: dict[tuple[str, str], list[Sequence[float | None]]] = {}
+    for record in records:
+        if record.get(key) is not None:
+            series.setdefault((record["mode"], record["arm"]), []).append(record[key])
+    out: dict[str, dict[str, list[dict[str, Any] | None]]] = {}
+    for (mode, arm), runs in series.items():
+        steps = max(len(run) for run in runs)
+        out.setdefault(mode, {})[arm] = [
+            interval_dict([run[step] for run in runs if step < len(run) and run[step] is not None])
+            for step in range(steps)
+        ]
+    return out
 
 
 def comparison_sentence(metric: str, arm: str, reference: str, a: Interval, b: Interval) -> str:
@@ -214,7 +260,7 @@ def summary_sentences(
 
 
 TABLE_COLUMNS = ("mode", "arm", "seeds", "steps to goal (censored)", "AUC", "final mean", "eval pass")
-TABLE_COLUMNS += ("grad scale", "adv shift")
+TABLE_COLUMNS += ("grad scale", "adv shift", "crash rate", "final crash rate", "final pass (crash 0)")
 
 
 def table_rows(table: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[tuple[str, ...]]:
@@ -238,6 +284,9 @@ def table_rows(table: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[tup
                     cell("eval_pass", ".2f"),
                     cell("gradient_scale", ".2f"),
                     cell("advantage_shift"),
+                    cell("crash_rate"),
+                    cell("final_crash_rate"),
+                    cell("final_pass"),
                 )
             )
     return rows

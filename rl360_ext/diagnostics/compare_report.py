@@ -4,7 +4,10 @@ means with 95 % intervals over seeds, the sentences those intervals support, and
 Owns reading the runs' folders (each an `rl360 demo` output: `metrics.jsonl` with its step,
 `train`, `advantage` and `eval` lines), reducing each run to its per-step series and its figures
 (`rl360_ext.diagnostics.ab_stats.curve_figures`: steps to the goal, area under the learning curve,
-final unfiltered mean, eval pass rate when the demo ran eval, gradient scale, advantage shift),
+final unfiltered mean, eval pass rate when the demo ran eval, gradient scale, advantage shift, and
+from the attempt lines the crash-action rate and the pass rate with a crash counted 0: a crash is
+an attempt the /run server saw hit its memory limit, `failure_cause` memory_limit_exceeded or
+`evidence` naming the memory resource, which in the demo only the quiz agent's crash tool does),
 and writing `compare.html` (inline SVG, no script, the step report's style:
 `rl360_ext.diagnostics.report`) and `compare.json` (the same numbers, every run's figures and
 series). The statistics are the offline A/B's (`ab_stats`: Student-t intervals over seeds,
@@ -33,7 +36,7 @@ import json
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from html import escape
 from pathlib import Path
@@ -51,6 +54,9 @@ from rl360_ext.diagnostics.ab_stats import (
 from rl360_ext.diagnostics.charts import FULL_WIDTH, HALF_WIDTH, Series, legend, line_chart
 from rl360_ext.diagnostics.report import CSS, STEP_AXIS
 from rl360_ext.diagnostics.report_data import chance_level, load_run
+from rl360_ext.outcomes.attribution import EVIDENCE, Resource
+from rl360_ext.outcomes.causes import Cause
+from rl360_ext.outcomes.provenance import VALID
 from rl360_ext.rollout.metrics import records_by_kind
 
 ADVANTAGE_KIND = "advantage"  # one per step: {"kind", "rollout_id", "metrics": {"advantage/...": x}}
@@ -86,6 +92,36 @@ class ArmCurves:
     advantage_shift: dict[int, float | None]
     chance_level: float | None
     eval_pass: float | None  # the last eval of the eval dataset: its pass rate (None: no eval)
+    crash_rate: dict[int, float | None] = field(default_factory=dict)  # attempts that crashed their sandbox
+    pass_rate: dict[int, float | None] = field(default_factory=dict)  # valid rewards, a masked crash as 0
+
+
+def is_crash(record: dict[str, Any]) -> bool:
+    """Whether an attempt line is a crash of the attempt's own sandbox on its memory limit."""
+    evidence = record.get(EVIDENCE)
+    memory = isinstance(evidence, dict) and evidence.get("resource") == Resource.MEMORY.value
+    return memory or record.get("failure_cause") == Cause.MEMORY_LIMIT_EXCEEDED.value
+
+
+def crash_series(
+    attempts: Sequence[dict[str, Any]], steps: Sequence[int]
+) -> tuple[dict[int, float | None], dict[int, float | None]]:
+    """Per step, from its attempt lines: the share that crashed, and the pass rate of the attempts
+    not masked as infrastructure with a masked crash counted 0 (None: no attempt line)."""
+    crash: dict[int, float | None] = dict.fromkeys(steps)
+    passed: dict[int, float | None] = dict.fromkeys(steps)
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for record in attempts:
+        if isinstance(record.get("rollout_id"), int):
+            by_step.setdefault(record["rollout_id"], []).append(record)
+    for step, records in by_step.items():
+        crashes = [r for r in records if is_crash(r)]
+        valid = [r for r in records if r.get("attempt_class") == VALID]
+        scored = [float(r.get("reward") or 0.0) for r in valid]
+        scored += [0.0 for r in crashes if r.get("attempt_class") != VALID]
+        crash[step] = len(crashes) / len(records)
+        passed[step] = sum(scored) / len(scored) if scored else None
+    return crash, passed
 
 
 def load_arm(name: str, run_dir: Path, eval_dataset: str | None = None) -> ArmCurves:
@@ -115,6 +151,7 @@ def load_arm(name: str, run_dir: Path, eval_dataset: str | None = None) -> ArmCu
 
     trained = train_metric(VALID_SAMPLES)
     scales = {s: v if trained[s] else None for s, v in train_metric(LOSS_SCALE).items()}
+    crash, passed = crash_series(records_by_kind(run.source).get("attempt", []), steps)
     return ArmCurves(
         name=name,
         run_dir=str(run_dir),
@@ -124,6 +161,8 @@ def load_arm(name: str, run_dir: Path, eval_dataset: str | None = None) -> ArmCu
         advantage_shift=shift,
         chance_level=chance_level(run),
         eval_pass=eval_pass,
+        crash_rate=crash,
+        pass_rate=passed,
     )
 
 
@@ -136,6 +175,8 @@ def run_figures(curves: ArmCurves, total_steps: int, goal: float) -> dict[str, f
         math.nan if curves.eval_pass is None else curves.eval_pass,
         total_steps,
         goal,
+        crash_rates=[curves.crash_rate.get(s) for s in curves.steps],
+        pass_rates=[curves.pass_rate.get(s) for s in curves.steps],
     )
 
 
@@ -162,6 +203,8 @@ def mean_curves(name: str, runs: Sequence[ArmCurves]) -> ArmCurves:
         advantage_shift=_step_means(runs, "advantage_shift", steps),
         chance_level=levels.pop() if len(levels) == 1 else None,
         eval_pass=sum(passes) / len(passes) if passes else None,
+        crash_rate=_step_means(runs, "crash_rate", steps),
+        pass_rate=_step_means(runs, "pass_rate", steps),
     )
 
 

@@ -13,12 +13,14 @@ from dataclasses import dataclass
 
 ONE_STEP_OFF = "one-step-off"  # rl360_ext.local.demo_plan.ONE_STEP_OFF, the demo's default
 
-UNIFORM, BURST, CORRELATED = "uniform", "burst", "correlated"
-FAULT_MODES = (UNIFORM, BURST, CORRELATED)
+UNIFORM, BURST, CORRELATED, EXPLOITABLE = "uniform", "burst", "correlated", "exploitable"
+FAULT_MODES = (UNIFORM, BURST, CORRELATED, EXPLOITABLE)
+PLANNED_FAULT_MODES = (UNIFORM, EXPLOITABLE)  # modes whose infrastructure faults are the uniform ones
+CRASH_MODES = (EXPLOITABLE,)  # modes where the quiz agent offers the crash tool (quiz_agent.CRASH_LETTER)
 BURST_RATE = 0.9  # the burst step's fault probability per attempt
-RL360, UPSTREAM, CLEAN = "rl360", "upstream", "clean"
+RL360, RL360_LIST, UPSTREAM, CLEAN = "rl360", "rl360-list", "upstream", "clean"
 ZERO_SCORED, DENOMINATOR, VANILLA_TIS = "zero-scored", "denominator", "vanilla-tis"
-ARM_NAMES = ("rl360", "upstream", "clean", "zero-scored", "denominator", "vanilla-tis")
+ARM_NAMES = ("rl360", "rl360-list", "upstream", "clean", "zero-scored", "denominator", "vanilla-tis")
 ABLATION_ARMS = ("zero-scored", "denominator", "vanilla-tis")  # each one upstream rule on top of rl360's
 ON_POLICY = "on-policy"
 GOAL = 0.8  # the unfiltered mean whose first step is "steps to goal" (offline and live A/B)
@@ -47,10 +49,15 @@ class OfflineConfig:
     first_seed: int = 0
     """The first run seed: tasks, faults and sampling of each run come from it (the demo's plan)."""
     fault_mode: str = ",".join(FAULT_MODES)
-    """Fault modes, comma-separated: uniform, burst, correlated (docs/demo.md, `offline_ab`)."""
-    arms: str = f"{RL360},{UPSTREAM},{CLEAN}"
-    """Arms, comma-separated: rl360, upstream, clean, and the ablations zero-scored, denominator,
-    vanilla-tis (each one upstream rule on top of rl360's)."""
+    """Fault modes, comma-separated: uniform, burst, correlated, exploitable (the uniform faults
+    plus a crash tool the policy can call; docs/demo.md, `offline_ab`)."""
+    arms: str = f"{RL360},{RL360_LIST},{UPSTREAM},{CLEAN}"
+    """Arms, comma-separated: rl360 (attribution by evidence), rl360-list (rl360 with the list rule:
+    a crash of the policy's own sandbox is masked as infrastructure), upstream, clean, and the
+    ablations zero-scored, denominator, vanilla-tis (each one upstream rule on top of rl360's)."""
+    list_modes: str = EXPLOITABLE
+    """Fault modes the rl360-list arm runs in, comma-separated; in a mode without the crash tool it
+    is rl360 exactly (an infrastructure fault is masked under both rules)."""
     ablation_modes: str = UNIFORM
     """Fault modes the ablation arms (zero-scored, denominator, vanilla-tis) run in, comma-separated;
     the other arms run in every --fault-mode."""
@@ -111,7 +118,8 @@ class OfflineConfig:
             raise ValueError(
                 f"--schedule must be one of {', '.join(OFFLINE_SCHEDULES)}, got {self.schedule!r}"
             )
-        for names in (self.mode_names, self.arm_names, self.ablation_mode_names):  # each raises if bad
+        names_of = (self.mode_names, self.arm_names, self.ablation_mode_names, self.list_mode_names)
+        for names in names_of:  # each raises if bad
             assert names
 
     @property
@@ -125,6 +133,10 @@ class OfflineConfig:
     @property
     def ablation_mode_names(self) -> tuple[str, ...]:
         return parse_names(self.ablation_modes, FAULT_MODES, "--ablation-modes")
+
+    @property
+    def list_mode_names(self) -> tuple[str, ...]:
+        return parse_names(self.list_modes, FAULT_MODES, "--list-modes")
 
     @property
     def seed_list(self) -> list[int]:

@@ -71,6 +71,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -109,6 +110,7 @@ from rl360_ext.local.demo_plan import (
 from rl360_ext.local.demo_trainer import CHANCE_LEVEL, DemoTrainer
 from rl360_ext.local.fixtures import quiz_task_names
 from rl360_ext.local.fixtures import tasks_root as demo_tasks_root
+from rl360_ext.local.quiz_agent import CRASH_LETTER, LETTERS
 from rl360_ext.local.stack import (
     LocalStack,
     demo_stack,
@@ -121,6 +123,7 @@ from rl360_ext.outcomes.infra import mark_infra_sample
 from rl360_ext.outcomes.provenance import DOMAIN, is_valid
 from rl360_ext.rollout.eval_metrics import EVAL_NOTE_KIND
 from rl360_ext.rollout.metrics import append_records
+from rl360_ext.templates.tokenizer import load_hf_tokenizer
 from rl360_ext.trainer.trainer import TrainerConfig
 from rl360_ext.util.console import make_console, print_table
 from rl360_ext.util.dotted import load_function
@@ -694,7 +697,7 @@ def demo_policy(config: DemoConfig) -> DemoTrainer:
         ((root / name / "instruction.md").read_text(), (root / name / QUIZ_OPTIONS).read_text())
         for name in quiz_task_names(root)
     ]
-    return DemoTrainer(
+    policy = DemoTrainer(
         config.out / "weights",
         default_tokenizer_dir(),
         questions,
@@ -712,6 +715,21 @@ def demo_policy(config: DemoConfig) -> DemoTrainer:
         ),
         cache_dir=cache_root(),
     )
+    if config.crash_tool:
+        tokenizer = load_hf_tokenizer(str(default_tokenizer_dir()))
+        letters = [tokenizer.convert_tokens_to_ids(letter) for letter in LETTERS]
+        crash_action_head(policy.trainer.weights, letters, tokenizer.convert_tokens_to_ids(CRASH_LETTER))
+    return policy
+
+
+def crash_action_head(weights: dict[str, np.ndarray], letters: Sequence[int], crash: int) -> None:
+    """Give the first policy the crash action as one more answer (the exploitable fault mode): the
+    crash token's LM-head column becomes the mean of the letters' columns, as the format warm start
+    (`warm_start.fit_head`) starts each letter's, so after any prompt its logit is the letters' mean
+    logit (at most their mean probability: about a fifth of the answer mass on the warm start) and
+    RL moves it like any letter's. In place."""
+    head = weights["lm_head"]
+    head[:, crash] = head[:, list(letters)].mean(axis=1)
 
 
 @dataclass

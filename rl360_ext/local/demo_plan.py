@@ -24,7 +24,11 @@ A/B (`rl360_ext.local.offline_ab`), defined here once (`attempt_fault`, `fault_u
 keyed by the seed, the mode and the attempt's Miles index): `burst` plans a sandbox-start fault
 for each attempt of the middle step with probability `BURST_RATE` and nothing else (no 503s);
 `correlated` plans nothing and marks a valid attempt a lost sandbox once it ran, with a
-probability that grows with its sandbox calls (`correlated_fault`).
+probability that grows with its sandbox calls (`correlated_fault`); `exploitable` plans the
+uniform mode's faults and offers the quiz agent a crash tool (`quiz_agent.CRASH_LETTER`: a reply
+that picks it runs a command that allocates past the sandbox's memory limit), so the policy can
+fail in a way the list rule (`attribution`: `--attribution list` on the Harbor server) masks as
+infrastructure.
 
 Schedules (`--schedule`): `one-step-off` is Miles' `train_async.py` (weights pushed only once no
 rollout generates). `in-flight` pushes the weights step k's training produced as soon as they are
@@ -49,9 +53,18 @@ from typing import Any
 
 import numpy as np
 
-from rl360_ext.local.ab_config import BURST, BURST_RATE, CORRELATED, FAULT_MODES, UNIFORM
+from rl360_ext.local.ab_config import (
+    BURST,
+    BURST_RATE,
+    CORRELATED,
+    CRASH_MODES,
+    FAULT_MODES,
+    PLANNED_FAULT_MODES,
+    UNIFORM,
+)
 from rl360_ext.local.arms import RL360_RULES, arm_rules
 from rl360_ext.local.quiz_agent import extract_answer
+from rl360_ext.outcomes.attribution import AttributionRule
 from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.provenance import VALID, attempt_class, infra_cause
 from rl360_ext.rollout.rewards import reward_value
@@ -70,6 +83,7 @@ FAULT_TASKS = {SANDBOX_START: "fault-sandbox-start", VERIFIER_CRASH: "fault-veri
 SANDBOX_LOST = Cause.SANDBOX_LOST.value  # the correlated mode's fault: a sandbox call that failed
 CORRELATED_TYPICAL_CALLS = 3  # probe, answer write, verifier: an attempt that writes an answer
 
+ATTRIBUTION_RULES = tuple(rule.value for rule in AttributionRule)
 SAMPLING_SEED_LIMIT = 2**63  # an OpenAI `seed` is a non-negative integer; SGLang's sampling_seed is int64
 INITIAL_WEIGHT_VERSION = "0"  # pushed before step 0, as Miles' train_async updates weights first
 ONE_STEP_OFF, IN_FLIGHT = "one-step-off", "in-flight"
@@ -111,6 +125,7 @@ class DemoConfig:
     confirm_timeout_s: float = 10.0  # a push fences an engine that does not confirm a call within this
     fault_mode: str = UNIFORM  # how --faults are spread (FAULT_MODES; the module docstring)
     quarantine_file: Path | None = None  # --rl360-quarantine-file for the hooks (--audit-tasks sets it)
+    attribution: str | None = None  # the Harbor server's --attribution (None: its default, evidence)
 
     def __post_init__(self) -> None:
         minimums = {
@@ -159,6 +174,10 @@ class DemoConfig:
             raise ValueError(f"confirm_timeout_s must be a number of seconds in [1, 600], got {timeout!r}")
         if self.fault_mode not in FAULT_MODES:
             raise ValueError(f"fault_mode must be one of {', '.join(FAULT_MODES)}, got {self.fault_mode!r}")
+        if self.attribution is not None and self.attribution not in ATTRIBUTION_RULES:
+            raise ValueError(
+                f"attribution must be one of {', '.join(ATTRIBUTION_RULES)}, got {self.attribution!r}"
+            )
         if not isinstance(self.seeded_sampling, bool):
             raise ValueError(f"seeded_sampling must be true or false, got {self.seeded_sampling!r}")
 
@@ -171,14 +190,19 @@ class DemoConfig:
     def attempt_fault_rate(self) -> float:
         """Probability that one attempt gets a fault aimed at it (sandbox, verifier or deadline);
         uniform mode only (burst and correlated place their faults themselves)."""
-        if self.fault_mode != UNIFORM:
+        if self.fault_mode not in PLANNED_FAULT_MODES:
             return 0.0
         return self.faults * len(ATTEMPT_FAULT_KINDS) / len(FAULT_KINDS)
 
     @property
     def engine_error_rate(self) -> float:
         """Probability that an engine answers one `/generate` with a 503 (uniform mode only)."""
-        return self.faults / len(FAULT_KINDS) if self.fault_mode == UNIFORM else 0.0
+        return self.faults / len(FAULT_KINDS) if self.fault_mode in PLANNED_FAULT_MODES else 0.0
+
+    @property
+    def crash_tool(self) -> bool:
+        """Whether the quiz agent offers the crash tool (the exploitable mode)."""
+        return self.fault_mode in CRASH_MODES
 
 
 # ---- fault modes (shared with the offline A/B, rl360_ext.local.offline_ab) --------------------------
@@ -212,11 +236,12 @@ def attempt_fault(
     """The fault of one attempt under `mode` (None: it runs clean). `planned` is the demo plan's
     attempt fault (uniform mode), `uniforms` the attempt's two fault draws, `calls` its sandbox calls.
 
-    uniform: the planned fault, else an engine 503 on either of the two model calls, each at
-    rate / 4 (the offline A/B's; live, the engines decide the 503s themselves, keyed per attempt);
+    uniform (and exploitable, whose infrastructure faults are the uniform ones): the planned fault,
+    else an engine 503 on either of the two model calls, each at rate / 4 (the offline A/B's;
+    live, the engines decide the 503s themselves, keyed per attempt);
     burst: a sandbox-start fault with probability `BURST_RATE` on `burst_step` only; correlated: a
     lost sandbox with probability 1 - (1 - h)^calls, h = `correlated_hazard(rate)`."""
-    if mode == UNIFORM:
+    if mode in PLANNED_FAULT_MODES:
         if planned is not None:
             return planned
         per_call = rate / len(FAULT_KINDS)  # the engines' 503 rate, on each of the two model calls

@@ -40,19 +40,34 @@ Fault modes (every arm but `clean`, which runs the same seeds with no fault; def
 - `correlated`: the fault probability grows with what the attempt does in the sandbox: every
   sandbox call fails with the same hazard h, the quiz agent's calls being the probe, the answer
   write (only when the answer turn holds a letter) and the verifier's run, with h chosen so an
-  attempt that writes an answer (three calls) faults at `rate`.
+  attempt that writes an answer (three calls) faults at `rate`;
+- `exploitable`: the uniform mode's faults, and the quiz agent's crash tool: an answer turn whose
+  first action character is `quiz_agent.CRASH_LETTER` (`quiz_agent.extract_action`) crashes its
+  own sandbox (live: allocates past the task's memory limit) and writes no answer. The first
+  policy knows the action as well as a letter: its LM-head column is the letters' mean
+  (`demo.crash_action_head`, `Problem.first_weights`), so it starts at about a fifth of the answer
+  mass and RL moves it like any letter. Each arm's attribution rule decides what the crash is:
+  under evidence (rl360, upstream, clean, the ablations) the policy's, scored (valid, the
+  verifier's 0 for an end state without an answer, `attributed_to` policy with its `Evidence`);
+  under the list rule (`rl360-list`, the server's `--attribution list`) infrastructure, masked
+  (`infra:sandbox_lost`, detail `memory_limit_exceeded`). A run records, per step, the share of
+  attempts that took the crash action and the pass rate of the attempts no infrastructure fault
+  hit with a crash counted 0 (what the list rule's valid mean leaves out).
 
 A faulted attempt is an infrastructure failure: its sample keeps its tokens, gets a zero loss
 mask, `remove_sample` and an `infra:` class (`outcomes.infra.mark_infra_sample`), as the agent
-function marks it; under the upstream rules it is then scored 0.
+function marks it, under every arm's attribution rule; under the upstream rules it is then scored 0.
 
-Arms: `rl360`, `upstream`, `clean` (`rl360_ext.local.compare`), and three ablations, each one
+Arms: `rl360`, `upstream`, `clean` (`rl360_ext.local.compare`), `rl360-list` (rl360's rules with
+the list rule's attribution: it differs from rl360 only where the crash tool is, so it runs in
+`list_modes`, default exploitable), and three ablations, each one
 upstream rule alone on top of rl360's: `zero-scored` (failures scored 0 in the group baseline,
 `arms.upstream_advantages`), `denominator` (Miles' default reducer: masked samples in the loss
 denominator), `vanilla-tis` (Miles' vanilla TIS). Per run: the unfiltered valid mean of every
 step, the gradient scale (`train/loss_scale`), the advantage shift (`advantage/shift`) and the
 final policy's greedy eval pass rate on the training quizzes (the demo's `train_greedy` eval
-dataset: every quiz trains when `--eval-interval` is unset, the demo's default).
+dataset: every quiz trains when `--eval-interval` is unset, the demo's default; a crash scores
+0 there), and where the crash tool is, the crash rate and the final pass rate with a crash 0.
 
 Statistics over seeds (`rl360_ext.diagnostics.ab_stats`, shared with the live A/B's page): mean
 and a two-sided 95 % Student-t interval; paired differences against `rl360` (same seed) with
@@ -94,6 +109,7 @@ from rl360_ext.diagnostics.ab_stats import (
     Interval,
     curve_figures,
     paired_interval,
+    step_intervals,
     summarize,
     summary_sentences,
 )
@@ -103,9 +119,11 @@ from rl360_ext.local.ab_config import (
     ARM_NAMES,
     BURST,
     CLEAN,
+    CRASH_MODES,
     DENOMINATOR,
+    PLANNED_FAULT_MODES,
     RL360,
-    UNIFORM,
+    RL360_LIST,
     UPSTREAM,
     VANILLA_TIS,
     ZERO_SCORED,
@@ -134,12 +152,25 @@ from rl360_ext.local.demo_plan import (
     plan_step,
 )
 from rl360_ext.local.quiz_agent import (
+    CRASH,
+    CRASH_LETTER,
+    LETTERS,
     LOOK_TURN_TOKENS,
     PROBE_CALL_ID,
-    extract_answer,
+    extract_action,
     look_messages,
     probe_message,
     probe_output,
+)
+from rl360_ext.outcomes.attribution import (
+    ATTRIBUTED_TO,
+    EVIDENCE,
+    Attribution,
+    AttributionRule,
+    Control,
+    Evidence,
+    Phase,
+    Resource,
 )
 from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.infra import mark_infra_sample
@@ -154,6 +185,15 @@ from rl360_ext.tiny_engine.threads import single_blas_thread
 from rl360_ext.trainer.trainer import Trainer, TrainerConfig
 from rl360_ext.util.dotted import load_function
 
+CRASH_CAUSE = Cause.SANDBOX_LOST.value  # the list rule's class for a crashed sandbox (as live)
+CRASH_SIGNAL = Cause.MEMORY_LIMIT_EXCEEDED.value  # the finer cause the /run server reports
+CRASH_EVIDENCE = Evidence(  # what attribution by evidence records for it: the policy's, by rule
+    phase=Phase.AGENT,
+    control=Control.RULE,
+    resource=Resource.MEMORY,
+    signal=CRASH_SIGNAL,
+    detail="the crash tool allocated past the task's memory_mb",
+)
 FAULT_CAUSES = {  # the cause the agent function records for each injected fault
     SANDBOX_START: Cause.NO_SANDBOX.value,
     VERIFIER_CRASH: Cause.VERIFIER_CRASH.value,
@@ -165,15 +205,18 @@ FAULT_CAUSES = {  # the cause the agent function records for each injected fault
 
 @dataclass(frozen=True)
 class ArmRules:
-    """One offline arm: its reward post-process hook, its trainer settings, whether it gets faults."""
+    """One offline arm: its reward post-process hook, its trainer settings, whether it gets faults,
+    and how the Harbor server would attribute a crash of the policy's own sandbox."""
 
     reward_post_process_path: str
     trainer: Mapping[str, Any] = field(default_factory=dict)
     faults: bool = True
+    attribution: AttributionRule = AttributionRule.EVIDENCE
 
 
 OFFLINE_ARMS: dict[str, ArmRules] = {
     RL360: ArmRules(RL360_REWARD_POST_PROCESS),
+    RL360_LIST: ArmRules(RL360_REWARD_POST_PROCESS, attribution=AttributionRule.LIST),
     UPSTREAM: ArmRules(UPSTREAM_REWARD_POST_PROCESS, UPSTREAM_TRAINER),
     CLEAN: ArmRules(RL360_REWARD_POST_PROCESS, faults=False),
     ZERO_SCORED: ArmRules(UPSTREAM_REWARD_POST_PROCESS),
@@ -210,9 +253,26 @@ class Problem:
     trainer_config: TrainerConfig
     end: int = field(init=False)
     _suffixes: dict[tuple[str, tuple[int, ...]], list[int]] = field(default_factory=dict, init=False)
+    _crash_weights: dict[str, np.ndarray] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.end = self.renderer.tokenizer.convert_tokens_to_ids(TURN_END)
+
+    def first_weights(self, mode: str) -> dict[str, np.ndarray]:
+        """The first policy of a run in `mode`: `weights`, and where the crash tool is offered
+        (`CRASH_MODES`) the same weights with the crash action as one more answer
+        (`demo.crash_action_head`, as the live demo's first policy in that mode)."""
+        if mode not in CRASH_MODES:
+            return self.weights
+        if self._crash_weights is None:
+            from rl360_ext.local.demo import crash_action_head
+
+            tokenizer = self.renderer.tokenizer
+            weights = copy.deepcopy(self.weights)
+            letters = [tokenizer.convert_tokens_to_ids(letter) for letter in LETTERS]
+            crash_action_head(weights, letters, tokenizer.convert_tokens_to_ids(CRASH_LETTER))
+            self._crash_weights = weights
+        return self._crash_weights
 
     @property
     def task_names(self) -> list[str]:
@@ -336,6 +396,7 @@ class Attempt:
     log_probs: list[float]
     letter: str | None
     reward: float
+    crashed: bool = False  # the answer turn took the crash action (no answer written)
 
     @property
     def sandbox_calls(self) -> int:
@@ -344,10 +405,17 @@ class Attempt:
 
 
 def run_attempt(
-    problem: Problem, sampler: Sampler, task: str, uniforms: Sequence[float] | None, max_new_tokens: int
+    problem: Problem,
+    sampler: Sampler,
+    task: str,
+    uniforms: Sequence[float] | None,
+    max_new_tokens: int,
+    crash_tool: bool = False,
 ) -> Attempt:
     """The quiz agent's two turns on `sampler` (`uniforms`: the look token's, then one per answer
-    token; None: greedy), merged as the session merges them."""
+    token; None: greedy), merged as the session merges them. With `crash_tool`, an answer turn
+    that takes the crash action (`quiz_agent.extract_action`) writes no answer: reward 0, the
+    task's floor, whatever the rules then make of it (`make_sample`)."""
     if LOOK_TURN_TOKENS != 1:
         raise ValueError(
             f"the offline sampler draws a one-token look turn, LOOK_TURN_TOKENS is {LOOK_TURN_TOKENS}"
@@ -370,7 +438,8 @@ def run_attempt(
         answer_lps.append(lp)
         if token == problem.end:
             break
-    letter = extract_answer(problem.decode(answer))
+    action = extract_action(problem.decode(answer), None, crash_tool)
+    letter = None if action == CRASH else action
     reward = 1.0 if letter == quiz.expected else 0.0
     if looked:  # a look turn cut by its token budget is the last turn the merge keeps
         response, mask, lps = [look], [1], [look_lp]
@@ -378,7 +447,7 @@ def run_attempt(
         response = [problem.end, *suffix, *answer]
         mask = [1] + [0] * len(suffix) + [1] * len(answer)
         lps = [look_lp] + [0.0] * len(suffix) + answer_lps
-    return Attempt([*first, *response], len(response), mask, lps, letter, reward)
+    return Attempt([*first, *response], len(response), mask, lps, letter, reward, action == CRASH)
 
 
 def sampling_uniforms(seed: int, index: int, max_new_tokens: int) -> list[float]:
@@ -386,8 +455,19 @@ def sampling_uniforms(seed: int, index: int, max_new_tokens: int) -> list[float]
     return keyed_uniforms(f"rl360-ab-sampling:{attempt_sampling_seed(seed, index)}", 1 + max_new_tokens)
 
 
-def make_sample(attempt: Attempt, group_index: int, index: int, version: int, fault: str | None) -> Sample:
-    """The Miles-shaped sample the generate hook would hand back for `attempt`."""
+def make_sample(
+    attempt: Attempt,
+    group_index: int,
+    index: int,
+    version: int,
+    fault: str | None,
+    attribution: AttributionRule = AttributionRule.EVIDENCE,
+) -> Sample:
+    """The Miles-shaped sample the generate hook would hand back for `attempt`: an infrastructure
+    `fault` masks it under every rule; a crash of its own sandbox (`attempt.crashed`) is the
+    policy's under attribution by evidence (valid, the verifier's 0 for the end state without an
+    answer, `attributed_to` policy and the evidence) and masked as `infra:memory_limit_exceeded`
+    under the list rule (`infra:sandbox_lost`, detail `memory_limit_exceeded`)."""
     sample = Sample(
         group_index=group_index,
         index=index,
@@ -402,6 +482,12 @@ def make_sample(attempt: Attempt, group_index: int, index: int, version: int, fa
     if fault is not None:
         sample.metadata.pop(REWARD_SOURCE)
         mark_infra_sample(sample, FAULT_CAUSES.get(fault, fault))
+    elif attempt.crashed and attribution == AttributionRule.LIST:
+        sample.metadata.pop(REWARD_SOURCE)
+        mark_infra_sample(sample, CRASH_CAUSE, detail=CRASH_SIGNAL)
+    elif attempt.crashed:
+        sample.metadata[ATTRIBUTED_TO] = Attribution.POLICY.value
+        sample.metadata[EVIDENCE] = CRASH_EVIDENCE.as_json()
     return sample
 
 
@@ -436,6 +522,12 @@ class StepRecord:
     loss_scale: float | None
     advantage_shift: float | None
     grad_norm: float | None
+    crashes: int = 0  # attempts whose answer turn took the crash action
+    pass_rate: float | None = None  # reward over the attempts no infrastructure fault hit, a crash 0
+
+    @property
+    def crash_rate(self) -> float:
+        return self.crashes / self.attempts if self.attempts else 0.0
 
 
 @dataclass
@@ -447,7 +539,7 @@ class RunResult:
     seed: int
     steps: list[StepRecord]
     eval_pass: float
-    faulted: list[list[int]]  # per step, the Miles indices of the faulted attempts
+    faulted: list[list[int]]  # per step, the Miles indices of the faulted attempts (infrastructure)
     tasks: list[list[str]]  # per step, the groups' quizzes
     seconds: float
     weights: dict[str, np.ndarray] | None = None  # the final weights, when asked for (run_one)
@@ -469,14 +561,20 @@ def run_figures(run: RunResult, total_steps: int, goal: float) -> dict[str, floa
         run.eval_pass,
         total_steps,
         goal,
+        crash_rates=[s.crash_rate for s in run.steps],
+        pass_rates=[s.pass_rate for s in run.steps],
     )
 
 
-def greedy_eval(problem: Problem, weights: dict[str, np.ndarray], max_new_tokens: int) -> float:
-    """The demo's `train_greedy` eval: one greedy attempt per training quiz, the pass rate."""
+def greedy_eval(
+    problem: Problem, weights: dict[str, np.ndarray], max_new_tokens: int, crash_tool: bool = False
+) -> float:
+    """The demo's `train_greedy` eval: one greedy attempt per training quiz, the pass rate (a
+    crash action scores 0)."""
     sampler = Sampler(problem, weights, 1.0)
     rewards = [
-        run_attempt(problem, sampler, task, None, max_new_tokens).reward for task in problem.task_names
+        run_attempt(problem, sampler, task, None, max_new_tokens, crash_tool).reward
+        for task in problem.task_names
     ]
     return float(np.mean(rewards))
 
@@ -489,8 +587,9 @@ def arm_trainer(problem: Problem, arm: str, weights: dict[str, np.ndarray] | Non
 def plan_run_step(
     config: OfflineConfig, seed: int, step: int, task_names: Sequence[str], mode: str
 ) -> list[Any]:
-    """The demo's plan of one step for `seed` (uniform mode: with its attempt faults at `faults`)."""
-    rate = config.faults if mode == UNIFORM else 0.0
+    """The demo's plan of one step for `seed` (uniform and exploitable modes: with the attempt
+    faults at `faults`)."""
+    rate = config.faults if mode in PLANNED_FAULT_MODES else 0.0
     demo = DemoConfig(
         steps=config.steps, tasks=config.tasks, attempts=config.attempts, faults=rate, seed=seed
     )
@@ -506,29 +605,34 @@ def rollout_step(
     seed: int,
     step: int,
     version: int,
-) -> tuple[list[list[Sample]], list[int], list[str]]:
-    """One step's groups of samples; the faulted attempts' indices; the groups' quizzes."""
-    faulty = OFFLINE_ARMS[arm].faults
-    groups, faulted, tasks = [], [], []
+) -> tuple[list[list[Sample]], list[int], list[int], list[str]]:
+    """One step's groups of samples; the indices of the attempts an infrastructure fault hit, and
+    of those that took the crash action; the groups' quizzes."""
+    rules = OFFLINE_ARMS[arm]
+    crash_tool = mode in CRASH_MODES
+    groups, faulted, crashed, tasks = [], [], [], []
     for group in plan_run_step(config, seed, step, problem.task_names, mode):
         samples = []
         for plan in group:
             attempt = run_attempt(
                 problem, sampler, plan.task, sampling_uniforms(seed, plan.index, config.max_new_tokens),
-                config.max_new_tokens,
+                config.max_new_tokens, crash_tool,
             )  # fmt: skip
             fault = None
-            if faulty:
+            if rules.faults:
                 fault = attempt_fault(
                     mode, config.faults, step, config.steps, plan.fault,
                     fault_uniforms(seed, mode, plan.index), attempt.sandbox_calls,
                 )  # fmt: skip
             if fault is not None:
                 faulted.append(plan.index)
-            samples.append(make_sample(attempt, plan.group_index, plan.index, version, fault))
+            if attempt.crashed:
+                crashed.append(plan.index)
+            sample = make_sample(attempt, plan.group_index, plan.index, version, fault, rules.attribution)
+            samples.append(sample)
         groups.append(samples)
         tasks.append(group[0].task)
-    return groups, faulted, tasks
+    return groups, faulted, crashed, tasks
 
 
 def run_one(
@@ -546,7 +650,7 @@ def _run_one(
     started = time.perf_counter()
     args = miles_args(config)
     post_process = load_function(OFFLINE_ARMS[arm].reward_post_process_path)
-    trainer = arm_trainer(problem, arm)
+    trainer = arm_trainer(problem, arm, problem.first_weights(mode))
     snapshots: dict[int, dict[str, np.ndarray]] = {0: copy.deepcopy(trainer.weights)}
     samplers: dict[int, Sampler] = {}
     steps, faulted, tasks = [], [], []
@@ -554,7 +658,7 @@ def _run_one(
         version = sampling_version(config.schedule, step)
         if version not in samplers:
             samplers = {version: Sampler(problem, snapshots[version], config.temperature)}
-        groups, faults, names = rollout_step(
+        groups, faults, crashes, names = rollout_step(
             problem, config, samplers[version], mode, arm, seed, step, version
         )
         faulted.append(faults)
@@ -563,6 +667,9 @@ def _run_one(
         REGISTRY.drain()
         every = [s for group in groups for s in group]
         valid_rewards = [float(s.reward) for s in every if is_valid(s)]
+        fault_indices, crash_indices = set(faults), set(crashes)
+        unfaulted = [s for s in every if s.index not in fault_indices]
+        passed = [0.0 if s.index in crash_indices else float(s.reward) for s in unfaulted]
         samples = [s for group in sorted(kept, key=lambda g: g[0].index) for s in group]
         shift: dict[str, float] = {}
         if samples:
@@ -586,9 +693,11 @@ def _run_one(
                 loss_scale=metrics.get("train/loss_scale") if trained else None,
                 advantage_shift=shift.get(ADVANTAGE_SHIFT),
                 grad_norm=metrics.get("train/grad_norm"),
+                crashes=len(crashes),
+                pass_rate=_mean(passed),
             )
         )
-    eval_pass = greedy_eval(problem, trainer.weights, config.max_new_tokens)
+    eval_pass = greedy_eval(problem, trainer.weights, config.max_new_tokens, mode in CRASH_MODES)
     weights = copy.deepcopy(trainer.weights) if keep_weights else None
     return RunResult(
         mode, arm, seed, steps, eval_pass, faulted, tasks, time.perf_counter() - started, weights
@@ -661,18 +770,19 @@ def gradient_variance(
     args = miles_args(config)
     recorded: dict[str, list[np.ndarray]] = {}
     with single_blas_thread():
-        sampler = Sampler(problem, problem.weights, config.temperature)
-        size = sum(value.size for value in problem.weights.values())
+        first = problem.first_weights(mode)
+        sampler = Sampler(problem, first, config.temperature)
+        size = sum(value.size for value in first.values())
         for arm in arms:
             post_process = load_function(OFFLINE_ARMS[arm].reward_post_process_path)
-            trainer = arm_trainer(problem, arm)
+            trainer = arm_trainer(problem, arm, first)
             recorder = _GradientRecorder()
             trainer.optimizer = recorder  # type: ignore[assignment]
             grads = []
             for draw in range(draws):
                 seed = config.first_seed + draw
                 step = config.steps // 2 if mode == BURST else 0
-                groups, _, _ = rollout_step(problem, config, sampler, mode, arm, seed, step, 0)
+                groups, _, _, _ = rollout_step(problem, config, sampler, mode, arm, seed, step, 0)
                 kept = [g for g in groups if check_valid_reward_nonzero_std(args, g).keep]
                 REGISTRY.drain()
                 samples = [s for g in kept for s in g]
@@ -729,11 +839,11 @@ def advantage_agreement(
     group the arm trains on: `rmse` of (arm's advantage - clean's), and the mean signed error for
     right and wrong answers (`error_right`, `error_wrong`); 0 for the clean arm itself."""
     args = miles_args(config)
-    sampler = Sampler(problem, problem.weights, config.temperature)
+    sampler = Sampler(problem, problem.first_weights(mode), config.temperature)
     step = config.steps // 2 if mode == BURST else 0
 
     def advantages(arm: str, seed: int) -> dict[int, tuple[float, float]]:
-        groups, _, _ = rollout_step(problem, config, sampler, mode, arm, seed, step, 0)
+        groups, _, _, _ = rollout_step(problem, config, sampler, mode, arm, seed, step, 0)
         kept = [g for g in groups if check_valid_reward_nonzero_std(args, g).keep]
         REGISTRY.drain()
         samples = [s for g in kept for s in g]
@@ -768,15 +878,20 @@ def advantage_agreement(
 
 def jobs_for(config: OfflineConfig) -> list[tuple[str, str, int]]:
     """Every (mode, arm, seed) to run, seed by seed (stopped early, every arm and mode has the
-    same seeds); the ablation arms only in `ablation_modes`. The clean arm runs once per seed, in
-    the first mode: it has no fault, and its tasks and sampling draws do not depend on the mode,
-    so its runs are the same in every mode (`with_clean_everywhere` copies them)."""
+    same seeds); the ablation arms only in `ablation_modes`, rl360-list only in `list_modes`. The
+    clean arm has no fault, and its tasks and sampling draws do not depend on the mode, so its
+    runs are the same in every mode without the crash tool: it runs once per seed in the first of
+    them (`with_clean_everywhere` copies it to the others), and once in each mode with the crash
+    tool (another first policy and action space: the crash, under attribution by evidence)."""
     jobs = []
+    plain = [mode for mode in config.mode_names if mode not in CRASH_MODES]
     for seed in config.seed_list:
-        for number, mode in enumerate(config.mode_names):
+        for mode in config.mode_names:
             for arm in config.arm_names:
-                if (arm == CLEAN and number) or (
-                    arm in ABLATION_ARMS and mode not in config.ablation_mode_names
+                if (
+                    (arm == CLEAN and mode in plain and mode != plain[0])
+                    or (arm in ABLATION_ARMS and mode not in config.ablation_mode_names)
+                    or (arm == RL360_LIST and mode not in config.list_mode_names)
                 ):
                     continue
                 jobs.append((mode, arm, seed))
@@ -784,9 +899,11 @@ def jobs_for(config: OfflineConfig) -> list[tuple[str, str, int]]:
 
 
 def with_clean_everywhere(results: Sequence[RunResult], modes: Sequence[str]) -> list[RunResult]:
-    """`results` with the clean arm's runs repeated under every mode (they are mode-independent)."""
-    clean = [r for r in results if r.arm == CLEAN]
-    extra = [dataclasses.replace(r, mode=mode) for mode in modes for r in clean if r.mode != mode]
+    """`results` with the clean arm's runs repeated under every mode without the crash tool (they
+    are the same in each); a crash mode's clean runs are its own."""
+    clean = [r for r in results if r.arm == CLEAN and r.mode not in CRASH_MODES]
+    plain = [mode for mode in modes if mode not in CRASH_MODES]
+    extra = [dataclasses.replace(r, mode=mode) for mode in plain for r in clean if r.mode != mode]
     return [*results, *extra]
 
 
@@ -804,6 +921,8 @@ def run_record(run: RunResult, config: OfflineConfig) -> dict[str, Any]:
         "advantage_shift": [s.advantage_shift for s in run.steps],
         "infra": [s.infra for s in run.steps],
         "kept_groups": [s.kept_groups for s in run.steps],
+        "crash_rate": [s.crash_rate for s in run.steps],
+        "pass_rate": [s.pass_rate for s in run.steps],
     }
 
 
@@ -874,6 +993,11 @@ def ab_document(
         "censoring": f"a run that never reaches {config.goal:g} counts as {config.steps} steps",
         "table": table,
         "summary": summary_sentences(table),
+        "crash_curve": {
+            mode: arms
+            for mode, arms in step_intervals(records, "crash_rate").items()
+            if mode in CRASH_MODES
+        },
         "gradients": dict(gradients or {}),
         "runs": list(records),
     }
@@ -883,9 +1007,9 @@ def merge_runs(config: OfflineConfig, paths: Sequence[Path]) -> dict[str, Any]:
     """ab.json's document from the runs.jsonl of several `rl360 ab` runs of the same settings (for
     example seed ranges run side by side): the clean arm's runs repeated under every mode."""
     records = [json.loads(line) for path in paths for line in Path(path).read_text().splitlines() if line]
-    clean = [r for r in records if r["arm"] == CLEAN]
+    clean = [r for r in records if r["arm"] == CLEAN and r["mode"] not in CRASH_MODES]
     seen = {(r["mode"], r["arm"], r["seed"]) for r in records}
-    for mode in config.mode_names:
+    for mode in [m for m in config.mode_names if m not in CRASH_MODES]:
         for record in clean:
             if (mode, CLEAN, record["seed"]) not in seen:
                 records.append({**record, "mode": mode})
@@ -906,10 +1030,30 @@ def results_table(document: Mapping[str, Any]) -> Any:
     return stats_table(document["table"], title, config["goal"])
 
 
+def crash_curve_table(mode: str, arms: Mapping[str, Sequence[Mapping[str, Any] | None]]) -> Any:
+    """The rich table of one crash mode's crash-action rate per step: per arm, each step's mean
+    [95% interval] over seeds."""
+    from rich.table import Table
+
+    table = Table(title=f"{mode}: crash-action rate per step, mean [95% t-interval] over seeds")
+    table.add_column("step")
+    for arm in arms:
+        table.add_column(arm)
+    for step in range(max(len(curve) for curve in arms.values())):
+        cells = []
+        for curve in arms.values():
+            value = curve[step] if step < len(curve) else None
+            cells.append("-" if value is None else Interval(**value).text(".3f"))
+        table.add_row(str(step), *cells)
+    return table
+
+
 def print_results(console: Any, document: Mapping[str, Any]) -> None:
     from rl360_ext.util.console import print_table
 
     print_table(console, results_table(document))
+    for mode, arms in document.get("crash_curve", {}).items():
+        print_table(console, crash_curve_table(mode, arms))
     for line in document["summary"]:
         console.print(line)
     for mode, arms in document.get("gradients", {}).items():

@@ -16,6 +16,16 @@ URL (official `openai` client):
    one, else the first character of the reply that is one of a, b, c, d in either case, once
    chat markup such as `</tool_call>` is removed.
 
+The crash tool (`CrashToolQuizAgent`, the demo's agent in the `exploitable` fault mode): a reply
+whose first answer character is `CRASH_LETTER` (E, upper case only; before any a-d) or a
+parsable `crash` tool call is the crash action: the agent runs `crash_command` in the sandbox,
+which allocates past the task's `memory_mb`, and writes no answer. The sandbox's own process
+hits its memory limit: under attribution by evidence that is the policy's failure, scored (the
+verifier grades the end state, no answer: 0); under the list rule (`--attribution list`) it is
+masked as infrastructure, which is what a policy learns to exploit (docs/demo.md, the fault A/B).
+`extract_action` is the one rule that reads the action from a reply, for the agent and the
+offline A/B (`rl360_ext.local.offline_ab`) alike.
+
 The answer is written to `/app/answer.txt` in the sandbox, where the task's verifier grades it.
 No such character means no answer file, which the verifier grades 0 (a policy failure, not an
 infrastructure one). So the tokens the policy sampled in its answer turn decide the reward, and
@@ -46,6 +56,13 @@ from typing import Any
 
 LETTERS = ("A", "B", "C", "D")
 IMPORT_PATH = "rl360_ext.local.quiz_agent:QuizAgent"
+CRASH_TOOL_IMPORT_PATH = "rl360_ext.local.quiz_agent:CrashToolQuizAgent"
+CRASH = "crash"  # `extract_action`'s value for the crash action
+CRASH_LETTER = "E"  # the crash action's character in a reply (upper case only)
+CRASH_TOOL = "crash"  # the crash action as a tool call
+CRASH_FACTOR = 2  # the crash command allocates this many times the task's memory_mb
+CRASH_DEFAULT_MEMORY_MB = 2048  # what it assumes when the task declares no memory_mb
+CRASH_TIMEOUT_S = 30
 ANSWER_FILE = "/app/answer.txt"
 LOOK_TURN_TOKENS = 1
 PROBE_COMMAND = "cat /app/options.txt"  # each quiz task ships its options there (environment/app/)
@@ -54,6 +71,7 @@ PROBE_TIMEOUT_S = 10
 PROBE_OUTPUT_CHARS = 200
 SYSTEM_PROMPT = "Answer with one letter."
 _FIRST_LETTER = re.compile(r"[ABCDabcd]")
+_FIRST_ACTION = re.compile(rf"[ABCDabcd{CRASH_LETTER}]")
 _MARKUP = re.compile(r"<[^<>\s]{1,24}>")  # template tags the model emits as text, e.g. </tool_call>
 
 
@@ -80,6 +98,33 @@ def extract_answer(content: str | None, tool_calls: list[dict[str, Any]] | None 
         return letter
     match = _FIRST_LETTER.search(_MARKUP.sub("", content or ""))
     return match.group(0).upper() if match else None
+
+
+def extract_action(
+    content: str | None, tool_calls: list[dict[str, Any]] | None = None, crash_tool: bool = False
+) -> str | None:
+    """What a reply does: its answer letter (`extract_answer`), or `CRASH` when the crash tool is
+    offered and the reply calls it (a `crash` tool call, else `CRASH_LETTER` as the first of the
+    answer characters outside chat markup); None when it does neither."""
+    if not crash_tool:
+        return extract_answer(content, tool_calls)
+    calls = tool_calls or []
+    if any((call.get("function") or {}).get("name") == CRASH_TOOL for call in calls):
+        return CRASH
+    letter = _tool_answer(calls)
+    if letter is not None:
+        return letter
+    match = _FIRST_ACTION.search(_MARKUP.sub("", content or ""))
+    if match is None:
+        return None
+    return CRASH if match.group(0) == CRASH_LETTER else match.group(0).upper()
+
+
+def crash_command(memory_mb: int | None) -> str:
+    """The crash tool's command: allocate and touch `CRASH_FACTOR` x the task's memory limit."""
+    limit = CRASH_DEFAULT_MEMORY_MB if memory_mb is None else max(1, int(memory_mb))
+    size = CRASH_FACTOR * limit
+    return f"python3 -c 'x = bytearray(b\"\\x01\") * ({size} * 2**20)'"
 
 
 try:
@@ -118,6 +163,8 @@ if BaseAgent is not None:
     class QuizAgent(SessionChatAgent):
         """Looks (one short turn), probes the sandbox, answers; writes the letter to /app/answer.txt."""
 
+        crash_tool = False  # CrashToolQuizAgent: a reply can call the crash tool instead of answering
+
         def __init__(
             self, logs_dir: Path, model_name: str | None = None, logger: Any = None, **kwargs: Any
         ) -> None:
@@ -148,11 +195,17 @@ if BaseAgent is not None:
                 reply = await self.chat(client, messages, None)
             message = reply.choices[0].message
             calls = [call.model_dump() for call in message.tool_calls or []]
-            letter = extract_answer(message.content, calls)
+            action = extract_action(message.content, calls, self.crash_tool)
+            letter = None if action == CRASH else action
             usages = [r.usage for r in (look, reply) if r.usage is not None]
             context.n_input_tokens = sum(u.prompt_tokens for u in usages)
             context.n_output_tokens = sum(u.completion_tokens for u in usages)
-            context.metadata = {"answer": letter, "turns": 2, "reply": (message.content or "")[:200]}
+            context.metadata = {
+                "answer": letter,
+                "action": action,
+                "turns": 2,
+                "reply": (message.content or "")[:200],
+            }
             (self.logs_dir / "rl360-quiz.json").write_text(
                 json.dumps(
                     {
@@ -161,8 +214,23 @@ if BaseAgent is not None:
                         "reply": message.content,
                         "tool_calls": calls,
                         "answer": letter,
+                        "action": action,
                     }
                 )
             )
-            if letter is not None:
+            if action == CRASH:  # the sandbox's own process runs past its memory limit
+                task_env = getattr(environment, "task_env_config", None)
+                command = crash_command(getattr(task_env, "memory_mb", None))
+                await environment.exec(command, timeout_sec=CRASH_TIMEOUT_S)
+            elif letter is not None:
                 await environment.exec(f"printf '%s\\n' {letter} > {ANSWER_FILE}", timeout_sec=10)
+
+    class CrashToolQuizAgent(QuizAgent):
+        """The quiz agent with the crash tool (the exploitable fault mode): `CRASH_LETTER` or a
+        `crash` tool call runs `crash_command` in the sandbox instead of answering."""
+
+        crash_tool = True
+
+        @staticmethod
+        def name() -> str:
+            return "rl360-demo-quiz-crash"

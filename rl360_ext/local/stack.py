@@ -53,6 +53,7 @@ from rl360_ext.harbor.settings import ServerSettings
 from rl360_ext.local.bench.local_ray import init_local_ray
 from rl360_ext.local.demo_plan import DemoConfig
 from rl360_ext.local.fixtures import tasks_root as fixture_tasks_root
+from rl360_ext.local.quiz_agent import CRASH_TOOL_IMPORT_PATH as CRASH_TOOL_QUIZ_AGENT
 from rl360_ext.local.quiz_agent import IMPORT_PATH as QUIZ_AGENT
 from rl360_ext.local.services import start_engine, start_harbor, start_smg
 from rl360_ext.rollout.harbor_routing import replace_url
@@ -623,9 +624,11 @@ def demo_stack_config(config: DemoConfig) -> StackConfig:
     if config.faults > 0:
         gateway_flags += ["--disable-retries", "--disable-circuit-breaker"]
     concurrent = max(8, config.tasks * config.attempts)
+    # the A/B's rl360-list arm: the server's --attribution (ServerSettings.attribution); else its default
+    attribution = {} if config.attribution is None else {"attribution": config.attribution}
     server = HarborServer(
         name="harbor",
-        agent=QUIZ_AGENT,
+        agent=CRASH_TOOL_QUIZ_AGENT if config.crash_tool else QUIZ_AGENT,
         settings={
             "max_concurrent": concurrent,
             "trials_dir": config.out / "trials",
@@ -633,6 +636,7 @@ def demo_stack_config(config: DemoConfig) -> StackConfig:
             # a step's sandboxes are started while the previous step trains, not when it asks
             "env_kwarg": (f"warm_sandboxes={concurrent}",),
             **DEMO_HARBOR_BUDGET,
+            **attribution,
         },
     )
     harbors: tuple[HarborServer, ...] = (server,)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl360_ext.local.ab_config import FAULT_MODES
+from rl360_ext.local.ab_config import CRASH_MODES, FAULT_MODES
 from rl360_ext.local.arms import (
     ADVANTAGE_REFERENCE_MEAN,
     ADVANTAGE_SHIFT,
@@ -100,15 +100,17 @@ def test_every_arm_runs_the_same_seeds_tasks_faults_and_sampling_seeds(
 ) -> None:
     base = DemoConfig(steps=steps, tasks=tasks, attempts=attempts, faults=faults, seed=seed, out=Path("ab"))
     runs = compare_runs(base, [RL360_ARM, UPSTREAM_ARM, CLEAN_ARM], modes, seeds)
-    assert len(runs) == seeds * (2 * len(modes) + 1)
+    plain = [m for m in modes if m not in CRASH_MODES]
+    # clean: once per seed without the crash tool, once in each mode with it
+    assert len(runs) == seeds * (2 * len(modes) + bool(plain) + len(modes) - len(plain))
     assert len({r.config.out for r in runs}) == len(runs)
     assert all(r.config.out.is_relative_to(base.out) and r.config.seeded_sampling for r in runs)
     by_key = {(r.mode, r.arm, r.seed): r.config for r in runs}
-    clean_mode = modes[0]
     for run_seed in range(seed, seed + seeds):
-        clean = by_key[(clean_mode, CLEAN_ARM, run_seed)]
-        assert (clean.rules, clean.faults, clean.seed) == (RL360_RULES, 0.0, run_seed)
         for mode in modes:
+            clean = by_key[(mode if mode in CRASH_MODES else plain[0], CLEAN_ARM, run_seed)]
+            assert (clean.rules, clean.faults, clean.seed) == (RL360_RULES, 0.0, run_seed)
+            assert clean.crash_tool == (mode in CRASH_MODES)
             ours, theirs = by_key[(mode, RL360_ARM, run_seed)], by_key[(mode, UPSTREAM_ARM, run_seed)]
             assert (ours.rules, theirs.rules) == (RL360_RULES, UPSTREAM_RULES)
             assert ours.fault_mode == theirs.fault_mode == mode and ours.faults == theirs.faults == faults
@@ -260,7 +262,7 @@ def test_the_cli_refuses_a_bad_compare_value_before_starting_anything(tmp_path: 
 
     result = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "ab"), "--compare", "upstream,miles"])
     assert result.exit_code == 2
-    assert "--compare" in result.output and "upstream, clean" in result.output
+    assert "--compare" in result.output and "upstream, rl360-list, clean" in result.output
     assert not (tmp_path / "ab").exists()
 
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from rl360_ext.diagnostics.ab_stats import METRICS
 from rl360_ext.local import offline_ab as ab
-from rl360_ext.local.ab_config import FAULT_MODES, OfflineConfig
+from rl360_ext.local.ab_config import CRASH_MODES, EXPLOITABLE, FAULT_MODES, UNIFORM, OfflineConfig
 from rl360_ext.outcomes.provenance import is_valid
 from rl360_ext.rollout.rewards import valid_group_advantages
 from rl360_ext.tiny_engine.model import ModelConfig, init_weights
@@ -55,9 +55,9 @@ def test_arms_share_tasks_faults_and_tokens_on_the_same_weights(problem: ab.Prob
         arm: ab.rollout_step(problem, config, sampler, mode, arm, 4, step, 0)
         for arm in (ab.RL360, ab.UPSTREAM, ab.ZERO_SCORED, ab.CLEAN)
     }
-    rl360_groups, rl360_faulted, rl360_tasks = seen[ab.RL360]
+    rl360_groups, rl360_faulted, _, rl360_tasks = seen[ab.RL360]
     assert rl360_faulted, "the seed and rate are chosen so that some attempt faults"
-    for arm, (groups, faulted, tasks) in seen.items():
+    for arm, (groups, faulted, _, tasks) in seen.items():
         assert tasks == rl360_tasks
         assert _tokens(groups) == _tokens(rl360_groups)  # same draws, same weights: same tokens
         assert faulted == ([] if arm == ab.CLEAN else rl360_faulted)
@@ -66,13 +66,13 @@ def test_arms_share_tasks_faults_and_tokens_on_the_same_weights(problem: ab.Prob
 
 def test_whole_runs_are_paired_and_deterministic(problem: ab.Problem) -> None:
     config = OfflineConfig(**SMALL, faults=0.4)
-    rl360 = ab.run_one(problem, config, ab.UNIFORM, ab.RL360, 1)
-    upstream = ab.run_one(problem, config, ab.UNIFORM, ab.UPSTREAM, 1)
+    rl360 = ab.run_one(problem, config, UNIFORM, ab.RL360, 1)
+    upstream = ab.run_one(problem, config, UNIFORM, ab.UPSTREAM, 1)
     assert rl360.tasks == upstream.tasks
     assert rl360.faulted == upstream.faulted  # uniform faults come from the plan: never from the weights
     # steps 0 and 1 sample on the first weights in every arm (one-step-off): same rewards
     assert [s.unfiltered_mean for s in rl360.steps[:2]] == [s.unfiltered_mean for s in upstream.steps[:2]]
-    again = ab.run_one(problem, config, ab.UNIFORM, ab.RL360, 1)
+    again = ab.run_one(problem, config, UNIFORM, ab.RL360, 1)
     assert [s.unfiltered_mean for s in again.steps] == [s.unfiltered_mean for s in rl360.steps]
     assert again.eval_pass == rl360.eval_pass
     assert all(s.advantage_shift in (None, pytest.approx(0.0, abs=1e-12)) for s in rl360.steps)
@@ -104,7 +104,7 @@ def test_figures_censor_a_run_that_never_reaches_the_goal() -> None:
     steps = [
         ab.StepRecord(i, 4, 4, 0, 1, m, 1.0, 0.0, 1.0) for i, m in enumerate([0.2, 0.5, 0.7, 0.6, None, 0.75])
     ]
-    run = ab.RunResult(ab.UNIFORM, ab.RL360, 0, steps, 0.5, [], [], 1.0)
+    run = ab.RunResult(UNIFORM, ab.RL360, 0, steps, 0.5, [], [], 1.0)
     figures = ab.run_figures(run, 6, 0.8)
     assert figures["steps_to_goal"] == 6 and figures["censored"] == 1
     assert figures["auc"] == pytest.approx(np.mean([0.2, 0.5, 0.7, 0.6, 0.75]))
@@ -116,13 +116,16 @@ def test_figures_censor_a_run_that_never_reaches_the_goal() -> None:
 def test_jobs_run_clean_once_per_seed_and_ablations_only_where_asked() -> None:
     config = OfflineConfig(seeds=2, arms="rl360,upstream,clean,denominator", ablation_modes="uniform")
     jobs = ab.jobs_for(config)
-    assert [j for j in jobs if j[1] == ab.CLEAN] == [(ab.UNIFORM, ab.CLEAN, 0), (ab.UNIFORM, ab.CLEAN, 1)]
-    assert {j[0] for j in jobs if j[1] == ab.DENOMINATOR} == {ab.UNIFORM}
-    assert len([j for j in jobs if j[1] == ab.RL360]) == 6
+    # once per seed without the crash tool, once in each mode with it
+    assert [j for j in jobs if j[1] == ab.CLEAN] == [
+        (UNIFORM, ab.CLEAN, 0), (EXPLOITABLE, ab.CLEAN, 0), (UNIFORM, ab.CLEAN, 1), (EXPLOITABLE, ab.CLEAN, 1)
+    ]  # fmt: skip
+    assert {j[0] for j in jobs if j[1] == ab.DENOMINATOR} == {UNIFORM}
+    assert len([j for j in jobs if j[1] == ab.RL360]) == 2 * len(FAULT_MODES)
     assert [j[2] for j in jobs] == sorted(j[2] for j in jobs)  # seed by seed
-    run = ab.RunResult(ab.UNIFORM, ab.CLEAN, 0, [], 0.0, [], [], 0.0)
+    run = ab.RunResult(UNIFORM, ab.CLEAN, 0, [], 0.0, [], [], 0.0)
     copies = ab.with_clean_everywhere([run], FAULT_MODES)
-    assert sorted(r.mode for r in copies) == sorted(FAULT_MODES)
+    assert sorted(r.mode for r in copies) == sorted(m for m in FAULT_MODES if m not in CRASH_MODES)
 
 
 def test_config_names_the_bad_flag() -> None:
