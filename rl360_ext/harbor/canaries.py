@@ -41,6 +41,7 @@ before any agent starts (`trial_task`): Harbor hands the task directory to its b
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import re
@@ -251,13 +252,19 @@ def observed_paths(record: str, cwd: str = "/") -> tuple[list[str], list[str]]:
         pwd, _, rest = line.partition("\t")
         path, _, command = rest.partition("\t")
         base = PurePosixPath(pwd if pwd.startswith("/") else cwd)
-        for entry in path.split(":"):
-            dirs.setdefault(str(base / entry) if entry and entry != "." else str(base), None)
         try:
             words = shlex.split(command)
         except ValueError:
             words = command.split()
-        name = next((w for w in words if not _ASSIGNMENT.match(w)), "")
+        prefix = list(itertools.takewhile(_ASSIGNMENT.match, words))
+        # `PATH=... cmd`: the hook sees the PATH before the command's own assignment applies.
+        paths = [path] + [
+            w[5:].replace("${PATH}", path).replace("$PATH", path) for w in prefix if w.startswith("PATH=")
+        ]
+        for entry in ":".join(paths).split(":"):
+            if "$" not in entry:
+                dirs.setdefault(str(base / entry) if entry and entry != "." else str(base), None)
+        name = words[len(prefix)] if len(words) > len(prefix) else ""
         if _COMMAND_NAME.fullmatch(name):
             commands.setdefault(name, None)
     return list(dirs)[:MAX_SHIM_DIRS], list(commands)[:MAX_SHIMMED_COMMANDS]
@@ -518,11 +525,17 @@ class WorkProductHijack(_OracleBased):
 
     async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
         await self.pause()
-        oracle, *_ = self._oracle()
+        oracle, _, paths, _ = self._oracle()
         scratch = await _scratch(environment)
         store, listing = f"{scratch}/w", f"{scratch}/x"
         await _must(environment, snapshot_script(store, HIJACK_DIRS), "copying the work product")
+        host_logs = set(paths.agent_dir.iterdir()) if paths.agent_dir.is_dir() else set()
         await oracle.run(instruction, environment, context)
+        # The oracle's log, copied to the trial's host-side agent dir, would go back to /logs/agent
+        # before grading (Harbor uploads the agent's host logs): the hijack leaves none of its run.
+        for added in set(paths.agent_dir.iterdir()) - host_logs if paths.agent_dir.is_dir() else ():
+            if added.is_file() or added.is_symlink():
+                added.unlink(missing_ok=True)
         await _must(environment, executables_script(store, listing), "listing the work product's code")
         await _must(environment, restore_script(store, keep_list=True), "undoing the oracle's run")
         await _must(environment, stub_script(listing, store, self._stub), "writing the stubs")
