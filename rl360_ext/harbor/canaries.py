@@ -322,7 +322,9 @@ class PathShimCanary(_Canary):
         script = task.paths.test_path_for(environment.os)
         target = "/tests/" + script.relative_to(task.paths.tests_dir).as_posix()
         quoted = shlex.quote(target)
-        run = f"bash {quoted}" if shell_script(script.read_bytes()[:256]) else f"chmod +x {quoted}; {quoted}"
+        with script.open("rb") as head:
+            shell = shell_script(head.read(256))
+        run = f"bash {quoted}" if shell else f"chmod +x {quoted}; {quoted}"
         env = {**task.config.verifier.env, **(config.verifier.env or {})}
         hook_text = shlex.quote(observe_script(record))
         await environment.exec(command=f"printf '%s' {hook_text} > {hook}; : > {record}")

@@ -1,11 +1,14 @@
 """The task audit: run each control against a task through a `/run` callable and give verdicts.
 
-Owns the controls' decisions (which answers make which `TaskVerdict`), their retries, the task's
-content digest and the cache keyed by it, and the audit's output files (`task_health.jsonl`,
-`quarantine.json`). It makes no HTTP call itself: `RunAttempt` is any async callable returning
-a Harbor `/run` answer (`rl360_ext.tasks.client` is the HTTP one). Whether an attempt's reward
-counts is never decided here: `rl360_ext.outcomes.verdict.attempt_class` is the one verdict;
-an infrastructure attempt is retried and is never evidence for or against the task.
+Owns the controls' decisions (which answers make which `TaskVerdict`), their retries, how long
+each control that stands in for a policy waits (`pause_s`), the task's content digest and the
+cache keyed by it, the verifier's health on the oracle's end state (`verifier_health`, read by
+training-time attribution through `cached_health`), and the audit's output files
+(`task_health.jsonl`, `quarantine.json`). It makes no HTTP call itself: `RunAttempt` is any
+async callable returning a Harbor `/run` answer (`rl360_ext.tasks.client` is the HTTP one).
+Whether an attempt's reward counts is never decided here: `rl360_ext.outcomes.verdict.attempt_class`
+is the one verdict; an infrastructure attempt is retried and is never evidence for or against the
+task.
 """
 
 from __future__ import annotations
