@@ -286,8 +286,6 @@ def test_the_dry_run_sees_the_path_the_test_script_sets_itself(tmp_path: Path) -
 def test_the_shims_go_into_every_writable_directory_of_the_path(tmp_path: Path) -> None:
     writable, missing = tmp_path / "bin", tmp_path / "made" / "bin"
     writable.mkdir()
-    locked = tmp_path / "locked"
-    locked.mkdir(mode=0o500)
     script = canaries.shim_script(
         "#!/bin/sh\nexit 0\n", [str(writable), str(missing), "/proc/x"], ["python3", "tr"]
     )
