@@ -220,8 +220,8 @@ def _run(
     as_json: bool,
 ) -> None:
     """Audit every task under TASKS_ROOT with controls (lint, environment, oracle, nop, slow oracle,
-    verifier regrade, insensitive, canary hacks, leak probe) through a Harbor /run server; write
-    task_health.jsonl, quarantine.json and task_health.html."""
+    verifier regrade, insensitive, canary hacks, work-product hijack, leak probe) through a Harbor
+    /run server; write task_health.jsonl, quarantine.json and task_health.html."""
     if not tasks_root.is_dir():
         raise typer.BadParameter(f"{tasks_root} is not a directory", param_hint="TASKS_ROOT")
     try:

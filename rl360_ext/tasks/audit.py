@@ -1,11 +1,14 @@
 """The task audit: run each control against a task through a `/run` callable and give verdicts.
 
-Owns the controls' decisions (which answers make which `TaskVerdict`), their retries, the task's
-content digest and the cache keyed by it, and the audit's output files (`task_health.jsonl`,
-`quarantine.json`). It makes no HTTP call itself: `RunAttempt` is any async callable returning
-a Harbor `/run` answer (`rl360_ext.tasks.client` is the HTTP one). Whether an attempt's reward
-counts is never decided here: `rl360_ext.outcomes.verdict.attempt_class` is the one verdict;
-an infrastructure attempt is retried and is never evidence for or against the task.
+Owns the controls' decisions (which answers make which `TaskVerdict`), their retries, how long
+each control that stands in for a policy waits (`pause_s`), the task's content digest and the
+cache keyed by it, the verifier's health on the oracle's end state (`verifier_health`, read by
+training-time attribution through `cached_health`), and the audit's output files
+(`task_health.jsonl`, `quarantine.json`). It makes no HTTP call itself: `RunAttempt` is any
+async callable returning a Harbor `/run` answer (`rl360_ext.tasks.client` is the HTTP one).
+Whether an attempt's reward counts is never decided here: `rl360_ext.outcomes.verdict.attempt_class`
+is the one verdict; an infrastructure attempt is retried and is never evidence for or against the
+task.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import functools
 import hashlib
 import json
 import math
+import random
 import tomllib
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +33,8 @@ from rl360_ext.outcomes.verdict import attempt_class
 from rl360_ext.tasks.verdicts import (
     CANARY_VERDICTS,
     CONTROL_AGENTS,
+    CONTROL_VARIANTS,
+    NOP_FALLBACK_AGENT,
     VERIFIER_DISAGREED,
     Control,
     TaskVerdict,
@@ -39,7 +45,24 @@ TASK_HEALTH_FILE = "task_health.jsonl"
 QUARANTINE_FILE = "quarantine.json"
 # Failure causes that say the sandbox never started (the environment control's finding).
 ENVIRONMENT_START_CAUSES = frozenset({Cause.SANDBOX_FAILED, Cause.ENVIRONMENT_START_TIMEOUT})
-_CACHE_VERSION = 2
+# Failure causes that say the verifier ran on the attempt's end state and wrote no usable reward:
+# a canary that ends so did not get a reward from its hack (the control is decided, no finding).
+VERIFIER_NO_REWARD_CAUSES = frozenset(
+    {
+        Cause.VERIFIER_FAILED,
+        Cause.VERIFIER_CRASH,
+        Cause.REWARD_FILE_MISSING,
+        Cause.REWARD_FILE_EMPTY,
+        Cause.REWARD_FILE_INVALID,
+        Cause.REWARD_KEY_MISSING,
+    }
+)
+# ... and with a verifier past its timeout: the verifier failed on that end state (verifier_health).
+VERIFIER_FAILURE_CAUSES = VERIFIER_NO_REWARD_CAUSES | {Cause.VERIFIER_TIMEOUT}
+_VERIFIER_PHASE = "verifier"  # an attempt's evidence phase (rl360_ext.outcomes.attribution.Phase)
+# 3: the idle nop, the work-product hijack, the observed PATH shims, oracle verifier evidence;
+# results with an undecided control are kept too (never served to an audit; see verifier_health).
+_CACHE_VERSION = 3
 _REWARD_TOLERANCE = 1e-9
 
 
@@ -96,6 +119,16 @@ class AuditConfig:
     """The suggested verifier timeout's lower clamp."""
     max_verifier_timeout_s: float = 3600.0
     """The suggested verifier timeout's upper clamp."""
+    idle_share_min: float = 0.05
+    """The nop control and every canary wait, before they act, a share of the task's agent budget
+    drawn uniformly from [idle_share_min, idle_share_max] (its `[agent] timeout_sec`, else
+    default_agent_s), so that a verifier cannot tell them from a policy by how long the agent phase
+    took. 0 and 0 turn the wait off (a test's budget)."""
+    idle_share_max: float = 0.25
+    """The upper end of that share (below 1: the control must still act within its budget)."""
+    idle_max_s: float = 60.0
+    """The wait's cap in seconds, so a long agent budget does not make the audit wait for it: a
+    verifier that pays only after this long is not caught (raise it to audit such tasks)."""
 
     def __post_init__(self) -> None:
         if self.verifier_runs < 2:
@@ -105,6 +138,13 @@ class AuditConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.retries < 0:
             raise ValueError(f"retries must be at least 0, got {self.retries}")
+        if not 0 <= self.idle_share_min <= self.idle_share_max < 1:
+            raise ValueError(
+                f"idle_share_min and idle_share_max must satisfy 0 <= min <= max < 1, got "
+                f"{self.idle_share_min} and {self.idle_share_max}"
+            )
+        if not (math.isfinite(self.idle_max_s) and self.idle_max_s >= 0):
+            raise ValueError(f"idle_max_s must be finite and >= 0, got {self.idle_max_s}")
         if not 0 < self.slow_fraction <= 1:
             raise ValueError(f"slow_fraction must be in (0, 1], got {self.slow_fraction}")
         if self.deadline_s is not None and not (math.isfinite(self.deadline_s) and self.deadline_s > 0):
@@ -130,10 +170,23 @@ class Attempt:
     verifier_s: float | None
     exception_type: str | None = None
     exception_message: str | None = None
+    phase: str | None = None
+    """The phase the server's evidence names for a failed attempt (`attribution.Phase`), if any."""
+    resource: str | None = None
+    """The limit the server's evidence names (`attribution.Resource`: memory, pids, time...)."""
 
     @property
     def valid(self) -> bool:
         return self.attempt_class == VALID
+
+    @property
+    def verifier_failed(self) -> bool:
+        """The verifier ran on this attempt's end state and failed there: past its timeout, crashed,
+        wrote no usable reward, or hit a limit in its phase."""
+        if self.valid:
+            return False
+        limit = self.phase == _VERIFIER_PHASE and self.resource is not None
+        return self.failure_cause in VERIFIER_FAILURE_CAUSES or limit
 
     @classmethod
     def from_answer(
@@ -143,6 +196,9 @@ class Attempt:
         klass = attempt_class(recorded, transport_error=transport_error)
         timings = (recorded or {}).get("phase_timings") or {}
         reward = (recorded or {}).get("reward") if klass == VALID else None
+        evidence = (recorded or {}).get("evidence")
+        evidence = evidence if isinstance(evidence, Mapping) else {}
+        phase, resource = evidence.get("phase"), evidence.get("resource")
         return cls(
             agent=agent,
             attempt_class=klass,
@@ -152,6 +208,8 @@ class Attempt:
             verifier_s=_seconds(timings.get("verifier")),
             exception_type=(recorded or {}).get("exception_type"),
             exception_message=(recorded or {}).get("exception_message"),
+            phase=phase if isinstance(phase, str) else None,
+            resource=resource if isinstance(resource, str) else None,
         )
 
     @property
@@ -256,12 +314,12 @@ class Cache:
     def _path(self, digest: str) -> Path:
         return self.directory / f"{digest}-{self._salt}.json"
 
-    def get(self, name: str, digest: str) -> TaskHealth | None:
-        try:
-            data = json.loads(self._path(digest).read_text())
-        except (OSError, ValueError):
+    def get(self, name: str, digest: str, decided_only: bool = True) -> TaskHealth | None:
+        """The cached result for `digest`, or None; with `decided_only`, None for a result that left
+        a control undecided too (an audit runs such a task again)."""
+        health = _read_health(self._path(digest))
+        if health is None or (decided_only and health.evidence.get("undecided")):
             return None
-        health = TaskHealth.from_json(data)
         health.task = name
         return health
 
@@ -270,6 +328,72 @@ class Cache:
         tmp = self._path(digest).with_suffix(".tmp")
         tmp.write_text(json.dumps(health.as_json(), sort_keys=True))
         tmp.replace(self._path(digest))
+
+
+def _read_health(path: Path) -> TaskHealth | None:
+    try:
+        return TaskHealth.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def cached_health(cache_dir: Path, task_dir: Path) -> TaskHealth | None:
+    """The newest audit result cached in `cache_dir` for the task's current content (whatever audit
+    configuration or agent list made it, undecided controls included), or None: what training-time
+    attribution reads (`verifier_health`)."""
+    digest = task_digest(task_dir)
+    entries = sorted(
+        (p for p in cache_dir.glob(f"{digest}-*.json") if p.is_file()),
+        key=lambda p: p.stat().st_mtime_ns,
+        reverse=True,
+    )
+    for path in entries:
+        if (health := _read_health(path)) is not None:
+            health.task = task_dir.name
+            return health
+    return None
+
+
+def verifier_health(health: TaskHealth) -> bool | None:
+    """Whether the task's verifier is known healthy on its known-good state (the oracle's end state).
+
+    True: in every oracle run that was valid, the verifier graded it (wrote a reward) within its
+    `[verifier] timeout_sec`, and no oracle run saw it fail. False: in some oracle run that was not
+    an infrastructure failure, the verifier failed there (past its timeout, crashed, wrote no
+    usable reward, or hit a limit in its phase; `Attempt.verifier_failed`), or a valid run took
+    longer than its timeout. None: no evidence (no oracle run reached the verifier, or a result
+    recorded before the audit kept this evidence). Retried oracle attempts count too. Whether the
+    oracle's reward was the maximum is not asked here (that is `broken_oracle` / `flaky`)."""
+    record = health.evidence.get(str(Control.ORACLE))
+    verifier = record.get("verifier") if isinstance(record, Mapping) else None
+    if not isinstance(verifier, Mapping):
+        return None
+    if verifier.get("failed"):
+        return False
+    return True if verifier.get("graded") else None
+
+
+def _oracle_verifier(attempts: Sequence[Attempt], timeout_s: float) -> dict[str, Any]:
+    """How the verifier did on the oracle's end state in `attempts` (see `verifier_health`)."""
+    over = [a for a in attempts if a.valid and a.verifier_s is not None and a.verifier_s > timeout_s]
+    graded = [a for a in attempts if a.valid and not (a.verifier_s is not None and a.verifier_s > timeout_s)]
+    failed = [a for a in attempts if a.verifier_failed]
+    return {
+        "graded": len(graded),
+        "failed": len(failed) + len(over),
+        "causes": sorted({a.failure_cause or "over_timeout" for a in [*failed, *over]}),
+        "max_verifier_s": max((a.verifier_s for a in graded if a.verifier_s is not None), default=None),
+        "timeout_s": timeout_s,
+    }
+
+
+def pause_s(config: AuditConfig, budget_s: float, rng: random.Random) -> float:
+    """How long one timed control waits before it acts (`AuditConfig.idle_share_min`)."""
+    share = rng.uniform(config.idle_share_min, config.idle_share_max)
+    return round(min(share * budget_s, config.idle_max_s), 3)
+
+
+_RANDOM = random.SystemRandom()
 
 
 class _Runner:
@@ -303,6 +427,12 @@ class _Runner:
                 return result
             retried.append(result)
         return await self.once(task, agent, kwargs or {})
+
+
+def _canary_decided(attempt: Attempt) -> bool:
+    """A canary's attempt answers its question: valid (graded), or its verifier wrote no reward
+    (the hack got none: `VERIFIER_NO_REWARD_CAUSES`). Anything else is retried, then undecided."""
+    return attempt.valid or attempt.failure_cause in VERIFIER_NO_REWARD_CAUSES
 
 
 def _canary_kwargs(control: Control, kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -339,7 +469,7 @@ async def audit_task(
     }
     verdicts: list[TaskVerdict] = []
     undecided: list[str] = []
-    skipped = [str(c) for c, agent in CONTROL_AGENTS.items() if agent not in agents]
+    skipped = [str(c) for c, agent in CONTROL_AGENTS.items() if agent not in agents and c != Control.NOP]
     if str(Control.ENVIRONMENT) in skipped or str(Control.ORACLE) in skipped:
         raise ValueError(
             f"the server must run the agents {sorted({'nop', 'oracle'})}; it runs {sorted(agents)}"
@@ -360,16 +490,36 @@ async def audit_task(
     oracle_jobs = [
         runner.attempt(name, CONTROL_AGENTS[Control.ORACLE], retried) for _ in range(config.oracle_runs)
     ]
+    budget = agent_budget_s(task_dir)
+    idle = CONTROL_AGENTS[Control.NOP] in agents  # rl360's idle agent: a nop timed like a policy
+
+    def paused(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        return {**kwargs, "pause_s": pause_s(config, budget or config.default_agent_s, _RANDOM)}
+
     nop_jobs = [
-        runner.attempt(name, CONTROL_AGENTS[Control.NOP], retried) for _ in range(config.nop_runs - 1)
+        runner.attempt(name, CONTROL_AGENTS[Control.NOP], retried, paused({}))
+        if idle
+        else runner.attempt(name, NOP_FALLBACK_AGENT, retried)
+        for _ in range(config.nop_runs)
     ]
-    canary_controls = [c for c in CANARY_VERDICTS if CONTROL_AGENTS[c] in agents]
+    canary_runs = [
+        (c, variant)
+        for c in CANARY_VERDICTS
+        if CONTROL_AGENTS[c] in agents
+        for variant in CONTROL_VARIANTS.get(c, ({},))
+    ]
     canary_kwargs: dict[str, Any] = {"reward": config.max_reward}
     if (path := verifier_path(task_dir)) is not None:
         canary_kwargs["path"] = path
     canary_jobs = [
-        runner.attempt(name, CONTROL_AGENTS[c], retried, _canary_kwargs(c, canary_kwargs))
-        for c in canary_controls
+        runner.attempt(
+            name,
+            CONTROL_AGENTS[c],
+            retried,
+            paused({**_canary_kwargs(c, canary_kwargs), **variant}),
+            decisive=_canary_decided,
+        )
+        for c, variant in canary_runs
     ]
     regrade_agent = CONTROL_AGENTS[Control.VERIFIER_REGRADE]
     regrade_jobs = [
@@ -394,14 +544,20 @@ async def audit_task(
 
     valid_oracle = [a for a in oracle if a.valid]
     passes = sum(_at_max(a, config) for a in valid_oracle)
-    evidence[Control.ORACLE] = {"passed": passes, "valid": len(valid_oracle), "attempts": _record(oracle)}
+    oracle_agent = CONTROL_AGENTS[Control.ORACLE]
+    every_oracle = [*oracle, *(a for a in retried if a.agent == oracle_agent)]
+    evidence[Control.ORACLE] = {
+        "passed": passes,
+        "valid": len(valid_oracle),
+        "attempts": _record(oracle),
+        "verifier": _oracle_verifier(every_oracle, evidence["verifier_timeout_s"]),
+    }
     if not valid_oracle:
         undecided.append(Control.ORACLE)
     elif passes == 0:
         verdicts.append(TaskVerdict.BROKEN_ORACLE)
     elif passes < len(valid_oracle):
         verdicts.append(TaskVerdict.FLAKY)
-    budget = agent_budget_s(task_dir)
     # Time is measured whatever the reward: an oracle cut off at its agent budget (agent_timeout,
     # which the server never grades) took at least that long.
     timed = [a for a in oracle if a.valid or a.failure_cause == Cause.AGENT_TIMEOUT]
@@ -414,20 +570,31 @@ async def audit_task(
     above_floor = sum(
         a.reward is not None and a.reward > config.floor_reward + _REWARD_TOLERANCE for a in valid_nop
     )
-    evidence[Control.NOP] = {"above_floor": above_floor, "valid": len(valid_nop), "attempts": _record(nop)}
+    evidence[Control.NOP] = {
+        "above_floor": above_floor,
+        "valid": len(valid_nop),
+        "attempts": _record(nop),
+        "paused": idle,
+    }
     if not valid_nop:
         undecided.append(Control.NOP)
     elif above_floor:
         verdicts.append(TaskVerdict.VACUOUS)
 
     found_by: dict[str, str] = {}
-    for control, hack in zip(canary_controls, canaries, strict=True):
-        evidence[control] = dataclasses.asdict(hack)
+    by_control: dict[Control, list[Attempt]] = {}
+    for (control, _), hack in zip(canary_runs, canaries, strict=True):
+        by_control.setdefault(control, []).append(hack)
+    for control, runs in by_control.items():
+        hit = next((a for a in runs if _at_max(a, config)), None)
+        open_run = next((a for a in runs if not _canary_decided(a)), None)
+        shown = dataclasses.asdict(hit or open_run or runs[-1])
+        evidence[control] = shown if len(runs) == 1 else {**shown, "runs": _record(runs)}
         verdict = CANARY_VERDICTS[control]
-        if not hack.valid:
+        if hit is None and open_run is not None:
             undecided.append(control)
         # A vacuous task passes every canary; the verdict says the hack, not doing nothing, scored.
-        elif _at_max(hack, config) and TaskVerdict.VACUOUS not in verdicts:
+        elif hit is not None and TaskVerdict.VACUOUS not in verdicts:
             found_by[str(control)] = str(verdict)
             if verdict not in verdicts:
                 verdicts.append(verdict)
@@ -478,7 +645,7 @@ async def audit_tasks(
             hit.evidence["cached"] = True
             return hit
         health = await audit_task(name, task_dir, run, config, agents, slots)
-        if cache is not None and not health.evidence.get("undecided"):
+        if cache is not None:
             cache.put(digest, health)
         health.evidence["cached"] = False
         return health

@@ -44,20 +44,25 @@ class Control(StrEnum):
     CANARY_CONFTEST = "canary_conftest"
     INSENSITIVE = "insensitive"
     VERIFIER_REGRADE = "verifier_regrade"
+    WORK_PRODUCT_HIJACK = "work_product_hijack"
 
 
 # The /run agent name each control runs (the server's agent table must list it).
 CONTROL_AGENTS: dict[Control, str] = {
     Control.ENVIRONMENT: "nop",
     Control.ORACLE: "oracle",
-    Control.NOP: "nop",
+    Control.NOP: "rl360-idle",
     Control.CANARY_REWARD_FILE: "rl360-canary-reward-file",
     Control.CANARY_PATH_SHIMS: "rl360-canary-path-shims",
     Control.PROBE_LEAKS: "rl360-probe-leaks",
     Control.CANARY_CONFTEST: "rl360-canary-conftest",
     Control.INSENSITIVE: "rl360-canary-insensitive",
     Control.VERIFIER_REGRADE: "rl360-oracle-regrade",
+    Control.WORK_PRODUCT_HIJACK: "rl360-canary-hijack",
 }
+# The nop control's agent on a server that does not run rl360's idle agent (no pause: the nop
+# control is then not timed like a policy, which the evidence's `nop.paused` says).
+NOP_FALLBACK_AGENT = "nop"
 # The canary controls and the verdict each gives when it scores the maximum. Their agents are
 # rl360's (`rl360_ext.harbor.canaries`), given the maximum reward as the `reward` agent kwarg.
 CANARY_VERDICTS: dict[Control, TaskVerdict] = {
@@ -66,6 +71,12 @@ CANARY_VERDICTS: dict[Control, TaskVerdict] = {
     Control.PROBE_LEAKS: TaskVerdict.LEAKY,
     Control.CANARY_CONFTEST: TaskVerdict.HACKABLE,
     Control.INSENSITIVE: TaskVerdict.INSENSITIVE,
+    Control.WORK_PRODUCT_HIJACK: TaskVerdict.HACKABLE,
+}
+# Controls run more than once, one attempt per entry (extra agent kwargs): the hijack's Python
+# stubs (`rl360_ext.harbor.canaries.PYTHON_STUBS`: `os._exit(0)`, `raise SystemExit(0)`).
+CONTROL_VARIANTS: dict[Control, tuple[dict[str, str], ...]] = {
+    Control.WORK_PRODUCT_HIJACK: ({"stub": "exit"}, {"stub": "raise"}),
 }
 # The regrade control's agent (the oracle, then the verifier `runs` times on its end state) ends
 # with this exception type when the gradings differ: the flaky_verifier finding.

@@ -22,9 +22,11 @@ from rl360_ext.tasks.audit import (
     TaskRejected,
     audit_task,
     audit_tasks,
+    cached_health,
     find_tasks,
     from_cache,
     task_digest,
+    verifier_health,
     write_outputs,
 )
 from rl360_ext.tasks.verdicts import CONTROL_AGENTS, Control, TaskVerdict
@@ -35,7 +37,9 @@ PROBE = CONTROL_AGENTS[Control.PROBE_LEAKS]
 CONFTEST = CONTROL_AGENTS[Control.CANARY_CONFTEST]
 INSENSITIVE = CONTROL_AGENTS[Control.INSENSITIVE]
 REGRADE = CONTROL_AGENTS[Control.VERIFIER_REGRADE]
-AGENTS = ("nop", "oracle", "terminus-2", CANARY, SHIMS, PROBE, CONFTEST, INSENSITIVE, REGRADE)
+HIJACK = CONTROL_AGENTS[Control.WORK_PRODUCT_HIJACK]
+IDLE = CONTROL_AGENTS[Control.NOP]
+AGENTS = ("nop", "oracle", "terminus-2", IDLE, CANARY, SHIMS, PROBE, CONFTEST, INSENSITIVE, REGRADE, HIJACK)
 CONTROL_OF = {agent: str(control) for control, agent in CONTROL_AGENTS.items()}
 
 
@@ -144,7 +148,9 @@ async def test_a_healthy_task_is_ok_with_its_evidence(tmp_path: Path) -> None:
     health = await audit(tmp_path, healthy)
     assert health.verdicts == [TaskVerdict.OK]
     assert not health.quarantined
-    assert health.evidence["oracle"]["passed"] == 3 and health.evidence["nop"]["valid"] == 2
+    # nop: the environment's run and the two timed runs of the idle agent
+    assert health.evidence["oracle"]["passed"] == 3 and health.evidence["nop"]["valid"] == 3
+    assert health.evidence["nop"]["paused"] is True
     assert health.evidence["suggested_timeouts"] == {"verifier_s": 10.0}  # 3 x 0.2 s, clamped up
     assert health.evidence["verifier_timeout_s"] == 600.0  # Harbor's default: task.toml declares none
 
@@ -173,6 +179,7 @@ async def test_nop_above_the_floor_is_vacuous_and_not_also_hackable(tmp_path: Pa
         (PROBE, TaskVerdict.LEAKY),
         (CONFTEST, TaskVerdict.HACKABLE),
         (INSENSITIVE, TaskVerdict.INSENSITIVE),
+        (HIJACK, TaskVerdict.HACKABLE),
     ],
 )
 async def test_a_canary_at_the_maximum_gives_its_verdict(
@@ -242,14 +249,70 @@ async def test_canaries_get_the_maximum_and_the_shims_the_verifier_path(tmp_path
         toml.write('[verifier.env]\nPATH = "/app/.venv/bin:/usr/bin"\n')
     runner = Scripted(healthy)
     await audit_task("t", task, runner, AuditConfig(max_reward=5.0), AGENTS)
+    pauses = {agent: kwargs.pop("pause_s") for agent, kwargs in runner.kwargs.items() if "pause_s" in kwargs}
     assert runner.kwargs[SHIMS] == {"reward": 5.0, "path": "/app/.venv/bin:/usr/bin"}
     assert runner.kwargs[CANARY] == runner.kwargs[PROBE] == {"reward": 5.0}
     assert runner.kwargs[CONFTEST] == runner.kwargs[INSENSITIVE] == {"reward": 5.0}
-    assert runner.kwargs["oracle"] == {}
+    assert runner.kwargs[HIJACK] == {"reward": 5.0, "stub": "raise"}  # the last of its two variants
+    assert runner.kwargs["oracle"] == runner.kwargs["nop"] == runner.kwargs[IDLE] == {}
+    assert runner.calls[HIJACK] == 2 and runner.calls[IDLE] == 2
+    # Every control that stands in for a policy waits 5% to 25% of the task's 60 s agent budget.
+    assert set(pauses) == {IDLE, CANARY, SHIMS, PROBE, CONFTEST, INSENSITIVE, HIJACK}
+    assert all(3.0 <= pause <= 15.0 for pause in pauses.values())
+
+
+async def test_the_pause_is_a_random_share_of_the_budget_capped(tmp_path: Path) -> None:
+    pauses: list[float] = []
+
+    def script(agent: str, nth: int) -> Mapping[str, Any]:
+        return healthy(agent, nth)
+
+    class Recording(Scripted):
+        async def __call__(self, task: str, agent: str, kwargs: Mapping[str, Any], deadline_s: float) -> Any:
+            if "pause_s" in kwargs:
+                pauses.append(kwargs["pause_s"])
+            return await super().__call__(task, agent, kwargs, deadline_s)
+
+    config = AuditConfig(idle_share_min=0.1, idle_share_max=0.5, idle_max_s=20.0)
+    for n in range(5):
+        await audit_task("t", make_task(tmp_path / str(n)), Recording(script), config, AGENTS)
+    assert all(6.0 <= pause <= 20.0 for pause in pauses) and len(set(pauses)) > 1
+    off = Recording(script)
+    pauses.clear()
+    await audit_task(
+        "t", make_task(tmp_path / "off"), off, AuditConfig(idle_share_max=0.0, idle_share_min=0.0), AGENTS
+    )
+    assert pauses and set(pauses) == {0.0}
+
+
+async def test_a_hack_that_leaves_the_verifier_without_a_reward_is_no_finding(tmp_path: Path) -> None:
+    """A stub that exits 0 at import before the verifier writes its reward: the hack got nothing
+    (decided, never retried), unlike an infrastructure failure."""
+    no_reward = infra("reward_file_missing", "infra:reward_file_missing")
+    runner = Scripted(lambda agent, nth: no_reward if agent == HIJACK else healthy(agent, nth))
+    health = await audit_task("t", make_task(tmp_path), runner, AuditConfig(), AGENTS)
+    assert health.verdicts == [TaskVerdict.OK]
+    assert runner.calls[HIJACK] == 2
+    assert [r["failure_cause"] for r in health.evidence[Control.WORK_PRODUCT_HIJACK]["runs"]] == [
+        "reward_file_missing"
+    ] * 2
+    lost = Scripted(lambda agent, nth: SANDBOX_FAILED if agent == HIJACK else healthy(agent, nth))
+    health = await audit_task("t", make_task(tmp_path / "b"), lost, AuditConfig(), AGENTS)
+    assert health.evidence["undecided"] == [Control.WORK_PRODUCT_HIJACK]
+
+
+async def test_either_stub_at_the_maximum_makes_the_task_hackable(tmp_path: Path) -> None:
+    health = await audit(
+        tmp_path,
+        lambda agent, nth: valid(1.0 if agent in ("oracle", REGRADE) or (agent, nth) == (HIJACK, 1) else 0.0),
+    )
+    assert health.verdicts == [TaskVerdict.HACKABLE]
+    assert health.evidence[Control.WORK_PRODUCT_HIJACK]["reward"] == 1.0
 
 
 async def test_a_canary_the_server_lacks_is_skipped_not_passed(tmp_path: Path) -> None:
-    health = await audit(tmp_path, healthy, agents=("nop", "oracle", SHIMS))
+    runner = Scripted(healthy)
+    health = await audit_task("t", make_task(tmp_path), runner, AuditConfig(), ("nop", "oracle", SHIMS))
     assert health.verdicts == [TaskVerdict.OK]
     assert health.evidence["skipped"] == [
         Control.CANARY_REWARD_FILE,
@@ -257,7 +320,10 @@ async def test_a_canary_the_server_lacks_is_skipped_not_passed(tmp_path: Path) -
         Control.CANARY_CONFTEST,
         Control.INSENSITIVE,
         Control.VERIFIER_REGRADE,
+        Control.WORK_PRODUCT_HIJACK,
     ]
+    # Without rl360's idle agent, the nop control is Harbor's nop: run, but not timed like a policy.
+    assert runner.calls["nop"] == 3 and health.evidence["nop"]["paused"] is False
 
 
 async def test_an_oracle_over_the_fraction_of_its_budget_is_slow(tmp_path: Path) -> None:
@@ -338,6 +404,55 @@ async def test_results_are_cached_by_content_digest(tmp_path: Path) -> None:
     assert from_cache([("t", task)], Cache(tmp_path / "cache", AuditConfig(oracle_runs=5), AGENTS)) is None
 
 
+async def test_an_undecided_result_is_cached_for_its_evidence_but_never_served(tmp_path: Path) -> None:
+    task = make_task(tmp_path / "tasks")
+    cache = Cache(tmp_path / "cache", AuditConfig(), AGENTS)
+    runner = Scripted(lambda agent, nth: TIMED_OUT if agent == "oracle" else healthy(agent, nth))
+    (first,) = await audit_tasks([("t", task)], runner, AuditConfig(), AGENTS, cache)
+    assert first.evidence["undecided"] == [Control.ORACLE]
+    assert from_cache([("t", task)], cache) is None  # an audit runs it again
+    (again,) = await audit_tasks([("t", task)], runner, AuditConfig(), AGENTS, cache)
+    assert again.evidence["cached"] is False
+    kept = cached_health(tmp_path / "cache", task)
+    assert kept is not None and kept.task == "t" and verifier_health(kept) is False
+    assert cached_health(tmp_path / "empty", task) is None
+
+
+TIMED_OUT = infra("verifier_timeout", "infra:verifier_timeout")
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        (healthy, True),
+        # the verifier times out on the known-good state in every try: it failed there
+        (lambda agent, nth: TIMED_OUT if agent == "oracle" else healthy(agent, nth), False),
+        # once in a retry, then graded: it still failed there once
+        (lambda agent, nth: TIMED_OUT if (agent, nth) == ("oracle", 0) else healthy(agent, nth), False),
+        # a valid grading that took longer than the task's verifier timeout (600 s)
+        (lambda agent, nth: valid(1.0, verifier_s=700.0) if agent == "oracle" else valid(0.0), False),
+        # a run lost to the sandbox says nothing about the verifier
+        (lambda agent, nth: SANDBOX_FAILED if agent == "oracle" else healthy(agent, nth), None),
+        # the server's evidence: a limit hit in the verifier phase
+        (
+            lambda agent, nth: (
+                {**SANDBOX_FAILED, "evidence": {"phase": "verifier", "resource": "memory"}}
+                if agent == "oracle"
+                else healthy(agent, nth)
+            ),
+            False,
+        ),
+    ],
+)
+async def test_verifier_health_on_the_known_good_state(
+    tmp_path: Path, script: Script, expected: bool | None
+) -> None:
+    health = await audit(tmp_path, script)
+    assert verifier_health(health) is expected
+    assert verifier_health(TaskHealth.from_json(json.loads(json.dumps(health.as_json())))) is expected
+    assert verifier_health(TaskHealth("t", [TaskVerdict.OK], {})) is None  # a result without it
+
+
 def test_the_digest_covers_names_and_bytes(tmp_path: Path) -> None:
     task = make_task(tmp_path)
     before = task_digest(task)
@@ -382,6 +497,9 @@ def test_find_tasks_lists_task_dirs_and_names_a_missing_one(tmp_path: Path) -> N
         ("slow_fraction", 0.0),
         ("deadline_s", float("nan")),
         ("verifier_runs", 1),
+        ("idle_share_max", 1.0),
+        ("idle_share_min", -0.1),
+        ("idle_max_s", float("inf")),
     ],
 )
 def test_a_bad_config_names_its_field(field: str, value: float) -> None:

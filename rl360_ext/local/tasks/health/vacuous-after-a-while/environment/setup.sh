@@ -1,0 +1,3 @@
+#!/bin/bash
+# Notes when the sandbox started.
+date +%s > /app/.started
