@@ -5,7 +5,7 @@ Owns the evidence the attribution rules ask for when a verifier fails on an agen
 the audit's `task_health.jsonl`, matched by the task's content digest), else a control regrade
 the server runs itself (Harbor's oracle agent in a fresh sandbox, then the task's verifier).
 One control per task digest at a time: the attempts that ask meanwhile wait for the same one, and
-its answer is kept for the server's life; at most `max_running` controls run at once. An attempt
+its answer is kept for the server's life (a control that could not run is tried again); at most `max_running` controls run at once. An attempt
 waits for a control no longer than its own deadline allows; a control still running then goes on
 for the attempts after it. It does not decide attribution (the verdict does) and does not build
 trials (the runner hands it a callable that runs one).
@@ -23,7 +23,7 @@ from typing import Any
 
 from rl360_ext.harbor.catalog import TaskInfo
 from rl360_ext.outcomes.attribution import AttributionRule, Control, Phase
-from rl360_ext.outcomes.known_good import KnownGood, from_oracle_attempts
+from rl360_ext.outcomes.known_good import KnownGood, from_audit_evidence
 from rl360_ext.outcomes.verdict import TrialFacts
 from rl360_ext.util.tree_digest import task_digest
 
@@ -43,16 +43,12 @@ def read_task_health(path: Path) -> dict[str, KnownGood]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-            digest = record["evidence"]["digest"]
-            oracle = record["evidence"].get("oracle") or {}
-            attempts = oracle.get("attempts", []) if isinstance(oracle, Mapping) else []
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            record = json.loads(line)["evidence"]
+            digest = record["digest"]
+        except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"--task-health {path}:{number}: not a task audit record ({exc})") from exc
-        if isinstance(digest, str) and isinstance(attempts, list):
-            evidence[digest] = from_oracle_attempts(
-                [a for a in attempts if isinstance(a, Mapping)], Control.AUDIT
-            )
+        if isinstance(digest, str) and isinstance(record, Mapping):
+            evidence[digest] = from_audit_evidence(record)
     return evidence
 
 
@@ -92,7 +88,7 @@ class KnownGoodControls:
                 self.counts["audit"] += 1
                 return audited
         regrade = self._regrades.get(task.digest)
-        if regrade is None or (regrade.done() and regrade.result().healthy is None):
+        if regrade is None or (regrade.done() and regrade.result().control == Control.NONE):
             regrade = self._start(task.digest, run_control)
         else:
             self.counts["regrade_cached"] += 1

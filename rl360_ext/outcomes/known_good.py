@@ -1,24 +1,25 @@
 """Known-good evidence: what a task's verifier did on the task's known-good state (its oracle's end state).
 
 Owns `KnownGood` (healthy, unknown or failing; which control said so) and the one reading of the
-task audit's oracle records into it (`from_oracle_attempts`), shared by the audit and the Harbor
-server's controls. The attribution rules (`rl360_ext.outcomes.verdict`) ask for it when a verifier
-fails on an agent's end state: a verifier that grades the known-good state within its budget and
-limits is healthy, so its failure on the agent's state is the policy's; one that fails there too
-makes the failure the task's. It runs nothing itself.
+task audit's record of the verifier on the oracle's end state into it (`from_audit_evidence`),
+shared by the audit (`verifier_health`) and the Harbor server's controls (`--task-health`). The
+attribution rules (`rl360_ext.outcomes.verdict`) ask for it when a verifier fails on an agent's
+end state: a verifier that grades the known-good state within its budget and limits is healthy,
+so its failure on the agent's state is the policy's; one that fails there too makes the failure
+the task's. It runs nothing itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from rl360_ext.outcomes.attribution import Control
-from rl360_ext.outcomes.causes import Cause, as_cause
-from rl360_ext.outcomes.provenance import VALID
+from rl360_ext.outcomes.causes import Cause
 
-# Failures of the verifier itself on the oracle's end state (what "not healthy" means).
+# Failures of the verifier itself on an end state: past its timeout, or no usable reward (a limit in
+# its phase is told by the attempt's evidence, not by a cause).
 VERIFIER_FAILURES = frozenset(
     {
         Cause.VERIFIER_TIMEOUT,
@@ -28,7 +29,6 @@ VERIFIER_FAILURES = frozenset(
         Cause.REWARD_FILE_EMPTY,
         Cause.REWARD_FILE_INVALID,
         Cause.REWARD_KEY_MISSING,
-        Cause.MEMORY_LIMIT_EXCEEDED,
     }
 )
 
@@ -44,19 +44,23 @@ class KnownGood:
     detail: str = ""
 
 
-def from_oracle_attempts(attempts: Sequence[Mapping[str, Any]], control: Control) -> KnownGood:
-    """The verifier's health from oracle attempts as the audit records them (`attempt_class`,
-    `failure_cause`, `verifier_s`): healthy when a verifier graded one (a valid attempt with a
-    verifier phase), failing when none did and one failed in the verifier for a reason of its own
-    (not the policy's, not infrastructure outside the sandbox), else unknown."""
-    graded = [a for a in attempts if a.get("attempt_class") == VALID and a.get("verifier_s") is not None]
-    if graded:
-        slowest = max(float(a["verifier_s"]) for a in graded)
-        detail = f"the verifier graded the oracle's end state ({slowest:.1f}s at most)"
-        return KnownGood(True, control, detail)
-    failed = [as_cause(a.get("failure_cause")) for a in attempts]
-    failing = [cause for cause in failed if cause in VERIFIER_FAILURES]
-    if failing:
-        return KnownGood(False, control, f"the verifier failed on the oracle's end state too ({failing[0]})")
-    return KnownGood(None, control, "no oracle attempt reached a verdict of the verifier")
-
+def from_audit_evidence(evidence: Mapping[str, Any], control: Control = Control.AUDIT) -> KnownGood:
+    """The verifier's health from a task audit result's evidence (`evidence["oracle"]["verifier"]`,
+    written by `rl360_ext.tasks.audit` over every oracle run, retries included): failing when it
+    failed on the oracle's end state in a run that was not infrastructure (past its timeout,
+    crashed, no usable reward, a limit in its phase), healthy when it graded every valid oracle
+    run within its timeout, else unknown (no oracle run reached it, or a result from before the
+    audit kept this record)."""
+    oracle = evidence.get("oracle")
+    verifier = oracle.get("verifier") if isinstance(oracle, Mapping) else None
+    if not isinstance(verifier, Mapping):
+        return KnownGood(None, control, "the audit's result holds no record of the verifier on the oracle")
+    if verifier.get("failed"):
+        causes = verifier.get("causes") or []
+        detail = f"the verifier failed on the oracle's end state in the audit ({', '.join(map(str, causes))})"
+        return KnownGood(False, control, detail)
+    if verifier.get("graded"):
+        slowest = verifier.get("max_verifier_s")
+        at_most = f" ({float(slowest):.1f}s at most)" if isinstance(slowest, int | float) else ""
+        return KnownGood(True, control, f"the verifier graded the oracle's end state in the audit{at_most}")
+    return KnownGood(None, control, "no oracle run of the audit reached the verifier")

@@ -101,7 +101,11 @@ _TIMEOUT = "agent_timeout"  # partial verdict: the agent timed out, the timeout 
 # A limit hit or timeout in the agent phase: the policy's own doing; the verifier grades what it left.
 POLICY_LIMIT_CAUSES = frozenset({Cause.MEMORY_LIMIT_EXCEEDED, Cause.AGENT_TIMEOUT})
 # Failures of a verifier that ran on the agent's end state: whose they are, a known-good state says.
-VERIFIER_PHASE_CAUSES = VERIFIER_FAILURES | {Cause.AGENT_TIMEOUT, Cause.NO_VERIFIER_REWARD}
+VERIFIER_PHASE_CAUSES = VERIFIER_FAILURES | {
+    Cause.MEMORY_LIMIT_EXCEEDED,
+    Cause.AGENT_TIMEOUT,
+    Cause.NO_VERIFIER_REWARD,
+}
 # The resource a cause names where no limit hit was recorded (the evidence's `resource`).
 _CAUSE_RESOURCE = {
     Cause.VERIFIER_TIMEOUT: Resource.TIME,

@@ -2,8 +2,9 @@
 
 Owns the controls' decisions (which answers make which `TaskVerdict`), their retries, how long
 each control that stands in for a policy waits (`pause_s`), the task's content digest and the
-cache keyed by it, the verifier's health on the oracle's end state (`verifier_health`, read by
-training-time attribution through `cached_health`), and the audit's output files
+cache keyed by it, the verifier's health on the oracle's end state (`verifier_health`; the Harbor
+server reads the same record from `task_health.jsonl`: `rl360_ext.outcomes.known_good`), and the
+audit's output files
 (`task_health.jsonl`, `quarantine.json`). It makes no HTTP call itself: `RunAttempt` is any
 async callable returning a Harbor `/run` answer (`rl360_ext.tasks.client` is the HTTP one).
 Whether an attempt's reward counts is never decided here: `rl360_ext.outcomes.verdict.attempt_class`
@@ -27,7 +28,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from rl360_ext.outcomes.attribution import Phase
 from rl360_ext.outcomes.causes import Cause
+from rl360_ext.outcomes.known_good import VERIFIER_FAILURES, from_audit_evidence
 from rl360_ext.outcomes.provenance import FAILURE_CAUSE, VALID
 from rl360_ext.outcomes.verdict import attempt_class
 from rl360_ext.tasks.verdicts import (
@@ -47,21 +50,11 @@ QUARANTINE_FILE = "quarantine.json"
 ENVIRONMENT_START_CAUSES = frozenset({Cause.SANDBOX_FAILED, Cause.ENVIRONMENT_START_TIMEOUT})
 # Failure causes that say the verifier ran on the attempt's end state and wrote no usable reward:
 # a canary that ends so did not get a reward from its hack (the control is decided, no finding).
-VERIFIER_NO_REWARD_CAUSES = frozenset(
-    {
-        Cause.VERIFIER_FAILED,
-        Cause.VERIFIER_CRASH,
-        Cause.REWARD_FILE_MISSING,
-        Cause.REWARD_FILE_EMPTY,
-        Cause.REWARD_FILE_INVALID,
-        Cause.REWARD_KEY_MISSING,
-    }
-)
+VERIFIER_NO_REWARD_CAUSES = VERIFIER_FAILURES - {Cause.VERIFIER_TIMEOUT}
 # ... and with a verifier past its timeout: the verifier failed on that end state (verifier_health).
-VERIFIER_FAILURE_CAUSES = VERIFIER_NO_REWARD_CAUSES | {Cause.VERIFIER_TIMEOUT}
-_VERIFIER_PHASE = "verifier"  # an attempt's evidence phase (rl360_ext.outcomes.attribution.Phase)
+VERIFIER_FAILURE_CAUSES = VERIFIER_FAILURES
 # 3: the idle nop, the work-product hijack, the observed PATH shims, oracle verifier evidence;
-# results with an undecided control are kept too (never served to an audit; see verifier_health).
+# results with an undecided control are kept too (never served to an audit).
 _CACHE_VERSION = 3
 _REWARD_TOLERANCE = 1e-9
 
@@ -185,7 +178,7 @@ class Attempt:
         wrote no usable reward, or hit a limit in its phase."""
         if self.valid:
             return False
-        limit = self.phase == _VERIFIER_PHASE and self.resource is not None
+        limit = self.phase == Phase.VERIFIER and self.resource is not None
         return self.failure_cause in VERIFIER_FAILURE_CAUSES or limit
 
     @classmethod
@@ -314,11 +307,11 @@ class Cache:
     def _path(self, digest: str) -> Path:
         return self.directory / f"{digest}-{self._salt}.json"
 
-    def get(self, name: str, digest: str, decided_only: bool = True) -> TaskHealth | None:
-        """The cached result for `digest`, or None; with `decided_only`, None for a result that left
-        a control undecided too (an audit runs such a task again)."""
+    def get(self, name: str, digest: str) -> TaskHealth | None:
+        """The cached result for `digest`, or None; None too for a result that left a control
+        undecided (an audit runs such a task again)."""
         health = _read_health(self._path(digest))
-        if health is None or (decided_only and health.evidence.get("undecided")):
+        if health is None or health.evidence.get("undecided"):
             return None
         health.task = name
         return health
@@ -337,40 +330,10 @@ def _read_health(path: Path) -> TaskHealth | None:
         return None
 
 
-def cached_health(cache_dir: Path, task_dir: Path) -> TaskHealth | None:
-    """The newest audit result cached in `cache_dir` for the task's current content (whatever audit
-    configuration or agent list made it, undecided controls included), or None: what training-time
-    attribution reads (`verifier_health`)."""
-    digest = task_digest(task_dir)
-    entries = sorted(
-        (p for p in cache_dir.glob(f"{digest}-*.json") if p.is_file()),
-        key=lambda p: p.stat().st_mtime_ns,
-        reverse=True,
-    )
-    for path in entries:
-        if (health := _read_health(path)) is not None:
-            health.task = task_dir.name
-            return health
-    return None
-
-
 def verifier_health(health: TaskHealth) -> bool | None:
-    """Whether the task's verifier is known healthy on its known-good state (the oracle's end state).
-
-    True: in every oracle run that was valid, the verifier graded it (wrote a reward) within its
-    `[verifier] timeout_sec`, and no oracle run saw it fail. False: in some oracle run that was not
-    an infrastructure failure, the verifier failed there (past its timeout, crashed, wrote no
-    usable reward, or hit a limit in its phase; `Attempt.verifier_failed`), or a valid run took
-    longer than its timeout. None: no evidence (no oracle run reached the verifier, or a result
-    recorded before the audit kept this evidence). Retried oracle attempts count too. Whether the
-    oracle's reward was the maximum is not asked here (that is `broken_oracle` / `flaky`)."""
-    record = health.evidence.get(str(Control.ORACLE))
-    verifier = record.get("verifier") if isinstance(record, Mapping) else None
-    if not isinstance(verifier, Mapping):
-        return None
-    if verifier.get("failed"):
-        return False
-    return True if verifier.get("graded") else None
+    """Whether the task's verifier is known healthy on its known-good state (the oracle's end state):
+    `rl360_ext.outcomes.known_good.from_audit_evidence` on the result's evidence."""
+    return from_audit_evidence(health.evidence).healthy
 
 
 def _oracle_verifier(attempts: Sequence[Attempt], timeout_s: float) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from rl360_ext.outcomes.attribution import (
     Resource,
 )
 from rl360_ext.outcomes.causes import Cause
-from rl360_ext.outcomes.known_good import KnownGood, from_oracle_attempts
+from rl360_ext.outcomes.known_good import KnownGood, from_audit_evidence
 from rl360_ext.outcomes.verdict import TrialFacts, Verdict, judge, needs_known_good, read_verdict
 
 HEALTHY = KnownGood(True, Control.REGRADE, "graded the oracle's end state")
@@ -387,13 +387,13 @@ def test_a_record_outside_the_vocabulary_names_its_field() -> None:
         Evidence.from_json({"phase": "agent", "control": None})
 
 
-def test_the_audits_oracle_runs_say_whether_the_verifier_is_healthy() -> None:
-    graded = {"attempt_class": "valid", "failure_cause": None, "verifier_s": 0.4}
-    hung = {"attempt_class": "infra:verifier_timeout", "failure_cause": "verifier_timeout", "verifier_s": 4.0}
-    engine = {"attempt_class": "infra:no_sandbox", "failure_cause": "sandbox_failed", "verifier_s": None}
-    assert from_oracle_attempts([hung, graded], Control.AUDIT).healthy is True
-    assert from_oracle_attempts([hung, engine], Control.AUDIT).healthy is False
-    assert from_oracle_attempts([engine], Control.AUDIT).healthy is None
-    assert from_oracle_attempts([], Control.AUDIT) == KnownGood(
-        None, Control.AUDIT, "no oracle attempt reached a verdict of the verifier"
+def test_the_audits_record_says_whether_the_verifier_is_healthy() -> None:
+    def record(**verifier: Any) -> dict[str, Any]:
+        return {"digest": "d", "oracle": {"verifier": verifier}}
+
+    assert from_audit_evidence(record(graded=3, failed=0, max_verifier_s=0.4)).healthy is True
+    assert from_audit_evidence(record(graded=2, failed=1, causes=["verifier_timeout"])).healthy is False
+    assert from_audit_evidence(record(graded=0, failed=0)).healthy is None
+    assert from_audit_evidence({"digest": "d"}) == KnownGood(
+        None, Control.AUDIT, "the audit's result holds no record of the verifier on the oracle"
     )
