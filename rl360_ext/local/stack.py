@@ -57,6 +57,7 @@ from rl360_ext.local.quiz_agent import CRASH_TOOL_IMPORT_PATH as CRASH_TOOL_QUIZ
 from rl360_ext.local.quiz_agent import IMPORT_PATH as QUIZ_AGENT
 from rl360_ext.local.services import start_engine, start_harbor, start_smg
 from rl360_ext.rollout.harbor_routing import replace_url
+from rl360_ext.tasks.audit import TASK_HEALTH_FILE
 from rl360_ext.tiny_engine.faults import FaultKey
 from rl360_ext.util.fielddocs import field_flags
 from rl360_ext.util.prereqs import (
@@ -625,7 +626,9 @@ def demo_stack_config(config: DemoConfig) -> StackConfig:
         gateway_flags += ["--disable-retries", "--disable-circuit-breaker"]
     concurrent = max(8, config.tasks * config.attempts)
     # the A/B's rl360-list arm: the server's --attribution (ServerSettings.attribution); else its default
-    attribution = {} if config.attribution is None else {"attribution": config.attribution}
+    attribution: dict[str, Any] = {} if config.attribution is None else {"attribution": config.attribution}
+    if config.quarantine_file is not None:  # --audit-tasks: the audit's evidence on each verifier
+        attribution["task_health"] = config.quarantine_file.parent / TASK_HEALTH_FILE
     server = HarborServer(
         name="harbor",
         agent=CRASH_TOOL_QUIZ_AGENT if config.crash_tool else QUIZ_AGENT,
