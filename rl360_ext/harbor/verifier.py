@@ -6,7 +6,15 @@ capped, never through a link) instead of Harbor's own parser: finite numbers wit
 `RewardFileEmptyError` / `VerifierOutputParseError` carrying the reason, so nothing in reward
 parsing raises anything but those two.
 
-Owns one thing Harbor does not keep: whether `tests/test.sh` exited non-zero. Harbor reports a
+Owns the end of the verifier phase's processes: when the test-script command returns (or fails
+or is cancelled), every process it left is killed before Harbor reads the reward files, so a
+daemon the code under test double-forked cannot rewrite the reward after `test.sh` exited:
+the test command's own shell runs `kill -KILL -1` the moment the script exits (every process
+the verifier's user may signal, in any environment), then an environment with `exec_and_end`
+(the bwrap sandbox) kills its whole PID namespace from the host; any other environment gets
+`kill -KILL -1` run again as a command (see docs/harbor.md for what is promised where).
+
+Owns one more thing Harbor does not keep: whether `tests/test.sh` exited non-zero. Harbor reports a
 test script that crashed before writing its reward and one that exited 0 without writing it
 with the same `RewardFileNotFoundError`; the exit code recorded here lets the result adapter
 (`rl360_ext.harbor.outcome`) call the first `verifier_crash` and the second
@@ -18,7 +26,10 @@ exit code written next to the trial's result. Selected per trial with
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +43,20 @@ from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.rewards import RewardParse, RewardRange
 
 IMPORT_PATH = "rl360_ext.harbor.verifier:ExitRecordingVerifier"
+_log = logging.getLogger(__name__)
+
+
+KILL_ALL_COMMAND = "kill -KILL -1 2>/dev/null"  # every process its user may signal but itself
+_KILL_TIMEOUT_S = 30
+# Harbor's `build_execution_command(script, stdout_path=...)` for a .sh script, both quoted
+_EXIT_TAG = "rl360-test-exit="
+_EXIT_LINE = re.compile(rf"^{_EXIT_TAG}(\d+)$", re.MULTILINE)
+_HARBOR_TEST_COMMAND = re.compile(r"\((?P<script>[^()]+)\) > (?P<stdout>\S+) 2>&1")
 
 
 class _ExitCodeProbe:
-    """Forwards everything to the environment; records the exit code of the test-script command."""
+    """Forwards everything to the environment; records the exit code of the test-script command
+    and ends every process of the verifier phase when that command returns."""
 
     def __init__(self, environment: BaseEnvironment, marker: str) -> None:
         self._environment = environment
@@ -46,10 +67,49 @@ class _ExitCodeProbe:
         return getattr(self._environment, name)
 
     async def exec(self, command: str, *args: Any, **kwargs: Any) -> ExecResult:
-        result = await self._environment.exec(command, *args, **kwargs)
-        if self._marker in command:
-            self.test_exit_code = result.return_code
+        if self._marker not in command:
+            return await self._environment.exec(command, *args, **kwargs)
+        ending = _ending_all(command)
+        run_and_end = getattr(self._environment, "exec_and_end", None)
+        if run_and_end is not None:
+            result: ExecResult = await run_and_end(ending or command, *args, **kwargs)
+        else:
+            try:
+                result = await self._environment.exec(ending or command, *args, **kwargs)
+            finally:
+                if ending is None:
+                    await asyncio.shield(end_processes(self._environment))
+        self.test_exit_code = _script_exit(result)
         return result
+
+
+def _ending_all(command: str) -> str | None:
+    """Harbor's test command `(SCRIPT) > STDOUT 2>&1`, followed in the same shell, as soon as the
+    script exits, by its exit code on stdout (the shell itself may be killed next: a sandbox
+    whose init goes with the kill) and `kill -KILL -1`; None for any other command."""
+    if _HARBOR_TEST_COMMAND.fullmatch(command) is None:
+        return None
+    return f"{command}; rl360_rc=$?; echo {_EXIT_TAG}$rl360_rc; {KILL_ALL_COMMAND}; exit $rl360_rc"
+
+
+def _script_exit(result: ExecResult) -> int:
+    """The test script's exit code: the last one the ending shell printed, else the command's."""
+    found = _EXIT_LINE.findall(result.stdout or "")
+    return int(found[-1]) if found else result.return_code
+
+
+async def end_processes(environment: BaseEnvironment) -> None:
+    """Kill every process `environment` runs: from the host where it can (`kill_processes`),
+    else with `kill -KILL -1` run in it. A failure is logged, never raised: the reward files
+    are read either way, and the trial's teardown kills what is left."""
+    kill = getattr(environment, "kill_processes", None)
+    try:
+        if kill is not None:
+            await kill()
+        else:
+            await environment.exec(KILL_ALL_COMMAND, timeout_sec=_KILL_TIMEOUT_S)
+    except Exception:
+        _log.warning("could not end the verifier phase's processes", exc_info=True)
 
 
 class ExitRecordingVerifier(Verifier):
