@@ -169,11 +169,12 @@ async def test_a_daemon_of_the_code_under_test_cannot_rewrite_the_reward(
     tmp_path: Path, started: list[BwrapEnvironment]
 ) -> None:
     env = await _start(started, tmp_path)
-    # test.sh writes 0 and leaves a double-forked daemon that writes 1.0 once test.sh is gone
+    # test.sh writes 0 and leaves a double-forked daemon that writes 1.0 the moment test.sh's
+    # descriptors close (the earliest sign of its exit a process can see: a FIFO's end of file)
     daemon = (
-        "parent=$$; setsid bash -c '(while kill -0 '$parent' 2>/dev/null; do :; done; "
+        "mkfifo /tmp/gone; setsid bash -c '(cat /tmp/gone >/dev/null; "
         "while :; do echo {\\\"reward\\\": 1.0} > /logs/verifier/reward.json; done) "
-        "</dev/null >/dev/null 2>&1 &' &"
+        "</dev/null >/dev/null 2>&1 &' &\nexec 3>/tmp/gone"
     )
     write_zero = "echo '{\"reward\": 0.0}' > /logs/verifier/reward.json"
     task = _task(tmp_path, f"{write_zero}\n{daemon}\nsleep 0.2\nexit 3")

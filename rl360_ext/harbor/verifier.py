@@ -69,31 +69,28 @@ class _ExitCodeProbe:
     async def exec(self, command: str, *args: Any, **kwargs: Any) -> ExecResult:
         if self._marker not in command:
             return await self._environment.exec(command, *args, **kwargs)
-        ending = _ending_all(command)
+        match = _HARBOR_TEST_COMMAND.fullmatch(command)
         run_and_end = getattr(self._environment, "exec_and_end", None)
         if run_and_end is not None:
-            result: ExecResult = await run_and_end(ending or command, *args, **kwargs)
-        else:
-            try:
-                result = await self._environment.exec(ending or command, *args, **kwargs)
-            finally:
-                if ending is None:
-                    await asyncio.shield(end_processes(self._environment))
+            # the script exec'd by the shell: it is the process `exec_and_end` sees exit
+            script = f"exec > {match['stdout']} 2>&1 || exit 1; exec {match['script']}" if match else command
+            result: ExecResult = await run_and_end(script, *args, **kwargs)
+            self.test_exit_code = result.return_code
+            return result
+        ending = f"{command}; rl360_rc=$?; echo {_EXIT_TAG}$rl360_rc; {KILL_ALL_COMMAND}; exit $rl360_rc"
+        try:
+            result = await self._environment.exec(ending if match else command, *args, **kwargs)
+        finally:
+            if match is None:
+                await asyncio.shield(end_processes(self._environment))
         self.test_exit_code = _script_exit(result)
         return result
 
 
-def _ending_all(command: str) -> str | None:
-    """Harbor's test command `(SCRIPT) > STDOUT 2>&1`, followed in the same shell, as soon as the
-    script exits, by its exit code on stdout (the shell itself may be killed next: a sandbox
-    whose init goes with the kill) and `kill -KILL -1`; None for any other command."""
-    if _HARBOR_TEST_COMMAND.fullmatch(command) is None:
-        return None
-    return f"{command}; rl360_rc=$?; echo {_EXIT_TAG}$rl360_rc; {KILL_ALL_COMMAND}; exit $rl360_rc"
-
-
 def _script_exit(result: ExecResult) -> int:
-    """The test script's exit code: the last one the ending shell printed, else the command's."""
+    """The test script's exit code: the last one the ending shell printed (the shell itself may
+    be killed by the kill that follows: a container whose init goes with it), else the
+    command's."""
     found = _EXIT_LINE.findall(result.stdout or "")
     return int(found[-1]) if found else result.return_code
 

@@ -176,6 +176,47 @@ _IP = "/usr/sbin/ip"
 _NSENTER = "/usr/bin/nsenter"
 _LINK_LOCAL = ("169.254.0.0/16",)
 _log = logging.getLogger(__name__)
+_PYTHON = "/usr/bin/python3"  # the host's, which every sandbox sees (/usr is the image)
+_EXIT_TAG = "rl360-exit="
+# `exec_and_end`'s tracer, run in the sandbox as its user: runs argv[2:] traced with
+# PTRACE_O_TRACEEXIT, so it stops as it begins to exit (before its descriptors close: nothing it
+# left can have seen it go); prints `<tag><exit code>` and kills every process it may signal
+# (never as uid 0: the sandbox's user is not root). Signals are delivered to it as usual.
+_TRACER = r"""
+import ctypes, os, signal, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+libc.ptrace.restype = ctypes.c_long
+def end(status):
+    code = os.waitstatus_to_exitcode(status)
+    print(f"{sys.argv[1]}{code if code >= 0 else 128 - code}", flush=True)
+    if os.getuid() != 0:
+        os.kill(-1, signal.SIGKILL)
+    os._exit(0)
+pid = os.fork()
+if pid == 0:
+    libc.ptrace(0, 0, None, None)  # PTRACE_TRACEME; untraced if refused: the tracer only ends later
+    try:
+        os.execv(sys.argv[2], sys.argv[2:])
+    finally:
+        os._exit(127)
+_, status = os.waitpid(pid, 0)
+if os.WIFSTOPPED(status):  # at its exec: PTRACE_O_TRACEEXIT | PTRACE_O_TRACEEXEC | PTRACE_O_EXITKILL
+    libc.ptrace(0x4200, pid, None, ctypes.c_void_p(0x40 | 0x10 | 0x100000))
+    libc.ptrace(7, pid, None, None)
+info = ctypes.create_string_buffer(128)
+message = ctypes.c_ulong()
+while not os.WIFEXITED(status) and not os.WIFSIGNALED(status):
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSTOPPED(status):
+        event = status >> 16
+        if event == 6:  # PTRACE_EVENT_EXIT: its exit status
+            libc.ptrace(0x4201, pid, None, ctypes.byref(message))
+            end(message.value)
+        signalled = not event and libc.ptrace(0x4202, pid, None, info) == 0  # not an event, nor a group-stop
+        libc.ptrace(7, pid, None, ctypes.c_void_p(os.WSTOPSIG(status) if signalled else 0))
+end(status)
+"""
 
 
 class MemoryLimitExceededError(RuntimeError):
@@ -1190,13 +1231,27 @@ class BwrapEnvironment(_Sandbox, BaseEnvironment):
         timeout_sec: int | None = None,
         user: str | int | None = None,
     ) -> ExecResult:
-        """Run `command` as `exec` does, then kill every process of the sandbox
-        (`kill_processes`), also when the command fails, times out or is cancelled: nothing it
-        started outlives it. The verifier runs the test script this way."""
+        """Run `command` as `exec` does, and end every process of the sandbox as its shell exits:
+        the shell runs traced, stopped as it begins to exit (before its descriptors close), and
+        every process of the sandbox's user is killed then; the host then kills the sandbox's
+        PID namespace (`kill_processes`), also when the command fails, times out or is
+        cancelled. So nothing the command started acts after it exited, even one that watches
+        it go. The verifier runs the test script this way (exec'd by the shell, so the script
+        is the traced process). The return code is the command's own."""
+        traced = os.path.exists(_PYTHON)
+        inner = [_PYTHON, "-I", "-S", "-c", _TRACER, _EXIT_TAG] if traced else []
         try:
-            return await self.exec(command, cwd=cwd, env=env, timeout_sec=timeout_sec, user=user)
+            result = await self._run(
+                [*inner, "/bin/bash", "-c", command],
+                cwd=cwd or self.workdir,
+                env=self._merge_env(env),
+                timeout_sec=timeout_sec,
+            )
+        except TimeoutError as exc:
+            raise TimeoutError(f"Command timed out after {timeout_sec} seconds") from exc
         finally:
             await asyncio.shield(self.kill_processes())
+        return _traced_exit(result) if traced else result
 
     # -- files ----------------------------------------------------------------------------------
 
@@ -1311,6 +1366,16 @@ class BwrapEnvironment(_Sandbox, BaseEnvironment):
             )
 
         await asyncio.to_thread(self._download_dir, source_dir, Path(target_dir), keep)
+
+
+def _traced_exit(result: ExecResult) -> ExecResult:
+    """`result` with the exit code the tracer printed (its last line) as its return code (the
+    tracer itself may have gone with the kill it sent), that line removed from stdout."""
+    stdout = result.stdout or ""
+    head, tag, code = stdout.rpartition(_EXIT_TAG)
+    if not tag or not code.rstrip("\n").isdigit() or (head and not head.endswith("\n")):
+        return result
+    return ExecResult(stdout=head, stderr=result.stderr, return_code=int(code))
 
 
 @contextlib.contextmanager

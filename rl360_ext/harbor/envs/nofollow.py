@@ -452,7 +452,7 @@ def copy_tree_out(
                 frames.pop().close()
                 continue
             name = frame.names.pop()
-            child = _copy_entry(frame, name, len(frames), budget, keep)
+            child = _copy_entry(frame, name, len(frames) - 1, budget, keep)
             if child is not None:
                 frames.append(child)
     finally:
