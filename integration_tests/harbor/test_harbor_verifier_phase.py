@@ -184,11 +184,13 @@ async def test_a_daemon_of_the_code_under_test_cannot_rewrite_the_reward(
     assert record == {"test_exit_code": 3}
 
 
+@pytest.mark.parametrize("limits", ["cgroup", "watchdog"])
 async def test_the_verifier_runs_normally_after_an_agent_phase_memory_hit(
-    tmp_path: Path, started: list[BwrapEnvironment]
+    tmp_path: Path, started: list[BwrapEnvironment], limits: str
 ) -> None:
-    _needs_cgroups()
-    env = await _start(started, tmp_path, memory_mb=128)
+    if limits == "cgroup":
+        _needs_cgroups()
+    env = await _start(started, tmp_path, memory_mb=128, limits=limits)
     with pytest.raises(MemoryLimitExceededError):
         await env.exec(MEMORY_HOG, timeout_sec=30)
     with pytest.raises(MemoryLimitExceededError):  # the agent phase's commands keep raising

@@ -235,6 +235,8 @@ def reset_tree(root_fd: int, owner: Owner, max_entries: int = MAX_WALK_ENTRIES) 
     def on_file(parent_fd: int, name: str, info: os.stat_result) -> None:
         if not stat.S_ISREG(info.st_mode):
             return
+        if (info.st_uid, info.st_gid) == owner and info.st_mode & 0o600 == 0o600:
+            return  # nothing to give back: not opened
         try:
             fd = os.open(name, _READ_FLAGS, dir_fd=parent_fd)
         except (FileNotFoundError, NotADirectoryError):
