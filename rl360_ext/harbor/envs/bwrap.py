@@ -367,6 +367,7 @@ class _Sandbox:
         "_holder",
         "_holder_pipes",
         "_init_pid",
+        "_init_pidfd",
         "_pidns",
         "_pidns_fd",
     )
@@ -382,6 +383,7 @@ class _Sandbox:
         self._holder: asyncio.subprocess.Process | None = None
         self._holder_pipes: tuple[int, ...] = ()  # read ends of its stdout and stderr
         self._init_pid: int | None = None
+        self._init_pidfd: int | None = None  # the init, however its pid is reused once it is gone
         self._pidns: int | None = None
         self._pidns_fd: int | None = None  # keeps the namespace (and so its inode number) alive
         self._limits: SandboxLimits = SandboxLimits()
@@ -681,9 +683,10 @@ class _Sandbox:
         knows its namespace by inode number, and the kernel reuses the number of a namespace
         that is gone: without the pin, a later sandbox (this one after `end_phase`, or another
         trial's) could get the number and be taken for this one."""
-        previous = self._pidns_fd
-        try:
-            fd = os.open(f"/proc/{self._init_pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        previous, pid = self._pidns_fd, self._init_pid or 0
+        try:  # the pidfd first: the namespace check below then vouches for the process it names
+            self._init_pidfd = os.pidfd_open(pid)
+            fd = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
             raise SandboxBuildFailedError(f"the sandbox's init exited as it started: {exc}") from exc
         if os.fstat(fd).st_ino != self._pidns:
@@ -701,9 +704,11 @@ class _Sandbox:
     async def _kill_sandbox(self) -> None:
         """SIGKILL the sandbox's PID 1 (the kernel then kills its whole PID namespace, and no
         process in it can fork any more) and wait until none is left."""
-        if self._init_pid is not None:
+        if self._init_pidfd is not None:  # never a pid: the init may be gone and its pid reused
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self._init_pid, signal.SIGKILL)
+                signal.pidfd_send_signal(self._init_pidfd, signal.SIGKILL)
+            os.close(self._init_pidfd)
+            self._init_pidfd = None
         if self._holder is not None:
             try:  # bwrap reaps its sandbox init and exits by itself
                 await asyncio.wait_for(self._holder.wait(), timeout=2.0)
@@ -932,9 +937,7 @@ class BwrapEnvironment(_Sandbox, BaseEnvironment):
 
     async def kill_processes(self) -> None:
         """Kill every process the sandbox runs now (its PID namespace), files untouched; the next
-        command starts a fresh holder. The verifier calls it as soon as the test script returns,
-        so nothing the code under test left running outlives it (a daemon cannot rewrite the
-        reward after `test.sh` exited)."""
+        command starts a fresh holder (`exec_and_end` ends with it)."""
         if self._stopped:
             return
         async with self._holder_lock:
