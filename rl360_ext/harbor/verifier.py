@@ -6,13 +6,15 @@ capped, never through a link) instead of Harbor's own parser: finite numbers wit
 `RewardFileEmptyError` / `VerifierOutputParseError` carrying the reason, so nothing in reward
 parsing raises anything but those two.
 
-Owns the end of the verifier phase's processes: when the test-script command returns (or fails
-or is cancelled), every process it left is killed before Harbor reads the reward files, so a
-daemon the code under test double-forked cannot rewrite the reward after `test.sh` exited:
-the test command's own shell runs `kill -KILL -1` the moment the script exits (every process
-the verifier's user may signal, in any environment), then an environment with `exec_and_end`
-(the bwrap sandbox) kills its whole PID namespace from the host; any other environment gets
-`kill -KILL -1` run again as a command (see docs/harbor.md for what is promised where).
+Owns the end of the verifier phase's processes: when the test script exits, every process it
+left is killed before Harbor reads the reward files, so a daemon the code under test
+double-forked cannot rewrite the reward after `test.sh` exited. An environment with
+`exec_and_end` (the bwrap sandbox) gets the script exec'd by its shell and runs it traced: every
+process is killed as the script begins to exit, then the PID namespace from the host. Any other
+environment (Harbor's docker, a cloud sandbox) gets Harbor's command followed, in the same
+shell, by `kill -KILL -1` (every process the verifier's user may signal); a test command of
+another form is followed by that kill as a command. See docs/harbor.md for what is promised
+where.
 
 Owns one more thing Harbor does not keep: whether `tests/test.sh` exited non-zero. Harbor reports a
 test script that crashed before writing its reward and one that exited 0 without writing it
@@ -38,19 +40,17 @@ from harbor.models.trial.paths import EnvironmentPaths
 from harbor.models.verifier.result import VerifierResult
 from harbor.verifier.verifier import RewardFileEmptyError, Verifier, VerifierOutputParseError
 
+from rl360_ext.harbor.envs.bwrap import EXIT_TAG, reported_exit
 from rl360_ext.harbor.outcome import VERIFIER_EXIT_FILE, read_reward
 from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.rewards import RewardParse, RewardRange
 
-IMPORT_PATH = "rl360_ext.harbor.verifier:ExitRecordingVerifier"
 _log = logging.getLogger(__name__)
 
-
+IMPORT_PATH = "rl360_ext.harbor.verifier:ExitRecordingVerifier"
 KILL_ALL_COMMAND = "kill -KILL -1 2>/dev/null"  # every process its user may signal but itself
 _KILL_TIMEOUT_S = 30
 # Harbor's `build_execution_command(script, stdout_path=...)` for a .sh script, both quoted
-_EXIT_TAG = "rl360-test-exit="
-_EXIT_LINE = re.compile(rf"^{_EXIT_TAG}(\d+)$", re.MULTILINE)
 _HARBOR_TEST_COMMAND = re.compile(r"\((?P<script>[^()]+)\) > (?P<stdout>\S+) 2>&1")
 
 
@@ -77,34 +77,23 @@ class _ExitCodeProbe:
             result: ExecResult = await run_and_end(script, *args, **kwargs)
             self.test_exit_code = result.return_code
             return result
-        ending = f"{command}; rl360_rc=$?; echo {_EXIT_TAG}$rl360_rc; {KILL_ALL_COMMAND}; exit $rl360_rc"
+        # the script's exit code told before the kill: its shell may go with it (a container
+        # whose init it kills)
+        ending = f"{command}; rl360_rc=$?; echo {EXIT_TAG}$rl360_rc; {KILL_ALL_COMMAND}; exit $rl360_rc"
         try:
             result = await self._environment.exec(ending if match else command, *args, **kwargs)
         finally:
             if match is None:
-                await asyncio.shield(end_processes(self._environment))
-        self.test_exit_code = _script_exit(result)
+                await asyncio.shield(_kill_all(self._environment))
+        self.test_exit_code = reported_exit(result).return_code
         return result
 
 
-def _script_exit(result: ExecResult) -> int:
-    """The test script's exit code: the last one the ending shell printed (the shell itself may
-    be killed by the kill that follows: a container whose init goes with it), else the
-    command's."""
-    found = _EXIT_LINE.findall(result.stdout or "")
-    return int(found[-1]) if found else result.return_code
-
-
-async def end_processes(environment: BaseEnvironment) -> None:
-    """Kill every process `environment` runs: from the host where it can (`kill_processes`),
-    else with `kill -KILL -1` run in it. A failure is logged, never raised: the reward files
-    are read either way, and the trial's teardown kills what is left."""
-    kill = getattr(environment, "kill_processes", None)
+async def _kill_all(environment: BaseEnvironment) -> None:
+    """`kill -KILL -1` run in `environment`, a failure logged, never raised: the reward files are
+    read either way, and the trial's teardown kills what is left."""
     try:
-        if kill is not None:
-            await kill()
-        else:
-            await environment.exec(KILL_ALL_COMMAND, timeout_sec=_KILL_TIMEOUT_S)
+        await environment.exec(KILL_ALL_COMMAND, timeout_sec=_KILL_TIMEOUT_S)
     except Exception:
         _log.warning("could not end the verifier phase's processes", exc_info=True)
 

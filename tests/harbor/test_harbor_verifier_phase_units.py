@@ -52,11 +52,11 @@ def test_an_environment_that_ends_processes_gets_the_script_exec_d_by_its_shell(
 
 def test_any_other_environment_kills_in_the_test_command_s_own_shell_and_keeps_the_exit_code() -> None:
     # the shell printed the script's exit code, then went with its own kill (137)
-    env = Recorder(ExecResult(stdout="rl360-test-exit=0\nrl360-test-exit=3\n", stderr="", return_code=137))
+    env = Recorder(ExecResult(stdout="rl360-exit=0\nrl360-exit=3\n", stderr="", return_code=137))
     probe = _ExitCodeProbe(env, STDOUT)  # type: ignore[arg-type]
     asyncio.run(probe.exec(HARBOR_COMMAND))
     (sent,) = env.commands
-    ending = f"; rl360_rc=$?; echo rl360-test-exit=$rl360_rc; {KILL_ALL_COMMAND}; exit $rl360_rc"
+    ending = f"; rl360_rc=$?; echo rl360-exit=$rl360_rc; {KILL_ALL_COMMAND}; exit $rl360_rc"
     assert sent == HARBOR_COMMAND + ending
     assert probe.test_exit_code == 3  # the last line: the one after the script
 
@@ -71,12 +71,12 @@ def test_a_test_command_of_another_form_is_followed_by_a_kill_command() -> None:
 
 def test_the_tracer_s_exit_line_is_the_command_s_exit_code() -> None:
     answer = ExecResult(stdout="out\nrl360-exit=0\nrl360-exit=7\n", stderr="e", return_code=137)
-    traced = bwrap._traced_exit(answer)
+    traced = bwrap.reported_exit(answer)
     assert traced.return_code == 7 and traced.stdout == "out\nrl360-exit=0\n" and traced.stderr == "e"
     plain = ExecResult(stdout="no tag here\n", stderr="", return_code=5)
-    assert bwrap._traced_exit(plain) is plain
+    assert bwrap.reported_exit(plain) is plain
     glued = ExecResult(stdout="xrl360-exit=0\n", stderr="", return_code=137)  # not a line of its own
-    assert bwrap._traced_exit(glued) is glued
+    assert bwrap.reported_exit(glued) is glued
 
 
 class Counters(SandboxLimits):

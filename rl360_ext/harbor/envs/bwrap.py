@@ -177,7 +177,7 @@ _NSENTER = "/usr/bin/nsenter"
 _LINK_LOCAL = ("169.254.0.0/16",)
 _log = logging.getLogger(__name__)
 _PYTHON = "/usr/bin/python3"  # the host's, which every sandbox sees (/usr is the image)
-_EXIT_TAG = "rl360-exit="
+EXIT_TAG = "rl360-exit="  # a line `<tag><exit code>`: a command's exit code, told before its kill
 # `exec_and_end`'s tracer, run in the sandbox as its user: runs argv[2:] traced with
 # PTRACE_O_TRACEEXIT, so it stops as it begins to exit (before its descriptors close: nothing it
 # left can have seen it go); prints `<tag><exit code>` and kills every process it may signal
@@ -1246,7 +1246,7 @@ class BwrapEnvironment(_Sandbox, BaseEnvironment):
         it go. The verifier runs the test script this way (exec'd by the shell, so the script
         is the traced process). The return code is the command's own."""
         traced = os.path.exists(_PYTHON)
-        inner = [_PYTHON, "-I", "-S", "-c", _TRACER, _EXIT_TAG] if traced else []
+        inner = [_PYTHON, "-I", "-S", "-c", _TRACER, EXIT_TAG] if traced else []
         try:
             result = await self._run(
                 [*inner, "/bin/bash", "-c", command],
@@ -1258,7 +1258,7 @@ class BwrapEnvironment(_Sandbox, BaseEnvironment):
             raise TimeoutError(f"Command timed out after {timeout_sec} seconds") from exc
         finally:
             await asyncio.shield(self.kill_processes())
-        return _traced_exit(result) if traced else result
+        return reported_exit(result) if traced else result
 
     # -- files ----------------------------------------------------------------------------------
 
@@ -1375,11 +1375,12 @@ class BwrapEnvironment(_Sandbox, BaseEnvironment):
         await asyncio.to_thread(self._download_dir, source_dir, Path(target_dir), keep)
 
 
-def _traced_exit(result: ExecResult) -> ExecResult:
-    """`result` with the exit code the tracer printed (its last line) as its return code (the
-    tracer itself may have gone with the kill it sent), that line removed from stdout."""
+def reported_exit(result: ExecResult) -> ExecResult:
+    """`result` with the exit code its last `EXIT_TAG` line reports as its return code (what
+    printed it may have gone with the kill it sent next), that line removed from stdout; as it
+    is without such a line."""
     stdout = result.stdout or ""
-    head, tag, code = stdout.rpartition(_EXIT_TAG)
+    head, tag, code = stdout.rpartition(EXIT_TAG)
     if not tag or not code.rstrip("\n").isdigit() or (head and not head.endswith("\n")):
         return result
     return ExecResult(stdout=head, stderr=result.stderr, return_code=int(code))
