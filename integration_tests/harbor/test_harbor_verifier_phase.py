@@ -131,6 +131,19 @@ async def test_an_agent_that_fills_the_disk_leaves_the_verifier_its_own(
     assert env.limit_hits() == [LimitHit(Phase.AGENT, Resource.DISK, env.limit_hits()[0].detail)]
 
 
+async def test_an_agent_whose_files_fill_its_memory_leaves_the_verifier_its_memory(
+    tmp_path: Path, started: list[BwrapEnvironment]
+) -> None:
+    _needs_cgroups()  # the tmpfs's pages are charged to the sandbox's cgroup
+    env = await _start(started, tmp_path, memory_mb=128)
+    with pytest.raises(MemoryLimitExceededError):  # the files reach the memory limit first
+        await env.exec("dd if=/dev/zero of=/app/fill bs=1M 2>/dev/null", timeout_sec=60)
+    task = _task(tmp_path, f"python3 -c 'x = bytearray(96 * 2**20)' && {WRITE_ONE}")
+    assert await _grade(env, task) == {"reward": 1}
+    hits = env.limit_hits()
+    assert [(hit.phase, hit.resource) for hit in hits] == [(Phase.AGENT, Resource.MEMORY)], hits
+
+
 async def test_an_agent_that_fills_the_inodes_leaves_the_verifier_its_own(
     tmp_path: Path, started: list[BwrapEnvironment]
 ) -> None:

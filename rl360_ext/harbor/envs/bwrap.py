@@ -1013,7 +1013,8 @@ class BwrapEnvironment(_Sandbox, BaseEnvironment):
     def _empty_all(self, clear: Sequence[str], grading: bool) -> None:
         """`end_phase`'s host work, in one trip off the event loop: empty each of `clear`; with
         `grading`, give the tmpfs the verifier's reserve, empty HOME and tmp but for a workdir
-        inside it, and give the graded directories back to the sandbox user."""
+        inside it, give the graded directories back to the sandbox user and the memory the
+        files hold back to the verifier."""
         if grading:
             remount_tmpfs(
                 self.files_dir,
@@ -1025,6 +1026,11 @@ class BwrapEnvironment(_Sandbox, BaseEnvironment):
         if grading:
             self._empty(SCRATCH_DIR, self._work_in_scratch())
             self._reset_graded()
+            # the files left on the tmpfs are memory charged to the sandbox's cgroup: the
+            # verifier gets its reservation on top of them (and of its own disk reserve)
+            disk = os.statvfs(self.files_dir)
+            used = (disk.f_blocks - disk.f_bfree) * disk.f_frsize
+            self._limits.grow_memory(used + self.options.verifier_disk_mb * 2**20)
 
     def _walk_cap(self) -> int:
         """Inodes the sandbox's tmpfs holds at most while grading: no walk of it visits more."""

@@ -159,6 +159,10 @@ class SandboxLimits:
         pids.events `max`; 0 where there is no pids controller: RLIMIT_NPROC keeps no count)."""
         return 0
 
+    def grow_memory(self, extra_bytes: int) -> None:
+        """Allow `extra_bytes` more than the memory reservation from now on (a cgroup's limit;
+        the watchdog counts no tmpfs pages, so it needs none)."""
+
     def kill_all(self) -> None:
         """SIGKILL every process under these limits."""
 
@@ -178,6 +182,8 @@ class CgroupLimits(SandboxLimits):
     ) -> None:
         self._dirs: list[Path] = []
         self._pids_events: Path | None = None
+        self._memory_bytes = None if memory_mb is None else memory_mb * 2**20
+        self._memory_limits: list[Path] = []  # the limit files, the one to raise first first
         own = _own_cgroup_paths()
         try:
             if (CGROUP_ROOT / "cgroup.controllers").exists() and "" in own:
@@ -205,6 +211,7 @@ class CgroupLimits(SandboxLimits):
         self._pids_events = group / "pids.events"
         if memory_mb is not None:
             _write(group / "memory.max", str(memory_mb * 2**20))
+            self._memory_limits = [group / "memory.max"]
             if (group / "memory.swap.max").exists():
                 _write(group / "memory.swap.max", "0")
         if cpus is not None and "cpu" in parent_controls:
@@ -222,8 +229,10 @@ class CgroupLimits(SandboxLimits):
         self._events = memory / "memory.oom_control"
         if memory_mb is not None:
             _write(memory / "memory.limit_in_bytes", str(memory_mb * 2**20))
+            self._memory_limits = [memory / "memory.limit_in_bytes"]
             if (memory / "memory.memsw.limit_in_bytes").exists():
                 _write(memory / "memory.memsw.limit_in_bytes", str(memory_mb * 2**20))
+                self._memory_limits.insert(0, memory / "memory.memsw.limit_in_bytes")
         self._procs = [memory / "cgroup.procs"]
         cpu_controller = next((c for c in own if c == "cpu" or c.startswith("cpu,")), None)
         if cpus is not None and cpu_controller is not None and (CGROUP_ROOT / "cpu").is_dir():
@@ -251,6 +260,11 @@ class CgroupLimits(SandboxLimits):
 
     def oom_kills(self) -> int:
         return _counter(self._events, "oom_kill")
+
+    def grow_memory(self, extra_bytes: int) -> None:
+        if self._memory_bytes is not None:
+            for path in self._memory_limits:  # memsw (v1) first: it may never be below the limit
+                _write(path, str(self._memory_bytes + max(0, extra_bytes)))
 
     def pids_refusals(self) -> int:
         return 0 if self._pids_events is None or not self.pids_cgroup else _counter(self._pids_events, "max")
