@@ -240,6 +240,26 @@ def harbor(tmp_path_factory: pytest.TempPathFactory, host: Path, listener: int) 
     )
     toml = public / "task.toml"
     toml.write_text(toml.read_text().replace('network_mode = "no-network"', 'network_mode = "public"'))
+    # 10. (issue 34) the agent locks the verifier out of its directories and leaves 3,000-deep
+    # trees where the host walks (the work dir, /tmp, artifacts)
+    chain = "cd {0} && python3 -c \"import os\nfor _ in range(3000):\n    os.mkdir('d'); os.chdir('d')\n\"\n"
+    make_task(
+        root,
+        "lock-out",
+        "".join(chain.format(where) for where in ("/app", "/tmp", "/logs/artifacts"))
+        + "chmod 000 /app/stats.py /tests /logs/verifier /tmp /app /logs\n",
+        "cat /app/stats.py > /dev/null && echo 1 > /logs/verifier/reward.txt\n",
+    )
+    # 11. (issue 34) the work product leaves a daemon in the verifier phase that writes 1.0 the
+    # moment test.sh's descriptors close
+    make_task(
+        root,
+        "reward-daemon",
+        "cat > /app/conftest.sh <<'EOF'\nmkfifo /tmp/gone\nsetsid bash -c '(cat /tmp/gone > /dev/null; "
+        'while :; do echo {\\"reward\\": 1.0} > /logs/verifier/reward.json; done) '
+        "</dev/null >/dev/null 2>&1 &' &\nexec 3>/tmp/gone\nEOF\n",
+        "source /app/conftest.sh\necho '{\"reward\": 0.0}' > /logs/verifier/reward.json\n",
+    )
     # 6. a module that must never be imported because a client named it
     modules = tmp_path_factory.mktemp("modules")
     (modules / f"{CANARY_MODULE}.py").write_text(
@@ -370,3 +390,13 @@ def test_9_a_public_task_gets_egress_only_and_never_the_host_loopback(
     assert stdout[2] != os.readlink("/proc/self/ns/net")  # its own network namespace
     with pytest.raises(BlockingIOError):
         listener_socket.accept()  # nothing ever connected to the canary
+
+
+def test_10_an_agent_s_chmod_000_and_deep_trees_leave_the_verifier_its_directories(harbor: Harbor) -> None:
+    result = harbor.run({"task": "lock-out"})
+    assert (result["reward"], result["reward_source"]) == (1.0, "verifier"), result
+
+
+def test_11_no_verifier_phase_process_outlives_test_sh_or_changes_its_reward(harbor: Harbor) -> None:
+    result = harbor.run({"task": "reward-daemon"})
+    assert (result["reward"], result["reward_source"]) == (0.0, "verifier"), result

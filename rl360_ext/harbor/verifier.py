@@ -6,7 +6,17 @@ capped, never through a link) instead of Harbor's own parser: finite numbers wit
 `RewardFileEmptyError` / `VerifierOutputParseError` carrying the reason, so nothing in reward
 parsing raises anything but those two.
 
-Owns one thing Harbor does not keep: whether `tests/test.sh` exited non-zero. Harbor reports a
+Owns the end of the verifier phase's processes: when the test script exits, every process it
+left is killed before Harbor reads the reward files, so a daemon the code under test
+double-forked cannot rewrite the reward after `test.sh` exited. An environment with
+`exec_and_end` (the bwrap sandbox) gets the script exec'd by its shell and runs it traced: every
+process is killed as the script begins to exit, then the PID namespace from the host. Any other
+environment (Harbor's docker, a cloud sandbox) gets Harbor's command followed, in the same
+shell, by `kill -KILL -1` (every process the verifier's user may signal); a test command of
+another form is followed by that kill as a command. See docs/harbor.md for what is promised
+where.
+
+Owns one more thing Harbor does not keep: whether `tests/test.sh` exited non-zero. Harbor reports a
 test script that crashed before writing its reward and one that exited 0 without writing it
 with the same `RewardFileNotFoundError`; the exit code recorded here lets the result adapter
 (`rl360_ext.harbor.outcome`) call the first `verifier_crash` and the second
@@ -18,7 +28,10 @@ exit code written next to the trial's result. Selected per trial with
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +40,23 @@ from harbor.models.trial.paths import EnvironmentPaths
 from harbor.models.verifier.result import VerifierResult
 from harbor.verifier.verifier import RewardFileEmptyError, Verifier, VerifierOutputParseError
 
+from rl360_ext.harbor.envs.bwrap import EXIT_TAG, reported_exit
 from rl360_ext.harbor.outcome import VERIFIER_EXIT_FILE, read_reward
 from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.rewards import RewardParse, RewardRange
 
+_log = logging.getLogger(__name__)
+
 IMPORT_PATH = "rl360_ext.harbor.verifier:ExitRecordingVerifier"
+KILL_ALL_COMMAND = "kill -KILL -1 2>/dev/null"  # every process its user may signal but itself
+_KILL_TIMEOUT_S = 30
+# Harbor's `build_execution_command(script, stdout_path=...)` for a .sh script, both quoted
+_HARBOR_TEST_COMMAND = re.compile(r"\((?P<script>[^()]+)\) > (?P<stdout>\S+) 2>&1")
 
 
 class _ExitCodeProbe:
-    """Forwards everything to the environment; records the exit code of the test-script command."""
+    """Forwards everything to the environment; records the exit code of the test-script command
+    and ends every process of the verifier phase when that command returns."""
 
     def __init__(self, environment: BaseEnvironment, marker: str) -> None:
         self._environment = environment
@@ -46,10 +67,35 @@ class _ExitCodeProbe:
         return getattr(self._environment, name)
 
     async def exec(self, command: str, *args: Any, **kwargs: Any) -> ExecResult:
-        result = await self._environment.exec(command, *args, **kwargs)
-        if self._marker in command:
+        if self._marker not in command:
+            return await self._environment.exec(command, *args, **kwargs)
+        match = _HARBOR_TEST_COMMAND.fullmatch(command)
+        run_and_end = getattr(self._environment, "exec_and_end", None)
+        if run_and_end is not None:
+            # the script exec'd by the shell: it is the process `exec_and_end` sees exit
+            script = f"exec > {match['stdout']} 2>&1 || exit 1; exec {match['script']}" if match else command
+            result: ExecResult = await run_and_end(script, *args, **kwargs)
             self.test_exit_code = result.return_code
+            return result
+        # the script's exit code told before the kill: its shell may go with it (a container
+        # whose init it kills)
+        ending = f"{command}; rl360_rc=$?; echo {EXIT_TAG}$rl360_rc; {KILL_ALL_COMMAND}; exit $rl360_rc"
+        try:
+            result = await self._environment.exec(ending if match else command, *args, **kwargs)
+        finally:
+            if match is None:
+                await asyncio.shield(_kill_all(self._environment))
+        self.test_exit_code = reported_exit(result).return_code
         return result
+
+
+async def _kill_all(environment: BaseEnvironment) -> None:
+    """`kill -KILL -1` run in `environment`, a failure logged, never raised: the reward files are
+    read either way, and the trial's teardown kills what is left."""
+    try:
+        await environment.exec(KILL_ALL_COMMAND, timeout_sec=_KILL_TIMEOUT_S)
+    except Exception:
+        _log.warning("could not end the verifier phase's processes", exc_info=True)
 
 
 class ExitRecordingVerifier(Verifier):

@@ -84,6 +84,8 @@ def test_a_grading_phase_end_empties_every_directory_in_one_trip_off_the_loop(
         return await original(func, *args, **kwargs)
 
     monkeypatch.setattr(bwrap.asyncio, "to_thread", to_thread)
+    resized: list[tuple[Path, int, int]] = []  # no tmpfs here: the remount is only recorded
+    monkeypatch.setattr(bwrap, "remount_tmpfs", lambda *args: resized.append(args))
     planted = {}
     for name in ("tests", "solution", "logs/verifier", "tmp", "app", "logs/agent"):
         directory = env.files_dir / name
@@ -97,6 +99,9 @@ def test_a_grading_phase_end_empties_every_directory_in_one_trip_off_the_loop(
     assert env._grading and env._holder_due
     gone = {name for name, path in planted.items() if not path.exists()}
     assert gone == {"tests", "solution", "logs/verifier", "tmp"}  # the work product stays
+    options = env.options  # the tmpfs grows by the verifier's reserve
+    size = (options.disk_mb + options.verifier_disk_mb) * 2**20
+    assert resized == [(env.files_dir, size, options.max_inodes + options.verifier_inodes)]
 
 
 def phase_probe(env: BwrapEnvironment, monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> None:

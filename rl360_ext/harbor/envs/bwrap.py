@@ -28,8 +28,8 @@ Design (the sandboxed code is hostile: the policy wrote it)
   first: nothing runs in the sandbox between a phase end and that command, and two phase ends
   in a row (the agent's, then grading's) start one holder, not two. The /run server
   calls it when the agent phase ends and again with `grading=True` when the verifier starts,
-  emptying /logs/verifier, /tests and /solution: grading also empties /tmp (HOME) except a
-  workdir inside it, and every later command runs with PYTHONNOUSERSITE=1. What the agent can
+  emptying /logs/verifier, /tests and /solution; grading also empties /tmp, resets modes and
+  grows the tmpfs by the verifier's reserve (see `end_phase`). What the agent can
   hand the verifier is its work product only: the workdir (/app by default), /logs/agent and
   /logs/artifacts; no process, no file in HOME, /tmp, /tests or /solution, no namespace state.
 - Filesystem: host /usr read-only (with the /bin, /lib, /lib64, /sbin links), a curated read-only
@@ -50,9 +50,9 @@ Design (the sandboxed code is hostile: the policy wrote it)
   namespace. Without slirp4netns such a task is refused at start. Without `allow_network` it
   runs offline. "allowlist" is rejected (not enforceable).
 - Limits: the trial's reservation (task `cpus`/`memory_mb`, or the server's overrides) is
-  enforced by `rl360_ext.harbor.envs.limits` (a child cgroup, else a watchdog). A hit memory
-  limit makes the next `exec` raise `MemoryLimitExceededError`, which Harbor's error policy
-  treats as "do not grade, no valid reward". Every command runs under RLIMIT_NPROC
+  enforced by `rl360_ext.harbor.envs.limits` (a child cgroup, else a watchdog). A memory limit
+  hit makes the phase's next `exec` raise `MemoryLimitExceededError`; `limit_hits()` lists
+  every limit hit by phase (docs/harbor.md). Every command runs under RLIMIT_NPROC
   (`max_pids`, counted in the sandbox's own user namespace, plus the cgroup's pids.max where
   there is a pids controller) and RLIMIT_FSIZE (`disk_mb`). A command's stdout and stderr are
   pipes read while it runs; at most `max_output_kb` of each is kept (its head and tail).
@@ -119,9 +119,11 @@ from rl360_ext.harbor.envs.limits import (
     owner_alive,
     owner_tag,
     pids_in_namespace,
+    remount_tmpfs,
     rlimit_argv,
     unmount,
 )
+from rl360_ext.outcomes.attribution import LimitHit, Phase, Resource
 
 IMPORT_PATH = "rl360_ext.harbor.envs.bwrap:BwrapEnvironment"
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -132,6 +134,9 @@ FILES_DIR = "fs"  # in each sandbox dir: the mount point of the sandbox's tmpfs
 SCRATCH_DIR = "/tmp"  # the sandbox's HOME and tmp: emptied before grading
 _WRITABLE_DIRS = ("/app", "/logs", "/tests", "/solution", SCRATCH_DIR)
 _LOG_DIRS = ("logs/agent", "logs/verifier", "logs/artifacts")
+_GRADED_DIRS = ("/tests", "/logs")  # with the workdir: given back to the sandbox user before grading
+_FULL_BYTES = 64 * 1024  # a tmpfs with less free than this is full (no useful write fits)
+_PIDS_SLACK = 64  # RLIMIT_NPROC above a cgroup's pids.max: the cgroup refuses first, and counts it
 _ETC_FILES = (
     "passwd",
     "group",
@@ -171,11 +176,58 @@ _IP = "/usr/sbin/ip"
 _NSENTER = "/usr/bin/nsenter"
 _LINK_LOCAL = ("169.254.0.0/16",)
 _log = logging.getLogger(__name__)
+_PYTHON = "/usr/bin/python3"  # the host's, which every sandbox sees (/usr is the image)
+EXIT_TAG = "rl360-exit="  # a line `<tag><exit code>`: a command's exit code, told before its kill
+# `exec_and_end`'s tracer, run in the sandbox as its user: runs argv[2:] traced with
+# PTRACE_O_TRACEEXIT, so it stops as it begins to exit (before its descriptors close: nothing it
+# left can have seen it go); prints `<tag><exit code>` and kills every process it may signal
+# (never as uid 0: the sandbox's user is not root). Signals are delivered to it as usual.
+_TRACER = r"""
+import os, signal, sys
+try:
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    libc.ptrace.restype = ctypes.c_long
+except Exception:  # no tracing here: run the command untraced (the host still kills after it)
+    os.execv(sys.argv[2], sys.argv[2:])
+def end(status):
+    code = os.waitstatus_to_exitcode(status)
+    print(f"{sys.argv[1]}{code if code >= 0 else 128 - code}", flush=True)
+    if os.getuid() != 0:
+        os.kill(-1, signal.SIGKILL)
+    os._exit(0)
+pid = os.fork()
+if pid == 0:
+    libc.ptrace(0, 0, None, None)  # PTRACE_TRACEME; untraced if refused: the tracer only ends later
+    try:
+        os.execv(sys.argv[2], sys.argv[2:])
+    finally:
+        os._exit(127)
+_, status = os.waitpid(pid, 0)
+if os.WIFSTOPPED(status):  # at its exec: PTRACE_O_TRACEEXIT | PTRACE_O_TRACEEXEC | PTRACE_O_EXITKILL
+    libc.ptrace(0x4200, pid, None, ctypes.c_void_p(0x40 | 0x10 | 0x100000))
+    libc.ptrace(7, pid, None, None)
+info = ctypes.create_string_buffer(128)
+message = ctypes.c_ulong()
+while not os.WIFEXITED(status) and not os.WIFSIGNALED(status):
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSTOPPED(status):
+        event = status >> 16
+        if event == 6:  # PTRACE_EVENT_EXIT: its exit status
+            libc.ptrace(0x4201, pid, None, ctypes.byref(message))
+            end(message.value)
+        signalled = not event and libc.ptrace(0x4202, pid, None, info) == 0  # not an event, nor a group-stop
+        libc.ptrace(7, pid, None, ctypes.c_void_p(os.WSTOPSIG(status) if signalled else 0))
+end(status)
+"""
 
 
 class MemoryLimitExceededError(RuntimeError):
-    """The sandbox hit its memory reservation. The name matches Harbor's own: its error policy is
-    keyed by exception type name (retry: yes, grade: no, valid reward: no)."""
+    """A process of the current phase hit the sandbox's memory reservation (raised by every
+    command of that phase once it happened; a later phase starts clean). The name matches
+    Harbor's own: its error policy is keyed by exception type name (retry: yes, grade: no,
+    valid reward: no)."""
 
 
 class BwrapOptions(EnvironmentOptions):
@@ -222,6 +274,19 @@ class BwrapOptions(EnvironmentOptions):
     warm_max_age_s: float = Field(
         default=300.0, gt=0, description="A warm sandbox older than this is discarded, not taken."
     )
+    verifier_disk_mb: int = Field(
+        default=64,
+        ge=0,
+        description=(
+            "Bytes added to the sandbox's tmpfs when grading starts: the verifier's own disk, "
+            "which an agent that filled `disk_mb` cannot take."
+        ),
+    )
+    verifier_inodes: int = Field(
+        default=4096,
+        ge=0,
+        description="Inodes added to the sandbox's tmpfs when grading starts (the verifier's own).",
+    )
 
 
 def bwrap_executable() -> str | None:
@@ -257,6 +322,17 @@ def _host_view_argv() -> tuple[str, ...]:
     return tuple(argv)
 
 
+def _remove_host_dir(path: Path) -> None:
+    """Remove a sandbox's host directory (its tmpfs unmounted) without following a link in it,
+    iteratively; what cannot be removed stays (for `clean_stale`)."""
+    with contextlib.suppress(OSError, nofollow.SandboxTreeError):
+        parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            nofollow.remove_entry(parent, path.name)
+        finally:
+            os.close(parent)
+
+
 def default_sandbox_root() -> Path:
     return Path(tempfile.gettempdir()) / "rl360-sandboxes"
 
@@ -277,7 +353,7 @@ def clean_stale(sandbox_root: Path | None = None) -> list[str]:
             if not owner_alive(tag):
                 with contextlib.suppress(OSError):
                     unmount(Path(entry.path) / FILES_DIR)
-                shutil.rmtree(entry.path, ignore_errors=True)
+                _remove_host_dir(Path(entry.path))
                 removed.append(entry.path)
     return removed
 
@@ -295,6 +371,7 @@ class _Sandbox:
         "_holder",
         "_holder_pipes",
         "_init_pid",
+        "_init_pidfd",
         "_pidns",
         "_pidns_fd",
     )
@@ -310,6 +387,7 @@ class _Sandbox:
         self._holder: asyncio.subprocess.Process | None = None
         self._holder_pipes: tuple[int, ...] = ()  # read ends of its stdout and stderr
         self._init_pid: int | None = None
+        self._init_pidfd: int | None = None  # the init, however its pid is reused once it is gone
         self._pidns: int | None = None
         self._pidns_fd: int | None = None  # keeps the namespace (and so its inode number) alive
         self._limits: SandboxLimits = SandboxLimits()
@@ -395,7 +473,7 @@ class _Sandbox:
         argv += ["--remount-ro", "/dev", "--remount-ro", "/"]  # only the binds above stay writable
         argv += [
             "--chdir",
-            self.workdir,
+            "/",  # not the workdir: a phase that chmods it away cannot stop the next holder
             "--clearenv",
             "--setenv",
             "PATH",
@@ -440,7 +518,7 @@ class _Sandbox:
     def _remove_dirs(self) -> None:
         """Unmount the sandbox's tmpfs and remove its host directory."""
         unmount(self.files_dir)
-        shutil.rmtree(self.sandbox_dir, ignore_errors=True)
+        _remove_host_dir(self.sandbox_dir)
 
     async def _launch(self) -> None:
         """Start a holder and wait until its sandbox runs. bwrap's info, the holder's "ready" line
@@ -609,9 +687,10 @@ class _Sandbox:
         knows its namespace by inode number, and the kernel reuses the number of a namespace
         that is gone: without the pin, a later sandbox (this one after `end_phase`, or another
         trial's) could get the number and be taken for this one."""
-        previous = self._pidns_fd
-        try:
-            fd = os.open(f"/proc/{self._init_pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        previous, pid = self._pidns_fd, self._init_pid or 0
+        try:  # the pidfd first: the namespace check below then vouches for the process it names
+            self._init_pidfd = os.pidfd_open(pid)
+            fd = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
             raise SandboxBuildFailedError(f"the sandbox's init exited as it started: {exc}") from exc
         if os.fstat(fd).st_ino != self._pidns:
@@ -629,9 +708,11 @@ class _Sandbox:
     async def _kill_sandbox(self) -> None:
         """SIGKILL the sandbox's PID 1 (the kernel then kills its whole PID namespace, and no
         process in it can fork any more) and wait until none is left."""
-        if self._init_pid is not None:
+        if self._init_pidfd is not None:  # never a pid: the init may be gone and its pid reused
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self._init_pid, signal.SIGKILL)
+                signal.pidfd_send_signal(self._init_pidfd, signal.SIGKILL)
+            os.close(self._init_pidfd)
+            self._init_pidfd = None
         if self._holder is not None:
             try:  # bwrap reaps its sandbox init and exits by itself
                 await asyncio.wait_for(self._holder.wait(), timeout=2.0)
@@ -710,6 +791,10 @@ class BwrapEnvironment(_Sandbox, BaseEnvironment):
         self._grading = False
         self._holder_due = False  # a phase ended: the next command starts a fresh holder first
         self._holder_lock = asyncio.Lock()
+        self._phase = Phase.ENVIRONMENT_SETUP
+        self._hits: list[LimitHit] = []
+        self._oom_base = 0  # the limits' OOM kill count when this phase started
+        self._pids_base = 0  # the limits' refused-fork count when this phase started
         super().__init__(*args, **kwargs)
         if self._host_mounts:
             raise ValueError("the bwrap environment binds no host directories; remove the mounts")
@@ -776,6 +861,8 @@ class BwrapEnvironment(_Sandbox, BaseEnvironment):
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.stop(delete=True))
             raise
+        self._observe()
+        self._enter_phase(Phase.AGENT)
 
     async def _start(self) -> None:
         if bwrap_executable() is None:
@@ -836,19 +923,76 @@ class BwrapEnvironment(_Sandbox, BaseEnvironment):
         """Kill every process the sandbox runs, empty the sandbox directories in `clear`, and have
         the next command start a fresh holder (fresh namespaces) over the same files first: what
         one phase left running (an agent's background writer) or left behind in the next phase's
-        directories cannot reach it. With `grading` (the verifier is next), HOME and tmp (/tmp,
-        but for a workdir inside it) are emptied as well, and every later command runs with
-        PYTHONNOUSERSITE=1. Back-to-back phase ends start one holder, at the next command."""
+        directories cannot reach it. With `grading` (the verifier is next, `Phase.VERIFIER`
+        begins): the tmpfs grows by the verifier's reserve (`verifier_disk_mb`,
+        `verifier_inodes`), HOME and tmp (/tmp, but for a workdir inside it) are emptied as
+        well, the workdir, /tests and /logs get their owner and owner permissions back
+        (`nofollow.reset_tree`), and every later command runs with PYTHONNOUSERSITE=1.
+        Back-to-back phase ends start one holder, at the next command. Raises
+        `nofollow.SandboxTreeError` for a tree past the walks' caps."""
         if self._stopped or (self._init_pid is None and not self._holder_due):
             return
         async with self._holder_lock:
-            if self._init_pid is not None:
-                await self._kill_sandbox()
-                self._limits.detach()
-            self._holder_due = True
-            if grading:
+            await self._end_processes()
+            if grading and not self._grading:
                 self._grading = True
+                self._enter_phase(Phase.VERIFIER)
             await asyncio.to_thread(self._empty_all, tuple(clear), grading)
+
+    async def kill_processes(self) -> None:
+        """Kill every process the sandbox runs now (its PID namespace), files untouched; the next
+        command starts a fresh holder (`exec_and_end` ends with it)."""
+        if self._stopped:
+            return
+        async with self._holder_lock:
+            await self._end_processes()
+
+    async def _end_processes(self) -> None:
+        """(Holding the holder lock.) Kill the holder's PID namespace, if one runs, and note what
+        limits the phase hit."""
+        if self._init_pid is not None:
+            await self._kill_sandbox()
+            self._limits.detach()
+        self._holder_due = True
+        self._observe()
+
+    def limit_hits(self) -> list[LimitHit]:
+        """Every limit the sandbox's own processes hit in this trial, in the order it was seen,
+        once per phase and resource: `Phase.ENVIRONMENT_SETUP` (start and setup.sh),
+        `Phase.AGENT` (until grading starts) or `Phase.VERIFIER` (after `end_phase(grading=True)`);
+        `Resource.MEMORY` (an OOM kill, or the watchdog's), `Resource.PIDS` (a fork the cgroup's
+        pids.max refused; none is seen under RLIMIT_NPROC alone), `Resource.DISK` or
+        `Resource.INODES` (the tmpfs was full after a command or at a phase's end),
+        `Resource.OUTPUT` (a command's output was cut to `max_output_kb`). Kept after `stop`."""
+        return list(self._hits)
+
+    def _hit(self, resource: Resource, detail: str) -> None:
+        if not any(hit.phase == self._phase and hit.resource == resource for hit in self._hits):
+            self._hits.append(LimitHit(self._phase, resource, detail))
+
+    def _enter_phase(self, phase: Phase) -> None:
+        self._phase = phase
+        self._oom_base = self._limits.oom_kills()
+        self._pids_base = self._limits.pids_refusals()
+
+    def _memory_exceeded(self) -> bool:
+        """Whether a process of this phase was killed for the memory limit."""
+        return self._limits.oom_kills() > self._oom_base
+
+    def _observe(self) -> None:
+        """Note the limits the sandbox's processes hit in this phase so far (`limit_hits`)."""
+        if (killed := self._limits.oom_kills() - self._oom_base) > 0:
+            self._hit(Resource.MEMORY, f"{killed} killed at {self.task_env_config.memory_mb} MB")
+        if (refused := self._limits.pids_refusals() - self._pids_base) > 0:
+            self._hit(Resource.PIDS, f"{refused} forks refused at pids.max {self.options.max_pids}")
+        try:
+            disk = os.statvfs(self.files_dir)
+        except OSError:
+            return
+        if disk.f_blocks and disk.f_bavail * disk.f_frsize < _FULL_BYTES:
+            self._hit(Resource.DISK, f"{disk.f_bavail * disk.f_frsize} bytes free")
+        if disk.f_files and disk.f_favail == 0:
+            self._hit(Resource.INODES, f"0 of {disk.f_files} inodes free")
 
     async def start_due_holder(self) -> None:
         """Start the holder a phase end left due, if any (once, whichever comes first: this or a
@@ -867,12 +1011,49 @@ class BwrapEnvironment(_Sandbox, BaseEnvironment):
             self._holder_due = False
 
     def _empty_all(self, clear: Sequence[str], grading: bool) -> None:
-        """`end_phase`'s emptying, in one trip off the event loop: each of `clear`, then with
-        `grading` HOME and tmp but for a workdir inside it."""
+        """`end_phase`'s host work, in one trip off the event loop: empty each of `clear`; with
+        `grading`, give the tmpfs the verifier's reserve, empty HOME and tmp but for a workdir
+        inside it, give the graded directories back to the sandbox user and the memory the
+        files hold back to the verifier."""
+        if grading:
+            remount_tmpfs(
+                self.files_dir,
+                (self.options.disk_mb + self.options.verifier_disk_mb) * 2**20,
+                self._walk_cap(),
+            )
         for sandbox_path in clear:
             self._empty(sandbox_path)
         if grading:
             self._empty(SCRATCH_DIR, self._work_in_scratch())
+            self._reset_graded()
+            # the files left on the tmpfs are memory charged to the sandbox's cgroup: the
+            # verifier gets its reservation on top of them (and of its own disk reserve)
+            disk = os.statvfs(self.files_dir)
+            used = (disk.f_blocks - disk.f_bfree) * disk.f_frsize
+            self._limits.grow_memory(used + self.options.verifier_disk_mb * 2**20)
+
+    def _walk_cap(self) -> int:
+        """Inodes the sandbox's tmpfs holds at most while grading: no walk of it visits more."""
+        return self.options.max_inodes + self.options.verifier_inodes
+
+    def _reset_graded(self) -> None:
+        """Owner and owner permissions back on the workdir, /tests and /logs (whole trees), the
+        writable mount roots and the workdir's parents, and /tmp 1777 again: a phase's chmod 000
+        cannot lock the verifier (the sandbox user) out of them."""
+        for _, source in self._writable_mounts():
+            with nofollow.opened_dir(source) as fd:
+                nofollow.reset_owner(fd, self.owner)
+        with nofollow.opened_dir(self.files_dir, PurePosixPath(SCRATCH_DIR.strip("/"))) as fd:
+            os.fchmod(fd, 0o1777)
+        root, relative = self._host_path(self.workdir)
+        for depth in range(1, len(relative.parts)):
+            parent = PurePosixPath(*relative.parts[:depth])
+            with nofollow.opened_dir(root, parent, create=True, owner=self.owner) as fd:
+                nofollow.reset_owner(fd, self.owner)
+        for sandbox_path in (self.workdir, *_GRADED_DIRS):
+            root, relative = self._host_path(sandbox_path)
+            with nofollow.opened_dir(root, relative, create=True, owner=self.owner) as fd:
+                nofollow.reset_tree(fd, self.owner, self._walk_cap())
 
     def _work_in_scratch(self) -> str | None:
         """The top-level name under /tmp that holds the workdir, if the workdir is inside /tmp."""
@@ -895,6 +1076,7 @@ class BwrapEnvironment(_Sandbox, BaseEnvironment):
         self._stopped = True
         async with self._holder_lock:  # a holder being started is waited for, then killed
             await self._kill_sandbox()
+        self._observe()
         await self._remove(delete)
 
     # -- commands -------------------------------------------------------------------------------
@@ -931,7 +1113,7 @@ class BwrapEnvironment(_Sandbox, BaseEnvironment):
                 "--user",
                 "--preserve-credentials",
                 "--",
-                *rlimit_argv(self.options.max_pids, self.options.disk_mb * 2**20),
+                *rlimit_argv(self._nproc(), self.options.disk_mb * 2**20),
                 "/usr/bin/setpriv",
                 "--no-new-privs",
                 "--",
@@ -948,6 +1130,11 @@ class BwrapEnvironment(_Sandbox, BaseEnvironment):
                 *inner,
             ]
         )
+
+    def _nproc(self) -> int:
+        """RLIMIT_NPROC of a command: `max_pids`, or above it where the cgroup's pids.max applies
+        (the cgroup then refuses first, and counts the refusal for `limit_hits`)."""
+        return self.options.max_pids + (_PIDS_SLACK if self._limits.pids_cgroup else 0)
 
     def _process_env(self, env: dict[str, str] | None) -> dict[str, str]:
         """The environment a command sees inside the sandbox (never that of the host-side
@@ -1003,9 +1190,13 @@ class BwrapEnvironment(_Sandbox, BaseEnvironment):
                     os.killpg(process.pid, signal.SIGKILL)
                 with contextlib.suppress(BaseException):
                     await asyncio.shield(process.wait())
+                self._observe()
                 raise
             stdout, stderr = out.text(), err.text()
-        if self._limits.memory_exceeded():
+            if out.kept.dropped or err.kept.dropped:
+                self._hit(Resource.OUTPUT, f"{out.kept.dropped + err.kept.dropped} bytes dropped")
+        self._observe()
+        if self._memory_exceeded():
             raise MemoryLimitExceededError(
                 f"sandbox {self.session_id} exceeded its memory reservation "
                 f"of {self.task_env_config.memory_mb} MB"
@@ -1044,6 +1235,36 @@ class BwrapEnvironment(_Sandbox, BaseEnvironment):
             )
         except TimeoutError as exc:
             raise TimeoutError(f"Command timed out after {timeout_sec} seconds") from exc
+
+    async def exec_and_end(
+        self,
+        command: str,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_sec: int | None = None,
+        user: str | int | None = None,
+    ) -> ExecResult:
+        """Run `command` as `exec` does, and end every process of the sandbox as its shell exits:
+        the shell runs traced, stopped as it begins to exit (before its descriptors close), and
+        every process of the sandbox's user is killed then; the host then kills the sandbox's
+        PID namespace (`kill_processes`), also when the command fails, times out or is
+        cancelled. So nothing the command started acts after it exited, even one that watches
+        it go. The verifier runs the test script this way (exec'd by the shell, so the script
+        is the traced process). The return code is the command's own."""
+        traced = os.path.exists(_PYTHON)
+        inner = [_PYTHON, "-I", "-S", "-c", _TRACER, EXIT_TAG] if traced else []
+        try:
+            result = await self._run(
+                [*inner, "/bin/bash", "-c", command],
+                cwd=cwd or self.workdir,
+                env=self._merge_env(env),
+                timeout_sec=timeout_sec,
+            )
+        except TimeoutError as exc:
+            raise TimeoutError(f"Command timed out after {timeout_sec} seconds") from exc
+        finally:
+            await asyncio.shield(self.kill_processes())
+        return reported_exit(result) if traced else result
 
     # -- files ----------------------------------------------------------------------------------
 
@@ -1158,6 +1379,17 @@ class BwrapEnvironment(_Sandbox, BaseEnvironment):
             )
 
         await asyncio.to_thread(self._download_dir, source_dir, Path(target_dir), keep)
+
+
+def reported_exit(result: ExecResult) -> ExecResult:
+    """`result` with the exit code its last `EXIT_TAG` line reports as its return code (what
+    printed it may have gone with the kill it sent next), that line removed from stdout; as it
+    is without such a line."""
+    stdout = result.stdout or ""
+    head, tag, code = stdout.rpartition(EXIT_TAG)
+    if not tag or not code.rstrip("\n").isdigit() or (head and not head.endswith("\n")):
+        return result
+    return ExecResult(stdout=head, stderr=result.stderr, return_code=int(code))
 
 
 @contextlib.contextmanager

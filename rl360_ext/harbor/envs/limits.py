@@ -50,7 +50,7 @@ _JOIN_SCRIPT = (
 )
 PRLIMIT = "/usr/bin/prlimit"
 _MNT_DETACH = 2
-_MS_NOSUID, _MS_NODEV = 2, 4
+_MS_NOSUID, _MS_NODEV, _MS_REMOUNT = 2, 4, 32
 CGROUP_PREFIX = "rl360-sbx."  # + owner tag + "." + sandbox name: what clean_stale_cgroups looks for
 _cpu_cursor = itertools.count()
 _ANCESTRY_DEPTH = 64  # parent links followed from a left-over process
@@ -121,6 +121,17 @@ def _write(path: Path, value: str) -> None:
     path.write_text(value)
 
 
+def _counter(path: Path, key: str) -> int:
+    """The value of `key` in a cgroup `key value` lines file (memory.events, pids.events), 0 when
+    it cannot be read."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    return 0
+
+
 class SandboxLimits:
     """Base: no limits. Subclasses enforce; `mode` names what is enforced."""
 
@@ -139,8 +150,18 @@ class SandboxLimits:
     def attach(self, pidns_inode: int) -> None:
         """The sandbox is up; its processes live in this PID namespace."""
 
-    def memory_exceeded(self) -> bool:
-        return False
+    def oom_kills(self) -> int:
+        """Processes of the sandbox killed for its memory limit so far (never decreases)."""
+        return 0
+
+    def pids_refusals(self) -> int:
+        """Forks the process limit refused so far, as the host counts them (the cgroup's
+        pids.events `max`; 0 where there is no pids controller: RLIMIT_NPROC keeps no count)."""
+        return 0
+
+    def grow_memory(self, extra_bytes: int) -> None:
+        """Allow `extra_bytes` more than the memory reservation from now on (a cgroup's limit;
+        the watchdog counts no tmpfs pages, so it needs none)."""
 
     def kill_all(self) -> None:
         """SIGKILL every process under these limits."""
@@ -160,6 +181,9 @@ class CgroupLimits(SandboxLimits):
         self, name: str, cpus: float | None, memory_mb: int | None, pids_max: int | None = None
     ) -> None:
         self._dirs: list[Path] = []
+        self._pids_events: Path | None = None
+        self._memory_bytes = None if memory_mb is None else memory_mb * 2**20
+        self._memory_limits: list[Path] = []  # the limit files, the one to raise first first
         own = _own_cgroup_paths()
         try:
             if (CGROUP_ROOT / "cgroup.controllers").exists() and "" in own:
@@ -184,8 +208,10 @@ class CgroupLimits(SandboxLimits):
         group = self._make(path)
         self.mode = "cgroup-v2"
         self._events = group / "memory.events"
+        self._pids_events = group / "pids.events"
         if memory_mb is not None:
             _write(group / "memory.max", str(memory_mb * 2**20))
+            self._memory_limits = [group / "memory.max"]
             if (group / "memory.swap.max").exists():
                 _write(group / "memory.swap.max", "0")
         if cpus is not None and "cpu" in parent_controls:
@@ -203,8 +229,10 @@ class CgroupLimits(SandboxLimits):
         self._events = memory / "memory.oom_control"
         if memory_mb is not None:
             _write(memory / "memory.limit_in_bytes", str(memory_mb * 2**20))
+            self._memory_limits = [memory / "memory.limit_in_bytes"]
             if (memory / "memory.memsw.limit_in_bytes").exists():
                 _write(memory / "memory.memsw.limit_in_bytes", str(memory_mb * 2**20))
+                self._memory_limits.insert(0, memory / "memory.memsw.limit_in_bytes")
         self._procs = [memory / "cgroup.procs"]
         cpu_controller = next((c for c in own if c == "cpu" or c.startswith("cpu,")), None)
         if cpus is not None and cpu_controller is not None and (CGROUP_ROOT / "cpu").is_dir():
@@ -215,6 +243,7 @@ class CgroupLimits(SandboxLimits):
         if pids_max is not None and "pids" in own and (CGROUP_ROOT / "pids").is_dir():
             pids = self._make(CGROUP_ROOT / "pids" / own["pids"].lstrip("/") / name)
             _write(pids / "pids.max", str(pids_max))
+            self._pids_events = pids / "pids.events"
             self._procs.append(pids / "cgroup.procs")
             self.pids_cgroup = True
 
@@ -229,13 +258,16 @@ class CgroupLimits(SandboxLimits):
             *argv,
         ]
 
-    def memory_exceeded(self) -> bool:
-        with contextlib.suppress(OSError, ValueError):
-            for line in self._events.read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill" and int(value) > 0:
-                    return True
-        return False
+    def oom_kills(self) -> int:
+        return _counter(self._events, "oom_kill")
+
+    def grow_memory(self, extra_bytes: int) -> None:
+        if self._memory_bytes is not None:
+            for path in self._memory_limits:  # memsw (v1) first: it may never be below the limit
+                _write(path, str(self._memory_bytes + max(0, extra_bytes)))
+
+    def pids_refusals(self) -> int:
+        return 0 if self._pids_events is None or not self.pids_cgroup else _counter(self._pids_events, "max")
 
     def _members(self) -> list[int]:
         pids: list[int] = []
@@ -273,7 +305,7 @@ class WatchdogLimits(SandboxLimits):
         self._poll_s = poll_s
         self._cpu_list = self._pick_cpus(cpus)
         self._pidns: int | None = None
-        self._exceeded = False
+        self._kills = 0
         self._task: asyncio.Task[None] | None = None
 
     @staticmethod
@@ -298,13 +330,13 @@ class WatchdogLimits(SandboxLimits):
         while True:
             pids = pids_in_namespace(pidns_inode)
             if resident_bytes(pids) > limit_bytes:
-                self._exceeded = True
+                self._kills += 1
                 kill_pids(pids)
                 return
             await asyncio.sleep(self._poll_s)
 
-    def memory_exceeded(self) -> bool:
-        return self._exceeded
+    def oom_kills(self) -> int:
+        return self._kills
 
     def kill_all(self) -> None:
         if self._pidns is None:
@@ -461,6 +493,17 @@ def mount_tmpfs(path: Path, size_bytes: int, inodes: int) -> None:
     if _libc().mount(b"tmpfs", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, options.encode()) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"cannot mount a size-capped tmpfs at {path}: {os.strerror(errno)}")
+
+
+def remount_tmpfs(path: Path, size_bytes: int, inodes: int) -> None:
+    """Change the size and inode caps of the tmpfs mounted at `path` (by `mount_tmpfs`) in place:
+    its files stay, every mount of it (a sandbox's binds included) sees the new caps. Raises
+    OSError."""
+    options = f"size={size_bytes},nr_inodes={inodes}"
+    flags = _MS_REMOUNT | _MS_NOSUID | _MS_NODEV
+    if _libc().mount(b"tmpfs", os.fsencode(path), b"tmpfs", flags, options.encode()) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"cannot resize the tmpfs at {path}: {os.strerror(errno)}")
 
 
 def is_mount_point(path: Path) -> bool:

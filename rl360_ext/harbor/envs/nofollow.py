@@ -8,7 +8,10 @@ descriptor with `O_NOFOLLOW` (directories also `O_DIRECTORY`), files are created
 replaced, never written through), and files are read only when `fstat` on the opened descriptor
 says they are regular, at most a byte cap. Copies out of a sandbox skip links, devices, FIFOs
 and sockets, and stop at an inode (files and directories alike), byte, depth and time budget.
-It does not own which sandbox paths exist or who may use them (`rl360_ext.harbor.envs.bwrap`).
+Every walk of a sandbox tree (removal, emptying, the owner and mode reset before grading, copies
+out) is iterative and capped in entries and depth: whatever tree the sandbox left, the host
+either walks it or raises `SandboxTreeError`, never RecursionError. It does not own which
+sandbox paths exist or who may use them (`rl360_ext.harbor.envs.bwrap`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
 import stat
 import time
 from collections.abc import Callable, Iterator
@@ -38,6 +40,14 @@ class UnsafePath(PermissionError):
 
 class TooLarge(ValueError):
     """A file is larger than the cap it is read with."""
+
+
+class SandboxTreeError(RuntimeError):
+    """A tree a sandbox left cannot be walked within the host's caps (more entries or levels than
+    allowed, or one that moved under the walk): the doing of the sandbox phase that left it."""
+
+
+MAX_WALK_ENTRIES = 1 << 20  # default cap of one walk: entries visited (a level counts as one)
 
 
 @dataclass
@@ -89,18 +99,156 @@ def _chown(fd: int, owner: Owner | None) -> None:
         os.fchown(fd, *owner)
 
 
-def remove_entry(dir_fd: int, name: str) -> None:
+def remove_entry(dir_fd: int, name: str, max_entries: int = MAX_WALK_ENTRIES) -> None:
     """Remove `name` in the directory `dir_fd`, whatever it is; a directory is removed with its
-    contents without following links inside it."""
+    contents without following links inside it, iteratively (`walk`: any depth, two descriptors
+    open). Raises SandboxTreeError past `max_entries`."""
     try:
         info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return
-    if stat.S_ISDIR(info.st_mode):
-        shutil.rmtree(name, dir_fd=dir_fd)
-    else:
+    if not stat.S_ISDIR(info.st_mode):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=dir_fd)
+        return
+    try:
+        child = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
+    try:
+        walk(child, on_file=_unlink, on_leave=_rmdir, max_entries=max_entries)
+    finally:
+        os.close(child)
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(name, dir_fd=dir_fd)
+
+
+def _unlink(parent_fd: int, name: str, info: os.stat_result) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=parent_fd)
+
+
+def _rmdir(parent_fd: int, name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(name, dir_fd=parent_fd)
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    info = os.fstat(fd)
+    return info.st_dev, info.st_ino
+
+
+def _names(fd: int, room: int) -> list[str]:
+    """The names in the directory `fd`, read lazily; SandboxTreeError past `room` of them."""
+    with os.scandir(fd) as entries:
+        names = [entry.name for _, entry in zip(range(room + 1), entries, strict=False)]
+    if len(names) > room:
+        raise SandboxTreeError(f"a sandbox tree holds more entries than the walk's cap ({room} left)")
+    return names
+
+
+def walk(
+    root_fd: int,
+    *,
+    on_file: Callable[[int, str, os.stat_result], None] | None = None,
+    on_dir: Callable[[int], None] | None = None,
+    on_leave: Callable[[int, str], None] | None = None,
+    max_entries: int = MAX_WALK_ENTRIES,
+    max_depth: int | None = None,
+) -> int:
+    """Visit the tree under the directory `root_fd` depth-first, without recursion and without
+    following a link: `on_file(parent_fd, name, lstat)` for each entry that is not a directory,
+    `on_dir(fd)` for each directory below the root once it is opened (O_NOFOLLOW), and
+    `on_leave(parent_fd, name)` after its contents. At most two descriptors are open whatever
+    the depth: the walk goes back up through "..", checked against the parent it came from.
+    Returns the number of entries visited; raises SandboxTreeError past `max_entries` entries
+    or `max_depth` levels (default: as deep as the entries allow), or when a directory moved
+    under the walk. Meant for trees no process writes to while they are walked."""
+    depth_cap = max_entries if max_depth is None else max_depth
+    fd = os.dup(root_fd)
+    stack: list[tuple[list[str], tuple[int, int], str]] = []  # each ancestor: names left, identity, child
+    try:
+        names = _names(fd, max_entries)
+        seen = len(names)
+        identity = _identity(fd)
+        while True:
+            if not names:
+                if not stack:
+                    return seen
+                parent_names, parent_identity, name = stack.pop()
+                parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = parent
+                if _identity(fd) != parent_identity:
+                    raise SandboxTreeError("a directory of a sandbox tree moved while it was walked")
+                names, identity = parent_names, parent_identity
+                if on_leave is not None:
+                    on_leave(fd, name)
+                continue
+            name = names.pop()
+            try:
+                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISDIR(info.st_mode):
+                if on_file is not None:
+                    on_file(fd, name, info)
+                continue
+            if len(stack) >= depth_cap:
+                raise SandboxTreeError(f"a sandbox tree is deeper than the walk's cap ({depth_cap} levels)")
+            try:
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            if _identity(child) != (info.st_dev, info.st_ino):
+                os.close(child)
+                raise SandboxTreeError(f"{name!r} in a sandbox tree changed while it was walked")
+            stack.append((names, identity, name))
+            os.close(fd)
+            fd = child
+            identity = (info.st_dev, info.st_ino)
+            if on_dir is not None:
+                on_dir(fd)
+            names = _names(fd, max_entries - seen)
+            seen += len(names)
+    finally:
+        os.close(fd)
+
+
+def reset_owner(fd: int, owner: Owner, bits: int = 0o700) -> None:
+    """Give the file `fd` the owner `owner` and at least the permission `bits` (others kept)."""
+    info = os.fstat(fd)
+    if (info.st_uid, info.st_gid) != owner:
+        os.fchown(fd, *owner)
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & bits != bits:
+        os.fchmod(fd, mode | bits)
+
+
+def reset_tree(root_fd: int, owner: Owner, max_entries: int = MAX_WALK_ENTRIES) -> int:
+    """Give every directory and regular file under (and including) the directory `root_fd` the
+    owner `owner` and owner permissions (directories u+rwx, files u+rw; other bits are kept):
+    what a sandbox's chmod took from its own user is back. Links and special files are left as
+    they are; nothing is followed. Returns the entries visited (SandboxTreeError past
+    `max_entries`)."""
+
+    def on_file(parent_fd: int, name: str, info: os.stat_result) -> None:
+        if not stat.S_ISREG(info.st_mode):
+            return
+        if (info.st_uid, info.st_gid) == owner and info.st_mode & 0o600 == 0o600:
+            return  # nothing to give back: not opened
+        try:
+            fd = os.open(name, _READ_FLAGS, dir_fd=parent_fd)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        try:
+            if _identity(fd) == (info.st_dev, info.st_ino):
+                reset_owner(fd, owner, 0o600)
+        finally:
+            os.close(fd)
+
+    reset_owner(root_fd, owner)
+    return walk(root_fd, on_file=on_file, on_dir=lambda fd: reset_owner(fd, owner), max_entries=max_entries)
 
 
 def _open_child_dir(parent_fd: int, name: str, create: bool, owner: Owner | None) -> int:
@@ -286,56 +434,98 @@ def copy_tree_out(
     """Copy the regular files and directories under the sandbox directory `dir_fd` to the host
     directory `target`. Links, devices, FIFOs and sockets are skipped; what is over the budget's
     caps (size, inodes, depth, time) is skipped and listed in `budget.skipped`; `keep` filters
-    relative paths."""
+    relative paths. Iterative: one source and one target descriptor open per level, at most
+    `budget.max_depth` levels."""
+    names = _listed(dir_fd, PurePosixPath(), budget)
     target_fd = _host_dir(target)
     try:
-        _copy_out(dir_fd, target_fd, PurePosixPath(), budget, keep, 0)
-    finally:
+        source_fd = os.dup(dir_fd)
+    except BaseException:
         os.close(target_fd)
+        raise
+    frames = [_CopyFrame(source_fd, target_fd, PurePosixPath(), names)]
+    try:
+        while frames:
+            frame = frames[-1]
+            if not frame.names or budget.out_of_time():
+                if frame.names:
+                    spent = f"the copy's {budget.max_seconds:g}s time budget is spent"
+                    budget.skipped.append(f"{frame.relative}/ ({spent})")
+                frames.pop().close()
+                continue
+            name = frame.names.pop()
+            child = _copy_entry(frame, name, len(frames) - 1, budget, keep)
+            if child is not None:
+                frames.append(child)
+    finally:
+        for frame in frames:
+            frame.close()
 
 
-def _copy_out(
-    dir_fd: int,
-    target_fd: int,
-    relative: PurePosixPath,
-    budget: CopyBudget,
-    keep: Callable[[PurePosixPath], bool] | None,
-    depth: int,
-) -> None:
+@dataclass
+class _CopyFrame:
+    """One directory of a copy out: its source and target descriptors, what is left to copy."""
+
+    source_fd: int
+    target_fd: int
+    relative: PurePosixPath
+    names: list[str]  # left to copy, the next one last
+
+    def close(self) -> None:
+        os.close(self.source_fd)
+        os.close(self.target_fd)
+
+
+def _listed(dir_fd: int, relative: PurePosixPath, budget: CopyBudget) -> list[str]:
+    """A directory's names to copy, in reverse order (popped first to last), at most what is left
+    of the inode budget."""
     room = budget.max_inodes - budget.copied_inodes
     with os.scandir(dir_fd) as entries:  # lazily: a directory of millions of names is not listed
         names = [entry.name for _, entry in zip(range(room + 1), entries, strict=False)]
     if len(names) > room:
         budget.skipped.append(f"{relative}/ (more than the {room} entries left of the inode budget)")
-    for name in sorted(names[:room]):
-        if budget.out_of_time():
-            budget.skipped.append(f"{relative}/ (the copy's {budget.max_seconds:g}s time budget is spent)")
-            return
-        rel = relative / name
-        try:
-            info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        if stat.S_ISDIR(info.st_mode):
-            if depth + 1 > budget.max_depth:
-                budget.skipped.append(f"{rel}/ (deeper than {budget.max_depth})")
-                continue
-            if not budget.take_inode(rel, "/"):
-                continue
-            try:
-                child = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-            except OSError:
-                continue  # swapped for something else since the stat: skip it
-            try:
-                out = _open_child_dir(target_fd, name, True, None)
-                try:
-                    _copy_out(child, out, rel, budget, keep, depth + 1)
-                finally:
-                    os.close(out)
-            finally:
-                os.close(child)
-        elif stat.S_ISREG(info.st_mode) and (keep is None or keep(rel)):
-            _copy_file_out(dir_fd, name, target_fd, rel, budget)
+    return sorted(names[:room], reverse=True)
+
+
+def _copy_entry(
+    frame: _CopyFrame,
+    name: str,
+    depth: int,
+    budget: CopyBudget,
+    keep: Callable[[PurePosixPath], bool] | None,
+) -> _CopyFrame | None:
+    """Copy one entry of `frame`'s directory: a regular file now, a directory's frame returned."""
+    rel = frame.relative / name
+    try:
+        info = os.stat(name, dir_fd=frame.source_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(info.st_mode) and (keep is None or keep(rel)):
+        _copy_file_out(frame.source_fd, name, frame.target_fd, rel, budget)
+        return None
+    if not stat.S_ISDIR(info.st_mode):
+        return None
+    if depth + 1 > budget.max_depth:
+        budget.skipped.append(f"{rel}/ (deeper than {budget.max_depth})")
+        return None
+    if not budget.take_inode(rel, "/"):
+        return None
+    try:
+        child = os.open(name, _DIR_FLAGS, dir_fd=frame.source_fd)
+    except OSError:
+        return None  # swapped for something else since the stat: skip it
+    try:
+        out = _open_child_dir(frame.target_fd, name, True, None)
+    except BaseException:
+        os.close(child)
+        raise
+    try:
+        names = _listed(child, rel, budget)
+    except BaseException:
+        os.close(child)
+        os.close(out)
+        raise
+    return _CopyFrame(child, out, rel, names)
 
 
 def _copy_file_out(dir_fd: int, name: str, target_fd: int, rel: PurePosixPath, budget: CopyBudget) -> None:
