@@ -131,7 +131,7 @@ def _check_messages(
             raise _bad(f"messages[{i}].content", f"is required for role {role!r}")
         if role == "assistant" and message.get("tool_calls") is not None:
             _check_tool_calls(message["tool_calls"], f"messages[{i}].tool_calls")
-        chars += text_chars(message)
+        chars += text_chars(message) - len(role)  # the role renders as the template's own markup
         if max_chars is not None and chars > max_chars:
             raise _over_budget(f"messages[{i}]", chars, max_chars)
     return messages, chars

@@ -132,10 +132,15 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         raise _HeadRefused(message)
 
     def _refuse(self, field: str, message: str) -> None:
-        """Answer 431 and close: whatever the client still sends is not read."""
+        """Answer 431 and close: whatever the client still sends is not read. Behind a pipelined
+        request still being answered the connection is closed unanswered (a 431 now would be read
+        as that request's answer)."""
         self._refused = (field, message)
         self._disarm()
         if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.transport.close()
             return
         limits = self.limits
         body = self.refusal(
