@@ -1,7 +1,8 @@
 """Schema fuzzing (schemathesis) of the three servers: no input, however malformed, gets a 5xx.
 
 Every operation in each server's /openapi.json is fuzzed with positive and negative cases (100
-each), within a time budget per server; the assertion is zero 5xx and zero dropped connections.
+each) and positive cases with a full-text string (lone surrogates, NUL; 20 each), within a time
+budget per server; the assertion is zero 5xx and zero dropped connections.
 Operations whose body has no schema yet are still fuzzed (paths, queries, headers) and listed in
 the report, so a request model added later is fuzzed without touching this file.
 """
@@ -30,7 +31,7 @@ def _check(report: FuzzReport, log_dir: Path) -> None:
     print("\n" + report.summary())
     if report.bodyless:
         print(f"  {report.server}: POST routes that declare no body: {', '.join(report.bodyless)}")
-    assert report.cases > 0
+    assert report.cases > 0 and report.text_cases > 0
     assert report.server_errors == 0 and report.transport_errors == 0, "\n".join(report.failures)
 
 

@@ -345,6 +345,67 @@ def test_an_authenticated_body_over_the_cap_is_413(harbor: Harbor) -> None:
     assert sent < 32 * 2**20  # cut off near the cap, not after the whole stream
 
 
+def test_an_unauthenticated_64mb_header_line_is_431_unread_and_costs_under_1mb(harbor: Harbor) -> None:
+    """Issue 36: the head is capped by the protocol, before the token: 431 and close."""
+    before = harbor.peak_rss_kb()
+    head = b"POST /run HTTP/1.1\r\nHost: x\r\nX-Big: "
+    answer, sent = _stream(harbor, head, b"a" * 65536, 64 * 2**20)
+    grown_kb = harbor.peak_rss_kb() - before
+    print(f"64 MB header line: {sent >> 10} KiB sent before the answer; peak RSS +{grown_kb} kB")
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["detail"][0]["loc"] == ["header", "headers"]
+    assert sent < 16 * 2**20  # refused after the cap and a read, whatever the kernel buffered
+    assert grown_kb < 1024, grown_kb
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (2 << 20) + b"\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: v\r\n" % i for i in range(20000)) + b"\r\n",
+        b"GET /" + b"a" * (2 << 20) + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    ],
+    ids=["2MB-header", "20000-headers", "2MB-url"],
+)
+def test_oversized_heads_are_431_even_with_the_token(harbor: Harbor, head: bytes) -> None:
+    auth = b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
+    start, rest = head.split(b"\r\n", 1)
+    answer, _ = _stream(harbor, start + b"\r\n" + auth + rest, b"", len(head))
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+
+
+HOSTILE_FIELDS = {
+    "task": {"task": "\ud800"},
+    "session_id": {"task": "fix-mean", "session_id": "\udcff"},
+    "session_server_instance_id": {"task": "fix-mean", "session_server_instance_id": "a\udfffb"},
+    "agent": {"task": "fix-mean", "agent": "\ud83d"},
+    "base_url": {"task": "fix-mean", "base_url": "http://x/\ud800"},
+    "model": {"task": "fix-mean", "model": "\udc80"},
+    "sampling_params": {"task": "fix-mean", "sampling_params": {"stop": ["\ud800"]}},
+    "agent_kwargs": {"task": "fix-mean", "agent_kwargs": {"\ud800": 1}},
+}
+
+
+@pytest.mark.parametrize("field", sorted(HOSTILE_FIELDS))
+def test_a_lone_surrogate_in_any_run_field_is_422_naming_it(harbor: Harbor, field: str) -> None:
+    """Issue 36: `"\\ud800"` is valid JSON that no UTF-8 encoder takes; it was a 500 (the error echoed it)."""
+    body = json.dumps({"deadline_s": 90, **HOSTILE_FIELDS[field]}).encode()  # ensure_ascii: JSON escapes
+    response = httpx.post(
+        harbor.url + "/run", content=body, headers={**harbor.headers, "content-type": "application/json"}
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"] == ["body", field]
+
+
+def test_control_characters_in_names_and_invalid_utf8_bodies_are_4xx(harbor: Harbor) -> None:
+    detail = harbor.run({"task": "fix-mean", "base_url": "http://x/\x00"}, status=422)["detail"][0]
+    assert detail["loc"] == ["body", "base_url"] and "control character" in detail["msg"]
+    headers = {**harbor.headers, "content-type": "application/json"}
+    not_utf8 = b'{"task": "\xff\xfe", "deadline_s": 9}'
+    response = httpx.post(harbor.url + "/run", content=not_utf8, headers=headers)
+    assert response.status_code == 400 and response.json()["detail"][0]["loc"] == ["body", "body"]
+
+
 # -- 4. the tasks root changing under loads --------------------------------------------------------
 
 

@@ -6,9 +6,12 @@ restart never leaks into another test.
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import statistics
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -134,11 +137,78 @@ def test_health_stays_responsive_while_a_10mb_message_is_handled(log_dir, engine
         if limit is None:
             assert response.status_code == 413 and "8388608 bytes" in response.json()["error"]["message"]
         else:
-            # handled (rendered and tokenized off the event loop); the tiny engine's context is 32k, and
-            # its 400 reaches the agent as the engine sent it
-            assert response.status_code == 400 and "error" in response.json()
+            # over the tiny engine's context (32k tokens, /v1/models max_model_len) times its longest
+            # token: refused before it is rendered or tokenized (issue 36), naming the message
+            assert response.status_code == 400, response.text
+            assert response.json()["error"]["param"] == "messages[0]"
         # the event loop never waited on the message: a loop blocked while it is handled answers one
         # /health only after the whole handling (p99 over these few polls ~ handled_s); the bound
         # grows with handled_s so a machine busy with other work does not fail a loop that was free
         assert p99 < max(0.5, handled_s / 4), (p99, handled_s)
         assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+
+
+def _peak_rss_kb(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")))
+
+
+def _send_head(url: str, head: bytes, chunk: bytes, limit: int) -> tuple[bytes, int]:
+    """Send `head`, then `chunk` until the server answers (or `limit` bytes); (answer, bytes sent)."""
+    host, port = url.removeprefix("http://").split(":")
+    sent = 0
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head)
+        sock.setblocking(False)
+        answer = b""
+        deadline = time.monotonic() + 30
+        while sent < limit and time.monotonic() < deadline and not answer:
+            with contextlib.suppress(BlockingIOError):
+                answer = sock.recv(65536)
+            try:
+                sent += sock.send(chunk)
+            except BlockingIOError:
+                time.sleep(0.001)
+            except OSError:
+                break
+        sock.setblocking(True)
+        with contextlib.suppress(OSError):
+            answer += sock.recv(65536)
+    return answer, sent
+
+
+def test_an_oversized_head_costs_the_session_server_and_the_engine_under_1mb(log_dir, engine) -> None:
+    """Issue 36: the head is capped at the protocol, before the token (431 and close)."""
+    server = start_session_server(log_dir, engine.url, "--api-key", "k-36", name="heads-session")
+    with running(server):
+        targets = (("session", server, b"POST /sessions"), ("engine", engine, b"POST /generate"))
+        for name, service, line in targets:
+            before = _peak_rss_kb(service.pid)
+            head = line + b" HTTP/1.1\r\nHost: x\r\nX-Big: "
+            answer, sent = _send_head(service.url, head, b"a" * 65536, 64 << 20)
+            grown = _peak_rss_kb(service.pid) - before
+            print(f"\n{name}: 64 MB header line: {sent >> 10} KiB sent before the 431; peak RSS +{grown} kB")
+            assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+            assert grown < 1024, grown
+            many = line + b" HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: v\r\n" % i for i in range(20000))
+            assert _send_head(service.url, many + b"\r\n", b"", 1)[0].startswith(b"HTTP/1.1 431")
+        assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+
+
+def test_the_red_teams_appended_message_is_refused_before_it_is_tokenized(log_dir, engine) -> None:
+    """Issue 36: a 7.8 MB message appended as a second turn was tokenized on the event loop
+    (/health stalled 18-29 s); it is over the context x longest-token budget: 400 at once."""
+    server = start_session_server(log_dir, engine.url, name="append-session")
+    with running(server):
+        session_id, _ = new_session(server)
+        url = f"{server.url}/sessions/{session_id}/v1/chat/completions"
+        first = httpx.post(url, json={"messages": [SYSTEM, USER], "max_tokens": 2}, timeout=60)
+        history = [SYSTEM, USER, first.json()["choices"][0]["message"]]
+        big = {"role": "user", "content": ("def f(x): return x  # " * 400_000)[:7_800_000]}
+        started = time.perf_counter()
+        response = httpx.post(url, json={"messages": [*history, big], "max_tokens": 2}, timeout=120)
+        took = time.perf_counter() - started
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "messages[3]"
+        assert "before it is tokenized" in response.json()["error"]["message"]
+        print(f"\n7.8 MB appended message: 400 in {took:.2f} s")

@@ -430,6 +430,11 @@ def bench_sessions(
         "full,in_place",
         help="Miles' R3 modes to run with R3 on: full (its default), in_place (deltas), or both.",
     ),
+    stall_s: float = typer.Option(
+        10.0,
+        min=0.0,
+        help="Seconds of each phase of the stall case (idle, then beside the largest request); 0: off.",
+    ),
     json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Session server under load: turns/s, added latency, CPU per turn, bytes, memory per session.
@@ -458,6 +463,7 @@ def bench_sessions(
                 rounds=rounds,
                 miles_modes=chosen,
                 hostings=[Hosting(part) for part in hostings],
+                stall_s=stall_s,
             )
         except MilesUnavailable as exc:
             raise typer.BadParameter(str(exc), param_hint="--miles-src") from None

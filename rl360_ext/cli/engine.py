@@ -31,7 +31,7 @@ def serve(config: EngineConfig) -> None:
     import uvicorn
 
     from rl360_ext.tiny_engine.engine import TinyEngine
-    from rl360_ext.tiny_engine.server import create_app
+    from rl360_ext.tiny_engine.server import create_app, guarded_protocol
 
     try:
         engine = TinyEngine(config)
@@ -45,7 +45,14 @@ def serve(config: EngineConfig) -> None:
         f"on http://{config.host}:{config.port}",
         err=True,
     )
-    uvicorn.run(create_app(engine), host=config.host, port=config.port, log_level="warning", access_log=False)
+    uvicorn.run(
+        create_app(engine),
+        host=config.host,
+        port=config.port,
+        http=guarded_protocol(),
+        log_level="warning",
+        access_log=False,
+    )
 
 
 app.command("serve")(config_command(EngineConfig, serve))
@@ -95,9 +102,11 @@ def instant(
     import uvicorn
 
     from rl360_ext.tiny_engine.instant import InstantConfig, create_app
+    from rl360_ext.tiny_engine.server import guarded_protocol
 
     try:
         config = InstantConfig(layers=layers, top_k=top_k, experts=experts)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
-    uvicorn.run(create_app(config), host=host, port=port, log_level="warning", access_log=False)
+    app_ = create_app(config)
+    uvicorn.run(app_, host=host, port=port, http=guarded_protocol(), log_level="warning", access_log=False)

@@ -5,7 +5,10 @@ connection guard (`rl360_ext.harbor.guard`: the optional bearer token on every p
 before a body is read, the body cap, the header and body timeouts) in front of every route (with
 a token the docs routes are off); turning a `rl360_ext.harbor.errors.HarborRequestError`
 into its status with a body that names the request field, in FastAPI's own validation-error
-shape (schema errors too, with inputs such as NaN written so the body is valid JSON); and
+shape (schema errors too, with inputs such as NaN or a lone surrogate written so the body is valid
+JSON; every answer is a `SafeJSONResponse`, whose encoding cannot fail on a string); refusing, with
+a 422 naming the field, any body string UTF-8 cannot encode (`rl360_ext.util.text.TextModel`) and
+control characters in names and the URL; and
 `serve`, which on SIGTERM first cancels every attempt in flight (each client gets its
 `failure_cause: cancelled` answer) and only then lets uvicorn close connections. Everything
 else is `rl360_ext.harbor.runner.TrialRunner`.
@@ -14,6 +17,7 @@ else is `rl360_ext.harbor.runner.TrialRunner`.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import socket
 from collections.abc import AsyncIterator
@@ -24,18 +28,37 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
 from rl360_ext.harbor.catalog import MAX_TASK_NAME
 from rl360_ext.harbor.errors import FieldInvalid, HarborRequestError, detail
-from rl360_ext.harbor.guard import GuardedHttpProtocol, RequestGuard
+from rl360_ext.harbor.guard import RequestGuard, guarded_protocol
 from rl360_ext.harbor.runner import RunRequest, TrialRunner
+from rl360_ext.util.text import TextModel, encodable, has_control, shown
 
 _GRACEFUL_S = 5
 
 
-class RunBody(BaseModel):
-    """`POST /run` body."""
+class SafeJSONResponse(JSONResponse):
+    """FastAPI's JSON answer, except that a string UTF-8 cannot encode (a lone surrogate) is
+    written as its JSON escape instead of failing the answer with a 500."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+def _no_control(value: str | None, name: str) -> str | None:
+    if value is not None and has_control(value):
+        raise ValueError(f"{name}: holds a control character (NUL, CR, LF, ...): {shown(value)!r}")
+    return value
+
+
+class RunBody(TextModel):
+    """`POST /run` body. Every string, at any depth, must be UTF-8 text (a lone surrogate is a
+    422 naming the field); names and the URL hold no control character."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -60,41 +83,53 @@ class RunBody(BaseModel):
         default_factory=dict, description="Extra agent kwargs (win over rl360's; Harbor's own are refused)."
     )
 
+    @field_validator("base_url", "model", "agent", "session_id", "session_server_instance_id")
+    @classmethod
+    def _names(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _no_control(value, str(info.field_name))
 
-class FlushBody(BaseModel):
+
+class FlushBody(TextModel):
     model_config = ConfigDict(extra="forbid")
 
     session_server_instance_id: str = Field(min_length=1)
 
 
 def _field_error(error: HarborRequestError) -> JSONResponse:
-    return JSONResponse(status_code=error.status, content=detail(error))
+    return SafeJSONResponse(status_code=error.status, content=detail(error))
 
 
 def _json_safe(value: Any) -> Any:
-    """A validation error's input as JSON can carry it (NaN, Infinity and bytes become text)."""
+    """A validation error's input as JSON can carry it (NaN, Infinity and bytes become text; a
+    string UTF-8 cannot encode is written escaped)."""
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
     if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {_text(str(k)): _json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_json_safe(v) for v in value]
-    if value is None or isinstance(value, str | int | float | bool):
+    if isinstance(value, str):
+        return _text(value)
+    if value is None or isinstance(value, int | float | bool):
         return value
-    return repr(value)
+    return _text(repr(value))
+
+
+def _text(value: str) -> str:
+    return value if encodable(value) else shown(value, len(value))
 
 
 def _schema_error(exc: RequestValidationError) -> JSONResponse:
     detail = [
         {
-            "loc": list(error.get("loc", ())),
-            "msg": str(error.get("msg", "")),
+            "loc": _json_safe(list(error.get("loc", ()))),
+            "msg": _text(str(error.get("msg", ""))),
             "type": str(error.get("type", "value_error")),
             "input": _json_safe(error.get("input")),
         }
         for error in exc.errors()
     ]
-    return JSONResponse(status_code=FieldInvalid.status, content={"detail": detail})
+    return SafeJSONResponse(status_code=FieldInvalid.status, content={"detail": detail})
 
 
 def create_app(runner: TrialRunner, token: str | None = None) -> FastAPI:
@@ -106,7 +141,9 @@ def create_app(runner: TrialRunner, token: str | None = None) -> FastAPI:
         await runner.shutdown()
 
     docs = {} if token is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
-    app = FastAPI(title="rl360 Harbor /run server", lifespan=lifespan, **docs)
+    app = FastAPI(
+        title="rl360 Harbor /run server", lifespan=lifespan, default_response_class=SafeJSONResponse, **docs
+    )
     app.add_middleware(RequestGuard, token=token, limits=runner.settings.http_limits)  # type: ignore[arg-type]
 
     @app.exception_handler(HarborRequestError)
@@ -159,11 +196,10 @@ HARBOR_EVENT_LOOP = "asyncio"
 
 def uvicorn_config(runner: TrialRunner, token: str | None, **options: Any) -> uvicorn.Config:
     """uvicorn's config for the app (the server's and each pool replica's): httptools with the
-    header deadline of the runner's settings, `options` for the rest."""
-    limits = runner.settings.http_limits
+    head caps and deadline of the runner's settings (`guard.guarded_protocol`), `options` for the rest."""
     return uvicorn.Config(
         create_app(runner, token),
-        http=GuardedHttpProtocol.with_limits(limits),
+        http=guarded_protocol(runner.settings.http_limits),
         ws="none",  # no route speaks WebSocket: an upgrade request is plain HTTP to the guard
         timeout_graceful_shutdown=_GRACEFUL_S,
         **options,

@@ -14,6 +14,8 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import Any, ClassVar
 
+from rl360_ext.util.text import encodable, shown
+
 
 class HarborRequestError(ValueError):
     """A request the server refuses; `field` names the request field at fault."""
@@ -28,8 +30,10 @@ class HarborRequestError(ValueError):
 
 
 def detail(error: HarborRequestError) -> dict[str, Any]:
-    """The response body of a refused request, in FastAPI's validation-error shape."""
-    return {"detail": [{"loc": [error.location, error.field], "msg": str(error), "type": error.kind}]}
+    """The response body of a refused request, in FastAPI's validation-error shape (a message that
+    echoes a string UTF-8 cannot encode is written escaped, so the body always encodes)."""
+    msg = str(error) if encodable(str(error)) else shown(str(error), len(str(error)))
+    return {"detail": [{"loc": [error.location, error.field], "msg": msg, "type": error.kind}]}
 
 
 class FieldInvalid(HarborRequestError):
@@ -89,6 +93,20 @@ class HeaderInvalid(HarborRequestError):
 
     status = HTTPStatus.BAD_REQUEST
     location = "header"
+
+
+class HeadTooLarge(HarborRequestError):
+    """The request line or headers are over the server's caps (431, answered by the protocol)."""
+
+    status = HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE
+    kind = "header_too_large"
+    location = "header"
+
+
+class BodyInvalid(HarborRequestError):
+    """The body is not UTF-8 (400)."""
+
+    status = HTTPStatus.BAD_REQUEST
 
 
 class BodyTooLarge(HarborRequestError):

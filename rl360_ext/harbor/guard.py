@@ -8,10 +8,10 @@ Owns the connection-level rules of the Harbor /run server, applied in front of F
   soon as the count passes it) and bounded by `HttpLimits.body_timeout_s` (a 408), and only a
   complete body within both reaches the app. Every refusal closes the connection, so a client
   still sending is cut off rather than drained.
-- `GuardedHttpProtocol` (uvicorn's httptools protocol): a request's start line and headers must
-  arrive within `HttpLimits.header_timeout_s` of the connection opening (the first request) or
-  of the request's first byte (the next ones; an idle keep-alive connection is uvicorn's
-  keep-alive timeout's); a slow or half-sent request is dropped then.
+- the protocol below it (`rl360_ext.util.http_guard.GuardedHttpProtocol`, `guarded_protocol`
+  here): a request's start line and headers are capped (bytes and fields: 431, answered in this
+  server's shape) and must arrive within `HttpLimits.header_timeout_s`, before any of the above;
+- a body must be UTF-8 (JSON's encoding): other bytes are a 400 naming the body and the offset.
 Refusals are `rl360_ext.harbor.errors` classes, answered in their shape. It does not own the
 routes, the schema or what a request does.
 """
@@ -21,21 +21,21 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from asyncio import TimerHandle
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
 from rl360_ext.harbor.errors import (
+    BodyInvalid,
     BodyTimeout,
     BodyTooLarge,
     HarborRequestError,
     HeaderInvalid,
+    HeadTooLarge,
     Unauthorized,
     detail,
 )
+from rl360_ext.util.http_guard import GuardedHttpProtocol, HeadLimits
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -54,6 +54,14 @@ class HttpLimits:
     """Deadline for a request's start line and headers (past it: the connection is closed)."""
     body_timeout_s: float = 30.0
     """Deadline for the whole body, from the headers (past it: 408)."""
+    max_head_bytes: int = HeadLimits.max_head_bytes
+    """Largest start line plus headers (over it: 431 and close, before the token is checked)."""
+    max_headers: int = HeadLimits.max_headers
+    """Most header fields in one request (over it: 431 and close)."""
+
+    @property
+    def head(self) -> HeadLimits:
+        return HeadLimits(self.header_timeout_s, self.max_head_bytes, self.max_headers)
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -82,6 +90,7 @@ class RequestGuard:
         try:
             self._check_headers(scope)
             body = await self._read_body(receive)
+            _check_utf8(body)
         except HarborRequestError as refused:
             await _refuse(send, refused)
             return
@@ -126,6 +135,14 @@ class RequestGuard:
         return b"".join(chunks)
 
 
+def _check_utf8(body: bytes) -> None:
+    """A JSON body is UTF-8 (RFC 8259); any other bytes are refused here, naming where."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BodyInvalid("body", f"the body is not UTF-8 (byte {exc.start}: {exc.reason})") from None
+
+
 def _replay(body: bytes, receive: Receive) -> Receive:
     """The app's `receive`: the body read by the guard once, then the connection's own messages."""
     pending = [{"type": "http.request", "body": body, "more_body": False}]
@@ -148,46 +165,10 @@ async def _refuse(send: Send, refused: HarborRequestError) -> None:
     await send({"type": "http.response.body", "body": content})
 
 
-class GuardedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a deadline on each request's start line and headers."""
+def _head_refusal(field: str, message: str) -> bytes:
+    return json.dumps(detail(HeadTooLarge(field, message))).encode()
 
-    header_timeout_s: float = HttpLimits.header_timeout_s
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._header_timer: TimerHandle | None = None
-
-    @classmethod
-    def with_limits(cls, limits: HttpLimits) -> type[GuardedHttpProtocol]:
-        return type(cls.__name__, (cls,), {"header_timeout_s": limits.header_timeout_s})
-
-    def _arm(self) -> None:
-        self._disarm()
-        self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_too_slow)
-
-    def _disarm(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-
-    def _headers_too_slow(self) -> None:
-        self._header_timer = None
-        if not self.transport.is_closing():
-            self.transport.close()
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._arm()
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        if self._header_timer is None:
-            self._arm()
-
-    def on_headers_complete(self) -> None:
-        self._disarm()
-        super().on_headers_complete()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)
+def guarded_protocol(limits: HttpLimits) -> type[GuardedHttpProtocol]:
+    """uvicorn's `http` for this server: the shared head guard, refusals in this server's shape."""
+    return GuardedHttpProtocol.configured(limits.head, _head_refusal)

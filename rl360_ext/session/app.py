@@ -7,7 +7,9 @@ wire, encoded by `miles_wire.py`), `GET /sessions/{id}` (Miles' records view, `r
 `/metrics`), mapping each `errors.SessionServerError` to its status (an OpenAI-style error object
 on the agent's `/v1/` routes, Miles' `{"error": "<text>"}` on the session routes Miles' tooling
 calls; an engine's HTTP error passes through with its status and body, as Miles passes it), the
-request-size limit (413 before parsing), the optional bearer token (constant-time comparison;
+request-size limit (413 before parsing), the protocol guard's 431 body for an oversized head
+(`guarded_protocol`, which `service.py` and the pool serve with), JSON answers whose encoding cannot
+fail on a string, the optional bearer token (constant-time comparison;
 /health and /metrics stay open), each body's schema in `/openapi.json` (`schemas.py`), the
 single-chunk SSE stream, and the idle-TTL sweeper task. Logic lives in `core.py`.
 
@@ -35,6 +37,7 @@ from rl360_ext.session import miles_wire
 from rl360_ext.session.core import SessionCore
 from rl360_ext.session.errors import (
     EngineHTTPError,
+    HeadTooLargeError,
     PayloadTooLargeError,
     RequestError,
     SessionServerError,
@@ -49,6 +52,8 @@ from rl360_ext.session.schemas import (
     add_request_schemas,
     request_body,
 )
+from rl360_ext.util.http_guard import GuardedHttpProtocol, HeadLimits
+from rl360_ext.util.text import json_bytes
 
 WIRE_MEDIA_TYPE = "application/vnd.rl360.merged-sample"
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # served without the bearer token (probes, Prometheus)
@@ -57,8 +62,19 @@ CHAT_TAIL = ["v1", "chat", "completions"]
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+    """A JSON answer; its encoding cannot fail on a string (`rl360_ext.util.text.json_bytes`)."""
+    content = json_bytes(body, option=orjson.OPT_SERIALIZE_NUMPY)
     return Response(content, status, headers=headers, media_type="application/json")
+
+
+def _head_refusal(field: str, message: str) -> bytes:
+    return json_bytes(HeadTooLargeError(message, param=field).to_json())
+
+
+def guarded_protocol(limits: HeadLimits = HeadLimits()) -> type[GuardedHttpProtocol]:
+    """uvicorn's `http` for a session server (process or pool actor): the shared head guard, its
+    431 an OpenAI error object."""
+    return GuardedHttpProtocol.configured(limits, _head_refusal)
 
 
 def error_response(error: SessionServerError) -> Response:
@@ -207,7 +223,7 @@ def create_app(
         reply = await core.chat(session_id, body)
         if not (isinstance(body, dict) and body.get("stream")):
             return json_response(reply.completion())
-        chunk = orjson.dumps(reply.chunk())
+        chunk = json_bytes(reply.chunk())
 
         async def events() -> AsyncIterator[bytes]:
             yield b"data: " + chunk + b"\n\n"
@@ -269,7 +285,7 @@ def create_app(
             return Response(await core.merged_wire(session_id), media_type=WIRE_MEDIA_TYPE)
         sample = await core.merged(session_id)
         return Response(
-            orjson.dumps(sample.to_json(), option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json"
+            json_bytes(sample.to_json(), option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json"
         )
 
     @app.post("/sessions/{session_id}/samples", openapi_extra=request_body(SamplesRequest, required=False))

@@ -42,6 +42,9 @@ class ChatRequest:
     presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     stream: bool = False
+    new_chars: int = field(default=0, compare=False)
+    """Characters of text in the messages (and, on a first prompt, the tools) this turn tokenizes:
+    those not equal to the held message at their index."""
 
     def sampling_params(self) -> dict[str, Any]:
         """SGLang sampling_params for this request (the session adds its forced flags)."""
@@ -83,12 +86,37 @@ def _check_tool_calls(calls: Any, where: str) -> None:
             raise _bad(f"{where}[{j}].function.arguments", "must be a JSON string")
 
 
-def _check_messages(messages: Any, held: Sequence[Message] = ()) -> list[Message]:
-    """`messages`, checked; a message equal to the held message at its index (one C-level dict
-    comparison) is valid as that one was when it arrived, so an echoed history costs no checks."""
+def text_chars(value: Any) -> int:
+    """Characters in every string value of a JSON-like value: text a render tokenizes (keys, which
+    a template need not render, are not counted, so the count never overstates the text)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(text_chars(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(text_chars(v) for v in value)
+    return 0
+
+
+def _over_budget(where: str, chars: int, max_chars: int) -> RequestError:
+    return _bad(
+        where,
+        f"the new text of this request is over {max_chars} characters ({chars} so far): more tokens "
+        "than the engine's context holds, at most --max-chars-per-token characters per token; "
+        "it is refused before it is tokenized",
+    )
+
+
+def _check_messages(
+    messages: Any, held: Sequence[Message] = (), max_chars: int | None = None
+) -> tuple[list[Message], int]:
+    """`messages`, checked, and the characters of text in the new ones; a message equal to the held
+    message at its index (one C-level dict comparison) is valid as that one was when it arrived, so
+    an echoed history costs no checks. Past `max_chars` of new text: RequestError naming the message."""
     if not isinstance(messages, list) or not messages:
         raise _bad("messages", "must be a non-empty list of messages")
     held_count = len(held)
+    chars = 0
     for i, message in enumerate(messages):
         if i < held_count and message == held[i]:
             continue
@@ -103,7 +131,10 @@ def _check_messages(messages: Any, held: Sequence[Message] = ()) -> list[Message
             raise _bad(f"messages[{i}].content", f"is required for role {role!r}")
         if role == "assistant" and message.get("tool_calls") is not None:
             _check_tool_calls(message["tool_calls"], f"messages[{i}].tool_calls")
-    return messages
+        chars += text_chars(message) - len(role)  # the role renders as the template's own markup
+        if max_chars is not None and chars > max_chars:
+            raise _over_budget(f"messages[{i}]", chars, max_chars)
+    return messages, chars
 
 
 def _check_tools(tools: Any) -> list[dict[str, Any]] | None:
@@ -167,12 +198,16 @@ def _logit_bias(value: Any) -> dict[str, float] | None:
     return {str(token): float(bias) for token, bias in value.items()}
 
 
-def parse_chat_request(body: Any, held: Sequence[Message] = ()) -> ChatRequest:
+def parse_chat_request(
+    body: Any, held: Sequence[Message] = (), max_chars: int | None = None
+) -> ChatRequest:
     """Validate an agent's chat-completions body; raises RequestError(400) naming the field.
 
     `held`: messages already validated (the session's; the replies it made are valid too); a
     request message equal to the one at its index is not checked again. The answer, and the
-    first error, are those of checking every message."""
+    first error, are those of checking every message. `max_chars`: the most characters of new
+    text (new messages; on a first prompt the tools too) a turn may tokenize
+    (`ServerConfig.max_text_chars`); more is a RequestError before anything is rendered."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object", param="body")
     n = _integer(body, "n", 1)
@@ -187,9 +222,15 @@ def parse_chat_request(body: Any, held: Sequence[Message] = ()) -> ChatRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad("model", "must be a string")
+    messages, chars = _check_messages(body.get("messages"), held, max_chars)
+    tools = _check_tools(body.get("tools"))
+    if not held and tools:
+        chars += text_chars(tools)
+        if max_chars is not None and chars > max_chars:
+            raise _over_budget("tools", chars, max_chars)
     return ChatRequest(
-        messages=_check_messages(body.get("messages"), held),
-        tools=_check_tools(body.get("tools")),
+        messages=messages,
+        tools=tools,
         tool_choice=_check_tool_choice(body.get("tool_choice")),
         model=model,
         max_tokens=max_tokens,
@@ -201,6 +242,7 @@ def parse_chat_request(body: Any, held: Sequence[Message] = ()) -> ChatRequest:
         presence_penalty=_number(body, "presence_penalty", -2.0, 2.0),
         logit_bias=_logit_bias(body.get("logit_bias")),
         stream=stream,
+        new_chars=chars,
     )
 
 

@@ -48,6 +48,17 @@ class ServerConfig:
     """What POST /samples answers: Miles' v1 wire (one sample) or v2 (one sample per branch)."""
     top_logprobs_num: int = default_of("top_logprobs_num")
     """Top-k log-probs asked per generated token and kept in the merged sample; 0: none."""
+    max_context_tokens: int | None = default_of("max_context_tokens")
+    """Longest prompt the engine takes; None: unknown (no bound but the body cap)."""
+    max_chars_per_token: int | None = default_of("max_chars_per_token")
+    """Most characters one token covers (the service sets the tokenizer's longest token)."""
+
+    @property
+    def max_text_chars(self) -> int | None:
+        """The most characters of new text a turn may tokenize: a longer text cannot fit the context."""
+        if self.max_context_tokens is None or self.max_chars_per_token is None:
+            return None
+        return self.max_context_tokens * self.max_chars_per_token
 
     def __post_init__(self) -> None:
         if self.history_mismatch not in HISTORY_MISMATCH_MODES:
@@ -58,5 +69,9 @@ class ServerConfig:
             raise ValueError(f"samples_wire must be v1 or v2, got {self.samples_wire!r}")
         if self.top_logprobs_num < 0:
             raise ValueError(f"top_logprobs_num must be >= 0, got {self.top_logprobs_num}")
+        for name in ("max_context_tokens", "max_chars_per_token"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
         if self.max_sessions < 1 or self.idle_ttl_s <= 0:
             raise ValueError("max_sessions must be >= 1 and idle_ttl_s > 0")

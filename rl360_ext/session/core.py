@@ -53,6 +53,7 @@ from rl360_ext.sglang.client import EngineError, GenerateResult
 from rl360_ext.templates.drift import DRIFT_KEY, not_checked
 from rl360_ext.templates.parse import ParsedAssistant
 from rl360_ext.templates.render import TemplateNotAppendOnlyError
+from rl360_ext.util.text import unencodable
 
 log = logging.getLogger("rl360.session")
 SESSION_KEY = "session"  # metadata key of the session's own facts
@@ -62,6 +63,7 @@ _FORGOTTEN_MAX = 65536
 ROUTING_KEY_MAX = 256
 _ROUTING_KEY = re.compile(rf"[\x21-\x7e]{{1,{ROUTING_KEY_MAX}}}")  # visible ASCII: a valid header value
 _MINTED_ID = re.compile(r"[0-9a-f]{32}")
+INLINE_CHARS = 4096  # an append with at most this much new text is planned on the event loop
 Message = dict[str, Any]
 
 
@@ -186,6 +188,9 @@ class SessionCore:
             raise RequestError("r3: this session server runs without --r3", param="r3")
         if metadata is not None and not isinstance(metadata, dict):
             raise RequestError("metadata: must be a JSON object", param="metadata")
+        where = unencodable(metadata, "metadata")
+        if where is not None:
+            raise RequestError(f"{where}: holds a lone surrogate, not UTF-8 text", param="metadata")
         reserved = [k for k in RESERVED_METADATA_KEYS if k in (metadata or {})]
         if reserved:
             raise RequestError(f"metadata: keys {reserved} are reserved for the server", param="metadata")
@@ -269,13 +274,15 @@ class SessionCore:
         A request identical to one that produced a recorded turn of this session (a client's retry
         after a timeout or a dropped connection, even one delayed past later turns) gets that
         turn's reply again; nothing is generated, recorded or forked. A call cancelled before its
-        turn is recorded leaves the session as it was. A first prompt, a fork or a full render is
-        rendered and tokenized on a worker thread, so a large request does not stall the event
-        loop; an append whose suffix renders after an anchor (a few messages) is planned in place.
+        turn is recorded leaves the session as it was. New text past `ServerConfig.max_text_chars`
+        is refused before anything is rendered; a first prompt, a fork, a full render or an append
+        with more than INLINE_CHARS of new text is rendered and tokenized on a worker thread, so a
+        large request does not stall the event loop; a small append whose suffix renders after an
+        anchor is planned in place. A prompt over the engine's context is refused unsent.
         """
         known = self.sessions.get(session_id)
         held = () if known is None or known.segment is None else known.segment.messages
-        request = parse_chat_request(body, held)
+        request = parse_chat_request(body, held, self.config.max_text_chars)
         fingerprint = request_fingerprint(body)
         session = self.get(session_id)
         requested_at = time.time()
@@ -285,9 +292,10 @@ class SessionCore:
             if recorded is not None:
                 self.metrics.replays.inc()
                 return recorded
-            plan = self._plan_appended(session, request)
+            plan = self._plan_appended(session, request) if request.new_chars <= INLINE_CHARS else None
             if plan is None:
                 plan = await asyncio.to_thread(self._plan, session, request)
+            self._check_context(plan)
             started = time.monotonic()
             result = await self._generate(session, plan, request)
             turn = self._record(session, plan, result, time.monotonic() - started)
@@ -330,6 +338,16 @@ class SessionCore:
         except Exception:  # a template error: `_plan` turns it into the request's 400
             return None
         return None if suffix is None else _append(held, suffix, len(new))
+
+    def _check_context(self, plan: _Plan) -> None:
+        """A prompt longer than the engine's context is refused here, unsent (the engine would refuse it)."""
+        limit = self.config.max_context_tokens
+        if limit is not None and len(plan.prompt) > limit:
+            raise RequestError(
+                f"messages: the prompt is {len(plan.prompt)} tokens, over the engine's context of {limit} "
+                "(--max-context-tokens)",
+                param="messages",
+            )
 
     def _plan(self, session: Session, request: ChatRequest) -> _Plan:
         try:

@@ -10,6 +10,8 @@ Hierarchy (status, default `code` in the OpenAI-style error body)::
     ├── SessionGoneError               410 session_expired      dropped by the idle TTL
     │   └── SessionLostError           410 session_lost         made by an earlier server process
     ├── PayloadTooLargeError           413 request_too_large    body over --max-request-bytes
+    ├── HeadTooLargeError              431 request_header_too_large  request line or headers over
+    │                                                the protocol's caps (answered before routing)
     ├── TooManySessionsError           429 too_many_sessions    --max-sessions reached
     ├── EngineHTTPError                the engine's  engine_busy (429) / engine_rejected (4xx) /
     │                                  status        engine_failed (5xx): the engine's HTTP error,
@@ -95,6 +97,13 @@ class SessionLostError(SessionGoneError):
 class PayloadTooLargeError(SessionServerError):
     status = 413
     default_code = "request_too_large"
+
+
+class HeadTooLargeError(SessionServerError):
+    """The request line or headers are over the protocol guard's caps (`rl360_ext.util.http_guard`)."""
+
+    status = 431
+    default_code = "request_header_too_large"
 
 
 class TooManySessionsError(SessionServerError):

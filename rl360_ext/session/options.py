@@ -68,6 +68,15 @@ class ServiceOptions:
     max_request_bytes: int = field(default=8 * 1024 * 1024, metadata={"min": 1})
     """Largest request body accepted, in bytes; a larger one is answered 413 before it is parsed."""
 
+    max_context_tokens: int | None = field(default=None, metadata={"min": 1})
+    """Longest prompt the engine takes, in tokens (default: the backend's /v1/models max_model_len, as
+    SGLang reports it; unknown: no bound but the body cap). A request whose new text is longer than
+    this times --max-chars-per-token is refused with a 400 before it is tokenized, and a prompt
+    longer than this after tokenizing is refused before it is sent."""
+
+    max_chars_per_token: int | None = field(default=None, metadata={"min": 1})
+    """Most characters one token covers (default: the longest token in the tokenizer's vocabulary)."""
+
     vocab_size: int | None = field(default=None, metadata={"min": 1})
     """Token ids the model can emit (default: max of the tokenizer's size and config.json's vocab_size)."""
 

@@ -97,6 +97,7 @@ class SessionServerActor:
         import ray
         import uvicorn
 
+        from rl360_ext.session.app import guarded_protocol
         from rl360_ext.session.service import app_for, build_core
 
         host = self.host or ray.util.get_node_ip_address()
@@ -105,6 +106,7 @@ class SessionServerActor:
             app_for(self.core, self.options),
             host=host,
             port=self.port,
+            http=guarded_protocol(),
             log_level="warning",
             access_log=False,
         )

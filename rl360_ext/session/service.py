@@ -55,22 +55,41 @@ def resolve_chat_template(tokenizer: Any, choice: str | None) -> str | None:
     return path.read_text()
 
 
-def served_model_name(backend_url: str) -> str:
-    """The model id the backend serves (`/v1/models`, as SGLang and the SMG gateway answer it).
-
-    Falls back to DEFAULT_MODEL_NAME, with a warning, when the backend does not say.
-    """
+def model_card(backend_url: str) -> dict[str, Any]:
+    """The first model card of the backend's `/v1/models` (as SGLang and the SMG gateway answer
+    it), or {} when it serves none."""
     try:
         response = httpx.get(backend_url.rstrip("/") + "/v1/models", timeout=10.0)
         cards = response.json().get("data") if response.status_code == 200 else None
-        first = cards[0] if isinstance(cards, list) and cards else None
-        name = first.get("id") if isinstance(first, dict) else None
     except (httpx.HTTPError, ValueError, AttributeError):
-        name = None
+        return {}
+    first = cards[0] if isinstance(cards, list) and cards else None
+    return first if isinstance(first, dict) else {}
+
+
+def served_model_name(card: dict[str, Any], backend_url: str) -> str:
+    """The model id of the backend's card; DEFAULT_MODEL_NAME, with a warning, when it names none."""
+    name = card.get("id")
     if isinstance(name, str) and name:
         return name
     log.warning("%s/v1/models names no model; replies say %r", backend_url, DEFAULT_MODEL_NAME)
     return DEFAULT_MODEL_NAME
+
+
+def context_tokens(card: dict[str, Any], options: ServiceOptions) -> int | None:
+    """--max-context-tokens, else the card's `max_model_len` (SGLang's context length), else None."""
+    if options.max_context_tokens is not None:
+        return options.max_context_tokens
+    length = card.get("max_model_len")
+    return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+
+
+def chars_per_token(tokenizer: Any, options: ServiceOptions) -> int:
+    """--max-chars-per-token, else the longest token of the vocabulary in characters: no token
+    covers more, so a text of N characters is at least N / this many tokens."""
+    if options.max_chars_per_token is not None:
+        return options.max_chars_per_token
+    return max((len(token) for token in tokenizer.get_vocab()), default=1)
 
 
 def _shape_from_model_info(info: dict[str, Any]) -> RoutingShape | None:
@@ -158,6 +177,7 @@ def build_core(options: ServiceOptions) -> SessionCore:
     renderer = ChatRenderer(tokenizer, resolve_chat_template(tokenizer, options.chat_template))
     facts = check_template_or_refuse(renderer, options)
     identity = {} if options.instance_id is None else {"instance_id": options.instance_id}
+    card = {} if options.model_name and options.max_context_tokens else model_card(options.backend_url)
     config = ServerConfig(
         **identity,
         samples_wire=options.samples_wire,  # type: ignore[arg-type]
@@ -167,7 +187,9 @@ def build_core(options: ServiceOptions) -> SessionCore:
         history_mismatch=options.history_mismatch,  # type: ignore[arg-type]
         max_sessions=options.max_sessions,
         idle_ttl_s=options.idle_ttl_s,
-        model_name=options.model_name or served_model_name(options.backend_url),
+        model_name=options.model_name or served_model_name(card, options.backend_url),
+        max_context_tokens=context_tokens(card, options),
+        max_chars_per_token=chars_per_token(tokenizer, options),
         template_facts=facts,
         template_append_only=facts["append_only"],
         vocab_size=resolve_vocab_size(tokenizer, options),
@@ -206,15 +228,19 @@ def app_for(core: SessionCore, options: ServiceOptions) -> Any:
 def serve(options: ServiceOptions, host: str, port: int) -> None:
     """Build the core and serve it with uvicorn until interrupted.
 
-    uvicorn picks httptools and uvloop (dependencies) over h11 and asyncio's loop by itself.
+    uvicorn picks uvloop (a dependency) over asyncio's loop by itself; the protocol is httptools
+    under the shared head guard (`app.guarded_protocol`).
     """
     import uvicorn
+
+    from rl360_ext.session.app import guarded_protocol
 
     app = app_for(build_core(options), options)
     uvicorn.run(
         app,
         host=host,
         port=port,
+        http=guarded_protocol(),
         log_level="warning",
         access_log=False,
         timeout_keep_alive=KEEP_ALIVE_S,

@@ -21,6 +21,7 @@ they equal `TinyMoEModel.sequence_logprobs` over the final sequence.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import uuid
@@ -33,6 +34,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from rl360_ext.templates.markup import TURN_END
+from rl360_ext.templates.tokenizer import GIL_FREE_CHARS
 from rl360_ext.tiny_engine.cache import RadixKVCache
 from rl360_ext.tiny_engine.config import EngineConfig
 from rl360_ext.tiny_engine.errors import ServiceUnavailable
@@ -183,7 +185,16 @@ class TinyEngine:
         return self.model_config.vocab_size
 
     def encode(self, text: str) -> list[int]:
+        """`text`'s ids; a long text through `encode_batch`, which releases the GIL (`encode` holds it)."""
+        if len(text) > GIL_FREE_CHARS:
+            return self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
         return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    @functools.cached_property
+    def max_text_chars(self) -> int:
+        """The longest `text` that can fit the context: its length times the longest token."""
+        longest = max((len(token) for token in self.tokenizer.get_vocab()), default=1)
+        return self.config.context_length * longest
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

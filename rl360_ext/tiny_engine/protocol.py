@@ -229,8 +229,12 @@ def _logit_bias(bias: Any, vocab_size: int) -> dict[int, float]:
     return out
 
 
-def parse_generate_request(body: Any, vocab_size: int, encode) -> GenerateRequest:  # encode: str -> list[int]
-    """Validate a decoded `/generate` JSON body. Single requests only (no batches)."""
+def parse_generate_request(
+    body: Any, vocab_size: int, encode, max_text_chars: int | None = None  # encode: str -> list[int]
+) -> GenerateRequest:
+    """Validate a decoded `/generate` JSON body. Single requests only (no batches). A `text` longer
+    than `max_text_chars` (the context length times the longest token) cannot fit the context and
+    is refused before it is tokenized."""
     if not isinstance(body, dict):
         raise RequestError("body", "must be a JSON object")
     has_text, has_ids = body.get("text") is not None, body.get("input_ids") is not None
@@ -244,6 +248,12 @@ def parse_generate_request(body: Any, vocab_size: int, encode) -> GenerateReques
     if has_text:
         if not isinstance(body["text"], str):
             raise RequestError("text", "must be a string (batched requests are not supported)")
+        if max_text_chars is not None and len(body["text"]) > max_text_chars:
+            raise RequestError(
+                "text",
+                f"{len(body['text'])} characters are more tokens than the context holds (at most "
+                f"{max_text_chars} characters: the context length times the longest token)",
+            )
         input_ids = encode(body["text"])
     else:
         if body["input_ids"] and isinstance(body["input_ids"][0], list):

@@ -5,9 +5,10 @@ depend on the running engine (non-negative counts, probabilities in [0, 1], a 64
 are strict (no "yes" for a boolean, no "5" for an integer) except that an integral float (`2.0`)
 is an integer, as before; NaN and infinities are refused. Unknown keys are refused inside
 `sampling_params` and on the control routes, and ignored at the top level of `/generate`, as
-SGLang does. What depends on the engine (vocabulary, context length) and the cross-field rules
-stay in `protocol.parse_generate_request`, which every `/generate` body still goes through.
-It does not speak HTTP (`server.py`).
+SGLang does. Every string, at any depth, must be UTF-8 text (`rl360_ext.util.text.TextModel`: a
+lone surrogate is a 400 naming the field). What depends on the engine (vocabulary, context
+length) and the cross-field rules stay in `protocol.parse_generate_request`, which every
+`/generate` body still goes through. It does not speak HTTP (`server.py`).
 """
 
 from __future__ import annotations
@@ -17,16 +18,24 @@ import typing
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from rl360_ext.tiny_engine.faults import MAX_LATENCY_S, MAX_SEED, FaultKey
 from rl360_ext.tiny_engine.protocol import SEED_MAX, SEED_MIN
+from rl360_ext.util.text import TextModel, has_control, shown
 
 
 def _integral(value: Any) -> Any:
     """2.0 -> 2 (an integral float is an integer); everything else is left to strict validation."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
+    return value
+
+
+def _path(value: str) -> str:
+    """A path holds no control character (NUL, CR, LF, ...)."""
+    if has_control(value):
+        raise ValueError(f"holds a control character, not a path: {shown(value)!r}")
     return value
 
 
@@ -38,7 +47,7 @@ Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 _STRICT = {"strict": True, "allow_inf_nan": False}
 
 
-class SamplingParamsBody(BaseModel):
+class SamplingParamsBody(TextModel):
     """SGLang's `sampling_params`; unknown keys are refused (naming the key)."""
 
     model_config = ConfigDict(extra="forbid", **_STRICT)
@@ -70,7 +79,7 @@ class SamplingParamsBody(BaseModel):
     sampling_seed: Annotated[int, BeforeValidator(_integral), Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
 
 
-class GenerateBody(BaseModel):
+class GenerateBody(TextModel):
     """SGLang's native `/generate` body (one request: text or input_ids, not a batch)."""
 
     model_config = ConfigDict(extra="ignore", **_STRICT)
@@ -101,12 +110,12 @@ class GenerateBody(BaseModel):
         return self.model_dump(exclude_unset=True)
 
 
-class UpdateWeightsFromDiskBody(BaseModel):
+class UpdateWeightsFromDiskBody(TextModel):
     """`/update_weights_from_disk`: a `.npz` (or a directory holding weights.npz) from `save-weights`."""
 
     model_config = ConfigDict(extra="forbid", **_STRICT)
 
-    model_path: Annotated[str, Field(min_length=1)]
+    model_path: Annotated[str, Field(min_length=1), AfterValidator(_path)]
     load_format: str | None = None
     weight_version: Annotated[str, Field(min_length=1)] | None = None
     flush_cache: bool | None = None
@@ -118,7 +127,7 @@ class UpdateWeightsFromDiskBody(BaseModel):
     token_step: Integer | None = None
 
 
-class UpdateWeightVersionBody(BaseModel):
+class UpdateWeightVersionBody(TextModel):
     """`/update_weight_version`: `new_version` (or its alias `weight_version`) is required."""
 
     model_config = ConfigDict(extra="forbid", **_STRICT)
@@ -129,7 +138,7 @@ class UpdateWeightVersionBody(BaseModel):
     rid: str | None = None
 
 
-class PauseGenerationBody(BaseModel):
+class PauseGenerationBody(TextModel):
     """`/pause_generation` (the body is required, as in SGLang; `mode` defaults to abort)."""
 
     model_config = ConfigDict(extra="forbid", **_STRICT)
@@ -138,7 +147,7 @@ class PauseGenerationBody(BaseModel):
     rid: str | None = None
 
 
-class ContinueGenerationBody(BaseModel):
+class ContinueGenerationBody(TextModel):
     """`/continue_generation` (the body is required, as in SGLang)."""
 
     model_config = ConfigDict(extra="forbid", **_STRICT)
@@ -147,7 +156,7 @@ class ContinueGenerationBody(BaseModel):
     rid: str | None = None
 
 
-class AbortRequestBody(BaseModel):
+class AbortRequestBody(TextModel):
     """`/abort_request`: a rid, or abort_all=true."""
 
     model_config = ConfigDict(extra="forbid", **_STRICT)
@@ -158,7 +167,7 @@ class AbortRequestBody(BaseModel):
     aborted_message: Annotated[str, Field(min_length=1)] | None = None
 
 
-class FaultsBody(BaseModel):
+class FaultsBody(TextModel):
     """`/rl360/faults`: the whole fault-injection setting (omitted fields go back to 0)."""
 
     model_config = ConfigDict(extra="forbid", **_STRICT)

@@ -5,8 +5,9 @@ update, pause/continue, flush, abort, and the /rl360/faults admin endpoint), eac
 a pydantic model (`schemas.py`, so /openapi.json documents it), the optional bearer token
 (`--api-key`: every route but /health, compared in constant time, as SGLang does), mapping the
 error tree (`errors.py`) to HTTP statuses in one handler (a body that fails its schema is a 400
-naming the field), and running blocking engine work in worker threads so /health stays
-responsive. Logic lives in `engine.py`.
+naming the field; a string UTF-8 cannot encode is one), answers whose encoding cannot fail, the
+shared head guard it runs under (`guarded_protocol`), and running blocking engine work (a long
+`text`'s tokenization too) in worker threads so /health stays responsive. Logic lives in `engine.py`.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
-import orjson
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rl360_ext.tiny_engine.engine import ENGINE_VERSION, TinyEngine
 from rl360_ext.tiny_engine.errors import EngineError, RequestError, Unauthorized
@@ -40,8 +42,11 @@ from rl360_ext.tiny_engine.schemas import (
     UpdateWeightVersionBody,
     field_path,
 )
+from rl360_ext.util.http_guard import GuardedHttpProtocol, HeadLimits, default_refusal
+from rl360_ext.util.text import json_bytes
 
 MAX_CONCURRENT_REQUESTS = 256
+INLINE_TEXT_CHARS = 4096  # a longer `text` is tokenized on a worker thread
 DISCONNECT_POLL_S = 0.1
 OPEN_PATHS = ("/health", "/health_generate")  # reachable without the bearer token, as in SGLang
 
@@ -59,7 +64,13 @@ BODY_MODELS: dict[str, type[BaseModel]] = {
 
 
 def json_response(body: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+    """A JSON answer whose encoding cannot fail on a string (`rl360_ext.util.text.json_bytes`)."""
+    return Response(json_bytes(body), status_code=status, media_type="application/json")
+
+
+def guarded_protocol(limits: HeadLimits = HeadLimits()) -> type[GuardedHttpProtocol]:
+    """uvicorn's `http` for the engine (and the instant stand-in): the shared head guard."""
+    return GuardedHttpProtocol.configured(limits, default_refusal)
 
 
 def error_response(error: EngineError) -> Response:
@@ -110,6 +121,12 @@ def create_app(engine: TinyEngine) -> FastAPI:
     async def _invalid_body(request: Request, err: RequestValidationError) -> Response:
         return error_response(validation_error(err, BODY_MODELS.get(request.url.path)))
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException) -> Response:
+        if err.status_code == 400:  # FastAPI could not read the body (not UTF-8, say)
+            return error_response(RequestError("body", f"{err.detail}: not a UTF-8 JSON body"))
+        return await http_exception_handler(request, err)
+
     @app.exception_handler(Exception)
     async def _bug(request: Request, err: Exception) -> Response:
         logger.exception("tiny engine: %s %s failed", request.method, request.url.path)
@@ -150,7 +167,13 @@ def create_app(engine: TinyEngine) -> FastAPI:
 
     @app.post("/generate")
     async def generate(body: GenerateBody, request: Request) -> Response:
-        parsed = parse_generate_request(body.to_dict(), engine.vocab_size, engine.encode)
+        raw = body.to_dict()
+        args = (raw, engine.vocab_size, engine.encode, engine.max_text_chars)
+        text = raw.get("text")
+        if isinstance(text, str) and len(text) > INLINE_TEXT_CHARS:
+            parsed = await anyio.to_thread.run_sync(parse_generate_request, *args)
+        else:
+            parsed = parse_generate_request(*args)
         if parsed.stream:
             raise RequestError("stream", "streaming is not supported by the tiny engine")
         engine.check_limits(parsed)

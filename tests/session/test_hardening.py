@@ -6,6 +6,7 @@ import ast
 import asyncio
 import json
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -314,19 +315,21 @@ def _walk(node):
 
 # ---- arbitrary bodies never make a 5xx ---------------------------------------------------------
 
+# hypothesis' full text: every code point, lone surrogates included (JSON carries them as escapes)
+ANY_TEXT = st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=12)
 JSON = st.recursive(
     st.none()
     | st.booleans()
     | st.integers(-(2**63), 2**63 - 1)
     | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=12),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    | ANY_TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(ANY_TEXT, inner, max_size=3),
     max_leaves=12,
 )
 FIELDS = (*ChatCompletionRequest.model_fields, "stream_options")
 MESSAGE = st.fixed_dictionaries(
     {"role": st.sampled_from(["system", "user", "assistant", "tool", "robot"])},
-    optional={"content": JSON | st.text(max_size=40), "tool_calls": JSON, "name": JSON},
+    optional={"content": JSON | ANY_TEXT, "tool_calls": JSON, "name": JSON},
 )
 CHAT_BODY = st.fixed_dictionaries(
     {"messages": st.lists(MESSAGE, max_size=4) | JSON},
@@ -361,3 +364,36 @@ def test_no_body_makes_a_5xx(fuzz_http, body, create, samples) -> None:
         response = http.post(path, content=json.dumps(payload))
         assert response.status_code < 500, (path, payload, response.text)
     core.delete(sid)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(session_id=ANY_TEXT.filter(bool))
+def test_no_session_id_makes_a_5xx(fuzz_http, session_id) -> None:
+    """Any code point in a session id, a lone surrogate as the bytes it would be (not UTF-8)."""
+    _, http = fuzz_http
+    raw = quote(session_id.encode("utf-8", "surrogatepass"), safe="")
+    for method in ("GET", "DELETE"):
+        response = http.request(method, f"/sessions/{raw}")
+        assert response.status_code in (404, 410), response.text
+        response.json()
+    response = http.post(f"/sessions/{raw}/v1/chat/completions", content=json.dumps({"messages": [USER]}))
+    assert response.status_code in (404, 410), response.text
+
+
+@pytest.mark.parametrize("metadata", [{"k": "\ud800"}, {"\udcff": 1}, {"k": [{"x": "a\udfffb"}]}])
+def test_metadata_utf8_cannot_encode_is_refused_naming_it(make_core, metadata) -> None:
+    """The Python API (the pool's actors) takes metadata unparsed: refused at create, not at merge."""
+    core, _ = make_core(r3=False)
+    with pytest.raises(errors.RequestError) as caught:
+        core.create(metadata)
+    assert caught.value.param == "metadata" and caught.value.message.startswith("metadata")
+    json.dumps(caught.value.to_json(), ensure_ascii=False).encode()
+
+
+@given(value=JSON)
+def test_an_error_or_answer_holding_any_text_always_encodes(value) -> None:
+    from rl360_ext.session.app import error_response, json_response
+
+    assert json.loads(json_response({"v": value}).body) is not None
+    message = value if isinstance(value, str) else repr(value)  # a raw lone surrogate too
+    assert error_response(errors.RequestError(message, param="x")).status_code == 400
