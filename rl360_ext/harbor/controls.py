@@ -5,10 +5,11 @@ Owns the evidence the attribution rules ask for when a verifier fails on an agen
 the audit's `task_health.jsonl`, matched by the task's content digest), else a control regrade
 the server runs itself (Harbor's oracle agent in a fresh sandbox, then the task's verifier).
 One control per task digest at a time: the attempts that ask meanwhile wait for the same one, and
-its answer is kept for the server's life (a control that could not run is tried again); at most `max_running` controls run at once. An attempt
-waits for a control no longer than its own deadline allows; a control still running then goes on
-for the attempts after it. It does not decide attribution (the verdict does) and does not build
-trials (the runner hands it a callable that runs one).
+its answer is kept for the server's life (a control that could not run is tried again); at most
+`max_running` controls run at once. An attempt waits for a control no longer than its own
+deadline allows; a control still running then goes on for the attempts after it. It does not
+decide attribution (the verdict does) and does not build trials (the runner hands it a callable
+that runs one).
 """
 
 from __future__ import annotations
