@@ -34,6 +34,7 @@ def writes(module: str) -> str:
     return f"cat > /app/stats.py <<'EOF'\n{module}EOF\n"
 
 
+DEEP_TREE = 'import os\nos.chdir("/app")\nfor _ in range(3000):\n    os.mkdir("d")\n    os.chdir("d")'
 # Each policy: the script of its agent phase.
 POLICIES = {
     "wrong": writes(WRONG),
@@ -45,8 +46,7 @@ POLICIES = {
     "fills_disk": writes(RIGHT) + "dd if=/dev/zero of=/app/fill bs=1M 2>/dev/null; true\n",
     "fills_inodes": writes(RIGHT)
     + "mkdir /app/many && cd /app/many && seq 1 200000 | xargs touch 2>/dev/null; true\n",
-    "deep_tree": writes(RIGHT)
-    + "cd /app && for i in $(seq 1 3000); do mkdir d && cd d || break; done; true\n",
+    "deep_tree": writes(RIGHT) + f"python3 -c '{DEEP_TREE}'\n",
     "forging_daemon": writes(
         "import os, time\n"
         "if os.fork() == 0:\n"

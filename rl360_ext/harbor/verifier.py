@@ -22,7 +22,10 @@ with the same `RewardFileNotFoundError`; the exit code recorded here lets the re
 (`rl360_ext.harbor.outcome`) call the first `verifier_crash` and the second
 `reward_file_missing`. Grading itself is Harbor's `Verifier`, unchanged; the environment it is
 given is wrapped so that the one command whose output goes to the test-stdout file has its
-exit code written next to the trial's result. Selected per trial with
+exit code written next to the trial's result, with how the verifier phase failed (the exception
+type, or `VerifierTimeoutError` when Harbor's timeout cancelled it): Harbor keeps only the first
+exception of a trial, so after an agent-phase one the verifier's own would be lost, and the
+attribution rules need it. Selected per trial with
 `VerifierConfig(import_path="rl360_ext.harbor.verifier:ExitRecordingVerifier")`.
 """
 
@@ -43,6 +46,7 @@ from harbor.verifier.verifier import RewardFileEmptyError, Verifier, VerifierOut
 from rl360_ext.harbor.envs.bwrap import EXIT_TAG, reported_exit
 from rl360_ext.harbor.outcome import VERIFIER_EXIT_FILE, read_reward
 from rl360_ext.outcomes.causes import Cause
+from rl360_ext.outcomes.harbor_exceptions import VERIFIER_TIMEOUT_ERROR
 from rl360_ext.outcomes.rewards import RewardParse, RewardRange
 
 _log = logging.getLogger(__name__)
@@ -146,9 +150,18 @@ class ExitRecordingVerifier(Verifier):
         self.environment = probe  # type: ignore[assignment]
         record = self.trial_paths.trial_dir / VERIFIER_EXIT_FILE
         record.unlink(missing_ok=True)
+        failure: str | None = None
         try:
             return await super().verify()
+        except asyncio.CancelledError:
+            failure = VERIFIER_TIMEOUT_ERROR  # Harbor's verifier timeout cancels `verify`
+            raise
+        except Exception as exc:
+            failure = type(exc).__name__
+            raise
         finally:
             self.environment = environment
+            entry: dict[str, Any] = {"failure": failure}
             if probe.test_exit_code is not None:
-                record.write_text(json.dumps({"test_exit_code": probe.test_exit_code}))
+                entry["test_exit_code"] = probe.test_exit_code
+            record.write_text(json.dumps(entry))

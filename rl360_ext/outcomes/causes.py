@@ -63,6 +63,7 @@ class Cause(StrEnum):
     MODEL_REQUEST_REJECTED = "model_request_rejected"
     AGENT_CONFIG_ERROR = "agent_config_error"
     NO_VERIFIER_REWARD = "no_verifier_reward"
+    SANDBOX_TREE_REFUSED = "sandbox_tree_refused"
     # The task audit's own agents (rl360_ext.harbor.canaries): their findings and failures.
     VERIFIER_DISAGREED = "verifier_disagreed"
     CONTROL_INCOMPLETE = "control_incomplete"
@@ -110,6 +111,10 @@ INFRA_CAUSES: dict[Cause, str] = {
     Cause.JUDGE_FAILURE: "the judge the verifier depends on failed",
     Cause.AGENT_TIMEOUT: "the agent timed out (policy 'mask', or no verifier reward after the timeout)",
     Cause.NO_VERIFIER_REWARD: "the run reported no failure but its reward was not written by a verifier",
+    Cause.SANDBOX_TREE_REFUSED: (
+        "the sandbox left a tree the host would not walk (past its entry or depth caps, or moving "
+        "under the walk); attributed to the policy that left it"
+    ),
     Cause.UNCLASSIFIED: "a failure this classifier does not know",
     Cause.TASK_QUARANTINED: "the task is on the task audit's quarantine list: not run, masked, never scored",
     Cause.VERIFIER_DISAGREED: (

@@ -15,11 +15,14 @@ from dataclasses import dataclass
 from rl360_ext.outcomes.causes import Cause
 
 AGENT_TIMEOUT_ERROR = "AgentTimeoutError"
+VERIFIER_TIMEOUT_ERROR = "VerifierTimeoutError"
 # The exceptions rl360's own audit agents end with (rl360_ext.harbor.canaries); named here, not
 # imported, so this table loads without Harbor. Harbor does not know them (its policy would keep
 # the reward), so without these rows their attempts were `unclassified`.
 VERIFIER_DISAGREED_ERROR = "VerifierDisagreed"
 CONTROL_INCOMPLETE_ERROR = "CanaryIncomplete"
+# The bwrap sandbox's walks refuse a tree the sandbox left past their caps (rl360_ext.harbor.envs.nofollow).
+SANDBOX_TREE_ERROR = "SandboxTreeError"
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ HARBOR_EXCEPTIONS: dict[str, HarborException] = {
     **_rows(Cause.AGENT_SETUP_TIMEOUT, "AgentSetupTimeoutError"),
     **_rows(Cause.AGENT_TIMEOUT, AGENT_TIMEOUT_ERROR),
     **_rows(Cause.VERIFIER_FAILED, "AddTestsDirError", "DownloadVerifierDirError"),
-    **_rows(Cause.VERIFIER_TIMEOUT, "VerifierTimeoutError"),
+    **_rows(Cause.VERIFIER_TIMEOUT, VERIFIER_TIMEOUT_ERROR),
     **_rows(Cause.REWARD_FILE_MISSING, "RewardFileNotFoundError"),
     **_rows(Cause.REWARD_FILE_EMPTY, "RewardFileEmptyError"),
     **_rows(Cause.REWARD_FILE_INVALID, "VerifierOutputParseError"),
@@ -61,6 +64,7 @@ HARBOR_EXCEPTIONS: dict[str, HarborException] = {
     **_rows(Cause.CANCELLED, "CancelledError"),
     **_rows(Cause.VERIFIER_DISAGREED, VERIFIER_DISAGREED_ERROR),
     **_rows(Cause.CONTROL_INCOMPLETE, CONTROL_INCOMPLETE_ERROR),
+    **_rows(Cause.SANDBOX_TREE_REFUSED, SANDBOX_TREE_ERROR),
     **_rows(
         Cause.HARBOR_INTERNAL_ERROR,
         "ServiceOperationsUnsupportedError",

@@ -90,6 +90,9 @@ EXCEPTION_TYPE = "exception_type"  # /run answer key: the Harbor exception type 
 # with 75 (sysexits EX_TEMPFAIL). Whatever reward file it left does not count: the grade was not
 # the judge's, it was a fallback.
 JUDGE_FAILURE_EXIT_CODE = 75
+# A test script that ended by a signal exits 128 + the signal: killed, possibly by the code it runs,
+# which may have written the reward file itself while the script ran. No reward of it counts.
+KILLED_EXIT_CODE = 128
 
 POLICY_OUTCOME_EXCEPTIONS = frozenset(
     name for name, known in HARBOR_EXCEPTIONS.items() if known.failure_cause in POLICY_CAUSES
@@ -106,6 +109,9 @@ VERIFIER_PHASE_CAUSES = VERIFIER_FAILURES | {
     Cause.AGENT_TIMEOUT,
     Cause.NO_VERIFIER_REWARD,
 }
+# Sandbox failures scored at the floor for the policy: lost to a limit in the verifier phase (with a
+# known-healthy verifier), or a tree the policy left that the host refused to walk.
+FLOORED_SANDBOX_CAUSES = frozenset({Cause.SANDBOX_FAILED, Cause.SANDBOX_LOST, Cause.SANDBOX_TREE_REFUSED})
 # The resource a cause names where no limit hit was recorded (the evidence's `resource`).
 _CAUSE_RESOURCE = {
     Cause.VERIFIER_TIMEOUT: Resource.TIME,
@@ -184,6 +190,12 @@ def _listed(facts: TrialFacts) -> Verdict:
     exception = facts.exception_type
     if facts.failure_cause is not None:
         return _without_reward(facts.failure_cause, exception)
+    if facts.test_exit_code is not None and facts.test_exit_code >= KILLED_EXIT_CODE:
+        detail = (
+            f"tests/test.sh was killed by signal {facts.test_exit_code - KILLED_EXIT_CODE}: a reward "
+            "file written while it ran may be the code under test's, not the verifier's"
+        )
+        return _without_reward(Cause.VERIFIER_CRASH, exception, detail)
     if facts.test_exit_code == JUDGE_FAILURE_EXIT_CODE:
         detail = (
             f"the verifier's judge failed (tests/test.sh exited {JUDGE_FAILURE_EXIT_CODE}); "
@@ -311,6 +323,10 @@ def _by_evidence(facts: TrialFacts, listed: Verdict) -> Verdict:
         phase = facts.exception_phase or (Phase.AGENT if agent_hit is not None else None)
         evidence = _rule_evidence(facts, listed, phase)
         return _attributed(listed, Attribution.POLICY if policy else None, evidence)
+    if listed.failure_cause == Cause.SANDBOX_TREE_REFUSED:  # what the policy left, refused by the host
+        floor = _rewarded({"reward": facts.floor_reward}, listed.failure_cause, facts.exception_type,
+                          Attribution.POLICY, FLOOR)  # fmt: skip
+        return _attributed(floor, Attribution.POLICY, _rule_evidence(facts, listed))
     if not _verifier_phase_failure(facts, listed):
         return _attributed(listed, Attribution.INFRASTRUCTURE, _rule_evidence(facts, listed))
     hit = _hit(facts, Phase.VERIFIER)
@@ -424,7 +440,7 @@ def _policy_scored(fields: Mapping[str, Any]) -> bool:
     if fields.get(REWARD_SOURCE) == VERIFIER:
         return reported in (None, "") or cause in POLICY_OUTCOME_CAUSES | POLICY_LIMIT_CAUSES
     if fields.get(REWARD_SOURCE) == FLOOR:
-        return cause in VERIFIER_PHASE_CAUSES | {Cause.SANDBOX_FAILED, Cause.SANDBOX_LOST}
+        return cause in VERIFIER_PHASE_CAUSES | FLOORED_SANDBOX_CAUSES
     return False
 
 

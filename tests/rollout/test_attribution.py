@@ -192,6 +192,31 @@ def verifier_failure(exception: str | None = None, **facts: Any) -> TrialFacts:
             0.0,
             "floor",
         ),
+        # a tree the policy left past the host's caps: the policy's, by the rule alone
+        (
+            TrialFacts(
+                exception_type="SandboxTreeError", exception_phase=Phase.VERIFIER, verifier_started=True
+            ),
+            "valid",
+            "policy",
+            0.0,
+            "floor",
+        ),
+        # a test script killed by a signal (possibly by the code it ran): its reward file does not count
+        (
+            verifier_failure(rewards={"reward": 1.0}, test_exit_code=137, known_good=HEALTHY),
+            "valid",
+            "policy",
+            0.0,
+            "floor",
+        ),
+        (
+            verifier_failure(rewards={"reward": 1.0}, test_exit_code=137, known_good=FAILING),
+            "infra:verifier_crash",
+            "task",
+            None,
+            None,
+        ),
         # the task's own floor
         (
             verifier_failure("VerifierTimeoutError", known_good=HEALTHY, floor_reward=-1.0),
@@ -307,6 +332,7 @@ exceptions = st.sampled_from(
         "AgentTimeoutError",
         "RewardFileNotFoundError",
         "NonZeroAgentExitCodeError",
+        "SandboxTreeError",
         "HealthcheckError",
         "KeyError",
     ]
@@ -351,9 +377,11 @@ def test_every_verdict_reads_back_as_itself_and_scores_only_with_provenance(
     assert read_verdict(answer(verdict)) == verdict.attempt_class
     assert (verdict.reward is not None) == (verdict.attempt_class == "valid")
     assert (verdict.reward is not None) == (verdict.reward_source in ("verifier", "floor"))
-    if verdict.reward_source == "floor":  # the floor only for the policy, only by a control's evidence
-        assert verdict.attributed_to == Attribution.POLICY and known_good is not None and known_good.healthy
-        assert rule != AttributionRule.LIST and verdict.evidence is not None
+    if verdict.reward_source == "floor":  # the floor only for the policy: by a control, or its own tree
+        refused = verdict.failure_cause == Cause.SANDBOX_TREE_REFUSED
+        assert verdict.attributed_to == Attribution.POLICY and verdict.evidence is not None
+        assert refused or (known_good is not None and known_good.healthy)
+        assert rule != AttributionRule.LIST
     if verdict.reward_source == "verifier":
         assert rewards is not None and verdict.reward == 0.5
     if outside is not None:

@@ -349,11 +349,12 @@ def test_a_verdict_counts_a_reward_only_when_the_verifier_wrote_it(
 ) -> None:
     verdict = judge(TrialFacts(rewards, exception, None, keeps, exit_code, outside))
     assert verdict.attempt_class == "valid" or verdict.attempt_class.removeprefix("infra:") in INFRA_CAUSES
-    assert (
-        (verdict.reward is not None) == (verdict.reward_source == "verifier") == (verdict.rewards is not None)
-    )
-    if verdict.reward is not None:
-        assert rewards is not None and outside is None and exit_code != 75
+    scored = verdict.reward_source in ("verifier", "floor")
+    assert (verdict.reward is not None) == scored == (verdict.rewards is not None)
+    if verdict.reward_source == "floor":  # no known-good evidence here: only a tree the host refused
+        assert verdict.failure_cause == Cause.SANDBOX_TREE_REFUSED and verdict.attributed_to == "policy"
+    elif verdict.reward is not None:
+        assert rewards is not None and outside is None and exit_code != 75 and (exit_code or 0) < 128
         policy_limit = verdict.attributed_to == "policy" and verdict.failure_cause in POLICY_LIMIT_CAUSES
         assert verdict.failure_cause is None or verdict.failure_cause in POLICY_OUTCOME_CAUSES or policy_limit
     if verdict.attempt_class == "valid":
