@@ -73,9 +73,17 @@ class Harbor:
             self.process.wait(timeout=60)
 
 
+# The attacks' test scripts grade by this check's exit code (fix-mean's own check is nonce-based).
+EXIT_CODE_CHECK = (
+    "import sys\nsys.path.insert(0, '/app')\nfrom stats import mean\n\n"
+    "assert mean([1, 2, 3]) == 2\nassert mean([5]) == 5\n"
+)
+
+
 def make_task(root: Path, name: str, solve: str, test: str, setup: str | None = None) -> Path:
     task = root / name
     shutil.copytree(example_tasks_root() / "fix-mean", task)
+    (task / "tests" / "check.py").write_text(EXIT_CODE_CHECK)
     (task / "solution" / "solve.sh").write_text("#!/bin/bash\n" + solve)
     (task / "tests" / "test.sh").write_text("#!/bin/bash\n" + test)
     if setup is not None:

@@ -161,7 +161,8 @@ class ExitRecordingVerifier(Verifier):
             raise
         finally:
             self.environment = environment
-            entry: dict[str, Any] = {"failure": failure}
+            entry: dict[str, Any] = {} if failure is None else {"failure": failure}
             if probe.test_exit_code is not None:
                 entry["test_exit_code"] = probe.test_exit_code
-            record.write_text(json.dumps(entry))
+            if entry:
+                record.write_text(json.dumps(entry))

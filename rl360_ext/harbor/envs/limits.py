@@ -183,6 +183,7 @@ class CgroupLimits(SandboxLimits):
         self._dirs: list[Path] = []
         self._pids_events: Path | None = None
         self._memory_bytes = None if memory_mb is None else memory_mb * 2**20
+        self._memory_granted = self._memory_bytes  # the limit now: the reservation, or grown for grading
         self._memory_limits: list[Path] = []  # the limit files, the one to raise first first
         own = _own_cgroup_paths()
         try:
@@ -262,9 +263,17 @@ class CgroupLimits(SandboxLimits):
         return _counter(self._events, "oom_kill")
 
     def grow_memory(self, extra_bytes: int) -> None:
-        if self._memory_bytes is not None:
-            for path in self._memory_limits:  # memsw (v1) first: it may never be below the limit
-                _write(path, str(self._memory_bytes + max(0, extra_bytes)))
+        """Raise the memory limit to the reservation plus `extra_bytes`; never lowers it (a second
+        grading of one sandbox keeps what the first was given: lowering v1's memsw below the limit
+        is EINVAL, and what was granted is still the sandbox's own)."""
+        if self._memory_bytes is None or self._memory_granted is None:
+            return
+        target = self._memory_bytes + max(0, extra_bytes)
+        if target <= self._memory_granted:
+            return
+        self._memory_granted = target
+        for path in self._memory_limits:  # memsw (v1) first: it may never be below the limit
+            _write(path, str(target))
 
     def pids_refusals(self) -> int:
         return 0 if self._pids_events is None or not self.pids_cgroup else _counter(self._pids_events, "max")
