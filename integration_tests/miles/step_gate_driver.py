@@ -100,6 +100,7 @@ def _groups(kind: str, rollout_id: int) -> list[list[Sample]]:
 class FakeActor:
     async def train(self, rollout_id: int, pack: dict[str, Any]) -> None:
         with object_store.get_instance().get(pack["data_ref"]) as data:
+            assert data["dynamic_global_batch_size"] == 16  # the step's metadata reached the hook
             EVENTS.append(["train", rollout_id, sum(map(sum, data["loss_masks"]))])
 
     async def save_model(self, rollout_id: int, force_sync: bool = False) -> None:
@@ -138,7 +139,7 @@ def _manager(args: Namespace, plan: list[str]) -> Any:
         groups = _groups(plan[rollout_id], rollout_id)
         kept = [g for g in groups if check_valid_reward_nonzero_std(args, g).keep]
         EVENTS.append(["generate", rollout_id])
-        return [s for g in kept for s in g], {}, {}
+        return [s for g in kept for s in g], {"dynamic_global_batch_size": 16}, {}
 
     manager._get_rollout_data = get_rollout_data
 
@@ -164,7 +165,7 @@ def main() -> None:
     metrics_path, plan = Path(sys.argv[1]), sys.argv[2].split(",")
     args = Namespace(
         num_rollout=len(plan), start_rollout_id=0, rollout_batch_size=4, n_samples_per_prompt=4,
-        global_batch_size=16, use_dynamic_global_batch_size=False, delay_split_train_data_by_dp=True,
+        global_batch_size=16, use_dynamic_global_batch_size=True, delay_split_train_data_by_dp=True,
         fully_async=False, control_server_port=None, offload_rollout=False, offload_train=False,
         check_weight_update_equal=False, eval_interval=None, skip_eval_before_train=True,
         use_critic=False, save="/unused", save_interval=None, save_trigger_sentinel=None,

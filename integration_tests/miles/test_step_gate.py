@@ -117,6 +117,9 @@ def test_gate_in_unpatched_miles_trains_masks_a_burst_and_stops(
 
     gates = read_records(metrics, "gate")
     assert [g["action"] for g in gates] == ["train"] * 3 + ["skip", "skip", "stop"]
+    dynamic = make_args(**{**vars(args), "use_dynamic_global_batch_size": True})
+    with pytest.raises(RuntimeError, match="use-dynamic-global-batch-size"):
+        _convert(dynamic, samples, HOOK)  # unpatched Miles does not hand the hook its metadata
     assert [g["rollout_id"] for g in gates] == list(range(6))
     burst = gates[3]["reasons"][0]
     assert (burst["rule"], burst["metric"], burst["value"], burst["bound"]) == (

@@ -22,9 +22,10 @@ gate's state in `<metrics path>.gate-state.json` (a resumed run keeps its baseli
   the run without a checkpoint.
 
 The guard (the weight observer's pattern): Miles' `convert_samples_to_train_data` must take the
-parameters this hook passes, and the run must not use what the hook cannot hand on (Miles calls
-the custom function without the step's `metadata`: `--use-dynamic-global-batch-size` and
-multi-LoRA need it); otherwise the first call raises, naming what is missing. Runs in the
+parameters this hook passes, and the run must not use what the hook cannot hand on (unpatched Miles
+calls the custom function without the step's `metadata`: `--use-dynamic-global-batch-size` and
+multi-LoRA need it; 0011 passes it to a hook that names `metadata`); otherwise the first call
+raises, naming what is missing. Runs in the
 RolloutManager actor (one process: module state suffices).
 """
 
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,7 @@ def _gate(args: Any) -> _Gate:
     return _GATES[path]
 
 
-def _miles_conversion(args: Any) -> Any:
+def _miles_conversion(args: Any, metadata: Mapping[str, Any] | None) -> Any:
     """Miles' `convert_samples_to_train_data`, after the guard."""
     import importlib
 
@@ -102,13 +103,13 @@ def _miles_conversion(args: Any) -> Any:
             f"rl360 step gate: {CONVERSION_MODULE}.convert_samples_to_train_data takes {names}, "
             f"expected {CONVERSION_PARAMETERS} (tested at Miles {TESTED_MILES_COMMIT[:8]})"
         )
-    if getattr(args, "use_dynamic_global_batch_size", False):
+    if metadata is None and getattr(args, "use_dynamic_global_batch_size", False):
         raise RuntimeError(
             "rl360 step gate: --use-dynamic-global-batch-size needs the step's metadata, which Miles "
-            "does not hand --custom-convert-samples-to-train-data-path"
+            "hands --custom-convert-samples-to-train-data-path only with patch 0011"
         )
-    if getattr(args, "lora_adapters", None) or getattr(args, "multi_lora", False):
-        raise RuntimeError("rl360 step gate: multi-LoRA needs the step's metadata (prompt_group_sizes)")
+    if metadata is None and getattr(args, "multi_lora", False):
+        raise RuntimeError("rl360 step gate: multi-LoRA needs the step's metadata: apply patch 0011")
     return module
 
 
@@ -152,9 +153,12 @@ def _record(gate: _Gate, args: Any, rollout_id: Any, verdict: GateVerdict) -> No
                "; ".join(str(r) for r in verdict.reasons))
 
 
-def gated_train_data(args: Any, samples: Sequence[Any]) -> dict[str, Any]:
-    """Miles' `--custom-convert-samples-to-train-data-path` hook: `f(args, samples) -> train_data`."""
-    module = _miles_conversion(args)
+def gated_train_data(
+    args: Any, samples: Sequence[Any], metadata: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Miles' `--custom-convert-samples-to-train-data-path` hook: `f(args, samples) -> train_data`
+    (patch 0011 also hands it the step's `metadata`)."""
+    module = _miles_conversion(args, metadata)
     gate = _gate(args)
     flat = flatten_group(samples)
     rollout_id, evidence = _evidence(gate, args, flat)
@@ -176,7 +180,7 @@ def gated_train_data(args: Any, samples: Sequence[Any]) -> dict[str, Any]:
     data = module.convert_samples_to_train_data(
         args,
         flat,
-        metadata={},
+        metadata=dict(metadata or {}),
         custom_convert_samples_to_train_data_func=None,
         custom_reward_post_process_func=post_process,
     )
