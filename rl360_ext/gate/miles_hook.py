@@ -3,8 +3,8 @@ whole step before anything trains on it.
 
 Owns `gated_train_data(args, samples) -> train_data`. At Miles 31f1ca96 `RolloutManager.generate`
 logs the step (`log_rollout_data`, which runs rl360's `--custom-rollout-log-function-path` hook
-and appends the step record to the rl360 metrics JSONL; miles/ray/rollout/rollout_manager.py:157)
-and then converts the samples to train data (rollout_manager.py:158-164), calling this hook in
+and appends the step record to the rl360 metrics JSONL; miles/ray/rollout/rollout_manager.py:156)
+and then converts the samples to train data (rollout_manager.py:157-163), calling this hook in
 place of its own conversion (train_data_conversion.py:60-61; loaded at rollout_manager.py:92-94).
 The hook reads that step record back (`rl360_ext.gate.evidence`), decides
 (`rl360_ext.gate.rules.decide`), appends a `"kind": "gate"` record to the same JSONL, keeps the
