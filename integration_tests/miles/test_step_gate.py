@@ -126,7 +126,12 @@ def test_gate_in_unpatched_miles_trains_masks_a_burst_and_stops(
         "provenance/infra_burst", "infra/failure_rate", 0.5, 0.2,
     )  # fmt: skip
     assert gates[3]["metrics"]["gate/skip"] == 1.0
-    assert json.loads((tmp_path / "metrics.jsonl.gate-state.json").read_text())["consecutive_skips"] == 3
+    saved = json.loads((tmp_path / "metrics.jsonl.gate-state.json").read_text())
+    assert saved["consecutive_skips"] == 3 and saved["infra_rates"] == [0.0, 0.0, 0.0]
+    from rl360_ext.gate import miles_hook
+
+    miles_hook._GATES.clear()  # a restarted RolloutManager: the baseline and the streak come back
+    assert miles_hook._gate(args).state.to_json() == saved
 
 
 @pytest.fixture(scope="module")

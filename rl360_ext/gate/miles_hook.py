@@ -142,8 +142,10 @@ def _warn(gate: _Gate, key: str, message: str) -> None:
 
 
 def _record(gate: _Gate, args: Any, rollout_id: Any, verdict: GateVerdict) -> None:
-    if gate.state_path is not None:
-        gate.state_path.write_bytes(orjson.dumps(verdict.state.to_json()))
+    if gate.state_path is not None:  # replaced whole, so a crash mid-write leaves the last state
+        partial = gate.state_path.with_name(gate.state_path.name + ".partial")
+        partial.write_bytes(orjson.dumps(verdict.state.to_json()))
+        partial.replace(gate.state_path)
     path = metrics_path(args)
     if path is not None:
         record = {"kind": "gate", "rollout_id": rollout_id, **verdict.to_json(), "metrics": verdict.metrics()}
