@@ -57,8 +57,8 @@ print(json.dumps({"ports": args.session_server_ports, "ids": args.session_server
 """
 
 
-def test_there_are_ten_patch_sets() -> None:
-    assert [p.name[:4] for p in PATCHES] == [f"{n:04d}" for n in range(1, 11)]
+def test_there_are_eleven_patch_sets() -> None:
+    assert [p.name[:4] for p in PATCHES] == [f"{n:04d}" for n in range(1, 12)]
 
 
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)
@@ -78,7 +78,8 @@ def patched_copy(miles_root: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     root = tmp_path_factory.mktemp("miles-patched")
     for name in ("miles", "tests", "examples"):
         shutil.copytree(miles_root / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy2(miles_root / "pyproject.toml", root / "pyproject.toml")
+    for name in ("pyproject.toml", "train.py", "train_async.py"):  # 0011 patches the train loops
+        shutil.copy2(miles_root / name, root / name)
     result = subprocess.run(
         ["git", "apply", *map(str, PATCHES)], cwd=root, capture_output=True, text=True, check=False
     )

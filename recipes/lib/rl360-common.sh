@@ -104,6 +104,14 @@ RL360_ARGS=(
    --custom-megatron-init-path rl360_ext.weights.miles_observer.install
 )
 
+# The step gate (docs/gate.md): train, skip the update or stop, per step, from the rl360 metrics
+# above. Needs patches/miles/0011 (these recipes use --use-dynamic-global-batch-size, whose metadata
+# unpatched Miles does not hand a train-data hook; 0011 also lets train_async.py skip and stop), so it
+# is on only with RL360_STEP_GATE=1; its bounds come from RL360_GATE_<FIELD> (StepGate, docs/gate.md).
+if [ "${RL360_STEP_GATE:-0}" = "1" ]; then
+   RL360_ARGS+=(--custom-convert-samples-to-train-data-path rl360_ext.gate.miles_hook.gated_train_data)
+fi
+
 MISC_ARGS=(
    --attention-dropout 0.0
    --hidden-dropout 0.0

@@ -39,9 +39,13 @@ def hook_paths(recipe: Path) -> list[str]:
     return sorted(set(HOOK_PATH.findall("\n".join([text, *sourced]))))
 
 
-def dry_run(recipe: Path, miles_dir: Path | None) -> dict[str, list[str]]:
+def dry_run(
+    recipe: Path, miles_dir: Path | None, extra_env: dict[str, str] | None = None
+) -> dict[str, list[str]]:
     """The recipe's argv sections ("harbor", "train") as the recipe prints them with DRY_RUN=1."""
     env = {**os.environ, "DRY_RUN": "1", "MILES_DIR": str(miles_dir or ROOT / "no-miles-checkout")}
+    env.pop("RL360_STEP_GATE", None)
+    env.update(extra_env or {})
     result = subprocess.run(
         ["bash", str(recipe)], env=env, capture_output=True, text=True, timeout=60, check=False
     )
@@ -88,6 +92,10 @@ def test_recipe_wires_every_rl360_hook(recipe: Path) -> None:
     assert flags["--custom-tis-function-path"] == "rl360_ext.train.tis.valid_token_tis"
     assert flags["--sglang-router-policy"] == "manual"
     assert "--rl360-harbor-url" in flags and "--rl360-deadline-s" in flags
+    assert "--custom-convert-samples-to-train-data-path" not in flags  # the gate needs patch 0011
+    gated = dry_run(recipe, None, {"RL360_STEP_GATE": "1"})["train"]
+    index = gated.index("--custom-convert-samples-to-train-data-path")
+    assert gated[index + 1] == "rl360_ext.gate.miles_hook.gated_train_data"
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=_recipe_id)
