@@ -23,6 +23,27 @@ from rl360_ext.util.procs import Service, free_port, rl360_argv, start_service
 _SANDBOX_ROOTS = Path(tempfile.gettempdir()) / f"rl360-test-sandboxes-{os.getpid()}"
 
 
+def fork_bomb(sleep_s: int) -> str:
+    """A command that forks until refused (at most 2,000 times and 5 s) and prints "<forked>
+    <refused>"; the children sleep `sleep_s` as `sleep` (the watchdog sums resident memory, and 60
+    forked Pythons would look like 500 MB)."""
+    return rf"""python3 -c '
+import os, time
+forked = refused = 0
+end = time.monotonic() + 5
+while forked + refused < 2000 and time.monotonic() < end:
+    try:
+        pid = os.fork()
+    except OSError:
+        refused += 1
+        continue
+    if pid == 0:
+        os.execv("/usr/bin/sleep", ["sleep", "{sleep_s}"])
+    forked += 1
+print(forked, refused)
+'"""
+
+
 def sandbox_root(tmp_path: Path) -> Path:
     """A sandbox root the unprivileged sandbox uid can reach (pytest's own tmp dirs are 0700):
     a 0711 directory under /tmp named after the test's tmp dir, removed with the test session."""

@@ -16,30 +16,14 @@ import pytest
 from harbor.environments.base import SandboxBuildFailedError
 from harbor.models.task.config import NetworkMode
 
-from integration_tests.harbor.conftest import make_env
+from integration_tests.harbor.conftest import fork_bomb, make_env
 from rl360_ext.harbor.envs import bwrap, seccomp
 from rl360_ext.harbor.envs.bwrap import BwrapEnvironment
 from rl360_ext.harbor.envs.limits import cgroups_usable, pids_in_namespace
 
 pytestmark = pytest.mark.integration
 
-# Forks until refused, at most 2,000 times and 5 s; prints "<forked> <refused>". Children sleep
-# (as `sleep`: the watchdog sums resident memory, and 60 forked Pythons would look like 500 MB).
-FORK_BOMB = r"""python3 -c '
-import os, time
-forked = refused = 0
-end = time.monotonic() + 5
-while forked + refused < 2000 and time.monotonic() < end:
-    try:
-        pid = os.fork()
-    except OSError:
-        refused += 1
-        continue
-    if pid == 0:
-        os.execv("/usr/bin/sleep", ["sleep", "60"])
-    forked += 1
-print(forked, refused)
-'"""
+FORK_BOMB = fork_bomb(60)
 
 
 async def _started(env: BwrapEnvironment) -> BwrapEnvironment:

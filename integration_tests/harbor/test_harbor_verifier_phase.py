@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 from harbor.models.task.task import Task
 
-from integration_tests.harbor.conftest import make_env
+from integration_tests.harbor.conftest import fork_bomb, make_env
 from rl360_ext.harbor.envs.bwrap import BwrapEnvironment, MemoryLimitExceededError
 from rl360_ext.harbor.envs.limits import cgroups_usable, pids_in_namespace
 from rl360_ext.harbor.outcome import VERIFIER_EXIT_FILE
+from rl360_ext.harbor.runner import GRADING_CLEARS
 from rl360_ext.harbor.verifier import ExitRecordingVerifier
 from rl360_ext.outcomes.attribution import LimitHit, Phase, Resource
 
 pytestmark = pytest.mark.integration
 
-GRADING_CLEARS = ("/logs/verifier", "/tests", "/solution")  # what the /run server clears
 WRITE_ONE = "echo 1 > /logs/verifier/reward.txt"
 TASK_TOML = """schema_version = "1.4"
 [verifier]
@@ -36,22 +36,7 @@ network_mode = "no-network"
 cpus = 1
 memory_mb = 256
 """
-# Forks until refused (at most 2,000 times and 5 s); the children sleep until they are killed.
-FORK_BOMB = r"""python3 -c '
-import os, time
-forked = refused = 0
-end = time.monotonic() + 5
-while forked + refused < 2000 and time.monotonic() < end:
-    try:
-        pid = os.fork()
-    except OSError:
-        refused += 1
-        continue
-    if pid == 0:
-        os.execv("/usr/bin/sleep", ["sleep", "600"])
-    forked += 1
-print(forked, refused)
-'"""
+FORK_BOMB = fork_bomb(600)
 MEMORY_HOG = "python3 -c 'import time; x = bytearray(b\"1\") * (400 * 2**20); time.sleep(5)'"
 
 
