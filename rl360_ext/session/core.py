@@ -53,6 +53,7 @@ from rl360_ext.sglang.client import EngineError, GenerateResult
 from rl360_ext.templates.drift import DRIFT_KEY, not_checked
 from rl360_ext.templates.parse import ParsedAssistant
 from rl360_ext.templates.render import TemplateNotAppendOnlyError
+from rl360_ext.util.background import background_executor
 from rl360_ext.util.text import unencodable
 
 log = logging.getLogger("rl360.session")
@@ -89,6 +90,9 @@ def request_fingerprint(body: dict[str, Any]) -> bytes:
     """What makes two chat requests the same request (a client's retry): the body, less `stream`."""
     same = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
     return hashlib.blake2b(orjson.dumps(same, option=orjson.OPT_SORT_KEYS), digest_size=16).digest()
+
+
+_BACKGROUND = background_executor("rl360-session-plan")  # large turns: planned at low CPU priority
 
 
 class Backend(Protocol):
@@ -294,7 +298,9 @@ class SessionCore:
                 return recorded
             plan = self._plan_appended(session, request) if request.new_chars <= INLINE_CHARS else None
             if plan is None:
-                plan = await asyncio.to_thread(self._plan, session, request)
+                plan = await asyncio.get_running_loop().run_in_executor(
+                    _BACKGROUND, self._plan, session, request
+                )
             self._check_context(plan)
             started = time.monotonic()
             result = await self._generate(session, plan, request)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
+from rl360_ext.session import core as session_core
 from rl360_ext.session.core import ServerConfig, SessionCore
 from rl360_ext.session.tito import TitoRenderer
 from rl360_ext.templates.render import ChatRenderer
@@ -21,15 +22,14 @@ async def _conversation(
     renderer: ChatRenderer, monkeypatch: pytest.MonkeyPatch, turns: int
 ) -> tuple[Any, int]:
     """(merged sample, worker-thread plans) of a `turns`-turn conversation."""
-    threaded = 0
-    to_thread = asyncio.to_thread
+    planned: list[object] = []
 
-    async def counting(func: Any, /, *args: Any, **kwargs: Any) -> Any:
-        nonlocal threaded
-        threaded += 1
-        return await to_thread(func, *args, **kwargs)
+    class Counting(ThreadPoolExecutor):
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            planned.append(fn)
+            return super().submit(fn, *args, **kwargs)
 
-    monkeypatch.setattr(asyncio, "to_thread", counting)
+    monkeypatch.setattr(session_core, "_BACKGROUND", Counting(max_workers=1))
     backend = ScriptedBackend(renderer)
     core = SessionCore(TitoRenderer(renderer), backend, ServerConfig())
     backend.push(*(Step(f"reply {k}<|im_end|>") for k in range(turns)))
@@ -38,8 +38,7 @@ async def _conversation(
     for k in range(turns):
         reply = await core.chat(sid, {"messages": messages})
         messages = [*messages, reply.message(), {"role": "user", "content": f"again {k}"}]
-    planned_on_threads = threaded  # the merge below runs on one too
-    return await core.merged(sid), planned_on_threads
+    return await core.merged(sid), len(planned)
 
 
 async def test_appends_are_planned_in_place_with_the_full_renders_tokens(renderer, monkeypatch) -> None:
