@@ -40,6 +40,7 @@ POLICIES = {
     "wrong": writes(WRONG),
     "hang": writes("def mean(xs):\n    while True:\n        pass\n"),
     "verifier_oom": writes("x = bytearray(1 << 30)\n" + RIGHT),
+    "fork_bomb": writes("import os\nwhile True:\n    os.fork()\n" + RIGHT),
     "agent_oom": "python3 -c 'x = bytearray(1 << 30)'\n" + writes(WRONG),
     "agent_over_budget": writes(WRONG) + "sleep 60\n",
     "chmod": writes(RIGHT) + "chmod 000 /app /tests /logs /logs/verifier 2>/dev/null; true\n",
@@ -58,11 +59,15 @@ POLICIES = {
         "    os._exit(0)\n" + WRONG
     ),
 }
-# (attempt class, reward, reward source, attributed_to, evidence phase, control); None: any value.
-EXPECTED: dict[str, tuple[str, float | None, str | None, str | None, str | None, str | None]] = {
+# (attempt class, reward, reward source, attributed_to, evidence phase, control); ANY: whichever.
+ANY = object()
+EXPECTED: dict[str, tuple[Any, ...]] = {
     "wrong": ("valid", 0.0, "verifier", None, None, None),
     "hang": ("valid", 0.0, "floor", "policy", "verifier", "regrade"),
     "verifier_oom": ("valid", 0.0, "floor", "policy", "verifier", "regrade"),
+    # a fork bomb in the check's child: refused at the pids limit (the check fails: the verifier's 0),
+    # or the verifier times out (the floor, by the regrade's evidence); scored either way
+    "fork_bomb": ("valid", 0.0, ANY, ANY, ANY, ANY),
     "agent_oom": ("valid", 0.0, "verifier", "policy", "agent", "rule"),
     "agent_over_budget": ("valid", 0.0, "verifier", "policy", "agent", "rule"),
     "chmod": ("valid", 1.0, "verifier", None, None, None),
@@ -126,7 +131,8 @@ def policy_run(name: str) -> dict[str, Any]:
 async def test_a_policys_own_failure_is_scored_with_its_evidence(server: Service) -> None:
     results = await run(server, [policy_run(name) for name in POLICIES])
     for name, result in zip(POLICIES, results, strict=True):
-        klass, reward, source, who, phase, control = EXPECTED[name]
+        expected = EXPECTED[name]
+        klass, reward, who = expected[0], expected[1], expected[3]
         evidence = result["evidence"] or {}
         seen = (
             result["attempt_class"],
@@ -136,11 +142,15 @@ async def test_a_policys_own_failure_is_scored_with_its_evidence(server: Service
             evidence.get("phase"),
             evidence.get("control"),
         )
-        assert seen == (klass, reward, source, who, phase, control), (name, result)
+        assert all(want is ANY or want == got for want, got in zip(expected, seen, strict=True)), (
+            name,
+            result,
+        )
         # The client keeps it as the server scored it: the agent function's metadata and its class.
         metadata = result_metadata(result)
         assert (metadata["attempt_class"], metadata["reward"]) == (klass, reward), (name, metadata)
-        assert metadata["attributed_to"] == who and metadata["evidence"] == result["evidence"]
+        assert who is ANY or metadata["attributed_to"] == who
+        assert metadata["evidence"] == result["evidence"]
         assert attempt_class(result) == klass
     hang = results[list(POLICIES).index("hang")]
     assert (hang["failure_cause"], hang["evidence"]["resource"]) == ("verifier_timeout", "time"), hang
