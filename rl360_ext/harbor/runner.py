@@ -466,10 +466,7 @@ class TrialRunner:
             async with scope:
                 trial = await self._trial_class.create(config)
                 trial.add_hook(TrialEvent.ENVIRONMENT_START, self._sandbox_start_hook(slot))
-                trial.add_hook(TrialEvent.AGENT_END, _phase_ender(trial))
-                trial.add_hook(
-                    TrialEvent.VERIFICATION_START, _phase_ender(trial, *GRADING_CLEARS, grading=True)
-                )
+                _end_phases(trial)
                 finished = await trial.run()
                 facts = self._facts(task, trial, finished, trial_dir, self.controls.rule)
                 if needs_known_good(facts):
@@ -533,9 +530,7 @@ class TrialRunner:
         trial_dir = config.trials_dir / config.trial_name
         try:
             trial = await self._trial_class.create(config)
-            trial.add_hook(TrialEvent.AGENT_END, _phase_ender(trial))
-            grading = _phase_ender(trial, *GRADING_CLEARS, grading=True)
-            trial.add_hook(TrialEvent.VERIFICATION_START, grading)
+            _end_phases(trial)
             async with asyncio.timeout(deadline_s):
                 finished = await trial.run()
             return controls.known_good_of(self._facts(task, trial, finished, trial_dir, AttributionRule.LIST))
@@ -607,6 +602,12 @@ class TrialRunner:
         await self.controls.close()
         await warm.close()
         self.catalog.snapshots.close()
+
+
+def _end_phases(trial: Trial) -> None:
+    """Hooks that end each phase of `trial` in its environment: the agent's, then grading's."""
+    trial.add_hook(TrialEvent.AGENT_END, _phase_ender(trial))
+    trial.add_hook(TrialEvent.VERIFICATION_START, _phase_ender(trial, *GRADING_CLEARS, grading=True))
 
 
 def _phase_ender(trial: Trial, *clear: str, grading: bool = False) -> Any:

@@ -186,7 +186,8 @@ def needs_known_good(facts: TrialFacts) -> bool:
 
 
 def _listed(facts: TrialFacts) -> Verdict:
-    """The verdict by the cause list alone (rl360 before attribution; the `list` rule)."""
+    """The verdict by the cause list (rl360 before attribution: the `list` rule), except that under
+    the other rules a limit or timeout the policy hit in the agent phase keeps the grade after it."""
     exception = facts.exception_type
     if facts.failure_cause is not None:
         return _without_reward(facts.failure_cause, exception)
