@@ -62,7 +62,7 @@ def test_core_imports_on_python_311() -> None:
         )
         stamp.touch()
     modules = _core_modules()
-    assert "rl360_ext.tiny_engine" in modules and "rl360_ext.cli" in modules
+    assert "rl360_ext.reference.engine" in modules and "rl360_ext.cli" in modules
     script = (
         "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\nprint(sys.version)"
     )

@@ -15,7 +15,7 @@ import pytest
 
 from integration_tests.components import bwrap_problem, skip_if_missing
 from rl360_ext.local.services import start_engine
-from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
+from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir
 from rl360_ext.util.procs import Service, free_port, rl360_argv, running, start_service
 
 

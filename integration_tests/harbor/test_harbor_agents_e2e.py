@@ -21,7 +21,7 @@ from rl360_ext.harbor.envs.bwrap import BwrapEnvironment
 from rl360_ext.local import agents as demo_agent
 from rl360_ext.local.fixtures import tasks_root as example_tasks_root
 from rl360_ext.local.services import start_engine
-from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
+from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir
 from rl360_ext.util.procs import Service, free_port, rl360_argv, start_service
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -135,7 +135,7 @@ def gradient_figures(model: Any, case: Any) -> dict[str, float]:
         response_logprobs,
     )
     from integration_tests.megatron.precision import float64_islands
-    from rl360_ext.trainer.trainer import Trainer, TrainerConfig
+    from rl360_ext.reference.trainer.trainer import Trainer, TrainerConfig
 
     config = TrainerConfig(unversioned_as=0, eps_clip_high=0.28, use_tis=True)
     reference = reference_gradient(case, config)
@@ -202,8 +202,8 @@ def measure(seed: int) -> dict[str, Any]:
         conversation,
         conversation_sample,
     )
-    from rl360_ext.tiny_engine.engine import EngineConfig, TinyEngine
-    from rl360_ext.tiny_engine.model import init_weights
+    from rl360_ext.reference.engine.engine import EngineConfig, TinyEngine
+    from rl360_ext.reference.engine.model import init_weights
 
     _say("float64 tiny engine conversation (the reference bench's)")
     engine = TinyEngine(EngineConfig(seed=seed, dtype="float64"))

@@ -1,6 +1,6 @@
 """The tiny engine's weights <-> a Megatron `GPTModel`'s state dict, and the `GPTModel` they fit.
 
-Owns the architecture translation (rl360_ext/tiny_engine/model.py onto Megatron-core's local
+Owns the architecture translation (rl360_ext/reference/engine/model.py onto Megatron-core's local
 layer spec): token embedding -> `embedding.word_embeddings`; RMSNorm scales -> `input_layernorm`,
 `pre_mlp_layernorm`, `decoder.final_layernorm`; q/k/v -> the fused `linear_qkv`, rows grouped per
 query group as [q, k, v] (the tiny engine is multi-head: one query group per head); `wo` ->
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from rl360_ext.tiny_engine.model import ModelConfig
+from rl360_ext.reference.engine.model import ModelConfig
 
 Weights = dict[str, np.ndarray]
 

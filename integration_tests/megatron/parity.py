@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from integration_tests.megatron.world import causal_mask
+from rl360_ext.reference.engine.model import ModelConfig
+from rl360_ext.reference.trainer.trainer import Trainer, TrainerConfig
 from rl360_ext.rollout.sample import Sample
-from rl360_ext.tiny_engine.model import ModelConfig
-from rl360_ext.trainer.trainer import Trainer, TrainerConfig
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The tiny engine against Miles' Megatron fork on CPU, float64: forward, routing replay, gradient.
 
 One real merged sample (a tool-using conversation through a real session server with --r3 and a
-real float64 tiny engine, as integration_tests/trainer/ builds it) is recomputed by a Megatron
+real float64 tiny engine, as integration_tests/reference/trainer/ builds it) is recomputed by a Megatron
 `GPTModel` holding the engine's weights (mapping.py):
 
 - forward: Megatron's log-probs of the sampled tokens equal the engine's float64 ones to 1e-9
@@ -48,14 +48,14 @@ from integration_tests.megatron.parity import (
     routing_of,
 )
 from integration_tests.megatron.precision import float64_islands
+from integration_tests.reference.trainer.test_trainer_session import _conversation, _engine_logprobs
 from integration_tests.session.conftest import merged, new_session, start_session_server
-from integration_tests.trainer.test_trainer_session import _conversation, _engine_logprobs
 from rl360_ext.local.services import start_engine
+from rl360_ext.reference.engine.model import ModelConfig, TinyMoEModel, init_weights
+from rl360_ext.reference.engine.tokenizer import build_tokenizer
+from rl360_ext.reference.trainer.trainer import Trainer, TrainerConfig
 from rl360_ext.rollout.generate import fill_from_merged
 from rl360_ext.rollout.sample import Sample
-from rl360_ext.tiny_engine.model import ModelConfig, TinyMoEModel, init_weights
-from rl360_ext.tiny_engine.tokenizer import build_tokenizer
-from rl360_ext.trainer.trainer import Trainer, TrainerConfig
 from rl360_ext.util.procs import running
 
 SEED = 5
@@ -264,7 +264,7 @@ def _round_trip(model: Any, case: MergedCase, figures: dict[str, float], tmp_pat
 
     from integration_tests.megatron.mapping import megatron_tensors
     from rl360_ext.local.services import start_smg
-    from rl360_ext.tiny_engine.model import save_weights
+    from rl360_ext.reference.engine.model import save_weights
     from rl360_ext.weights.push import push_weights_from_disk
 
     config = TrainerConfig(unversioned_as=0, eps_clip_high=0.28)
@@ -316,7 +316,7 @@ def test_forward_backward_throughput(gpt: Any, case: MergedCase, figures: dict[s
     beside the reference trainer (float64 numpy, R3), best of 3 each, on this shared machine."""
     import torch
 
-    from rl360_ext.trainer.backward import TrainModel
+    from rl360_ext.reference.trainer.backward import TrainModel
 
     tokens = np.asarray(case.sample.tokens)
     prompt = case.prompt

@@ -26,7 +26,7 @@ from types import ModuleType, SimpleNamespace
 import pytest
 
 from integration_tests.miles.mock_backend import sglang_like_mock
-from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
+from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir
 from rl360_ext.util.procs import free_port, rl360_argv, start_service
 
 MILES_TEST_FILE = Path("tests") / "fast" / "router" / "test_sessions.py"

@@ -211,7 +211,7 @@ async def test_patched_reward_func_does_not_score_a_missing_reward(
 @pytest.mark.slow
 def test_patched_launcher_adopts_a_running_rl360_session_server(patched_copy: Path, tmp_path: Path) -> None:
     """0004: with --session-server-external, Miles' launcher takes rl360's server and its id."""
-    from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
+    from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir
     from rl360_ext.util.procs import rl360_argv, start_service
 
     port = _free_port()

@@ -103,7 +103,7 @@ def miles_args(stack: dict[str, Service]) -> argparse.Namespace:
     """Miles' own parser (it adds the generate hook's flags), then the fields Miles sets at runtime."""
     from miles.utils.arguments import get_miles_extra_args_provider
 
-    from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
+    from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir
 
     argv = [
         "--rollout-batch-size", "1", "--n-samples-per-prompt", "2",

@@ -24,9 +24,9 @@ import openai
 import pytest
 
 from rl360_ext.local.services import start_engine
+from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir
 from rl360_ext.session import miles_wire, wire
 from rl360_ext.session.merge import MergedSample, TurnRecord, merge
-from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
 from rl360_ext.util.procs import Service, free_port, rl360_argv, start_service
 
 LAYERS, TOP_K = 2, 3

@@ -44,7 +44,7 @@ def _tasks_root(directory: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Service]]:
-    from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
+    from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir
 
     skip_if_missing(bwrap_problem)
     python = _harbor_python()
@@ -71,7 +71,7 @@ def miles_args(stack: dict[str, Service]) -> argparse.Namespace:
     """Miles' own parser (stock generate adds --custom-agent-function-path), then runtime fields."""
     from miles.utils.arguments import get_miles_extra_args_provider
 
-    from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
+    from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir
 
     argv = [
         "--rollout-batch-size", "1", "--n-samples-per-prompt", str(len(TASKS)),

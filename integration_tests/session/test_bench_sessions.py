@@ -23,7 +23,7 @@ from rl360_ext.local.bench.sessions import (
     main,
     run_case,
 )
-from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
+from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

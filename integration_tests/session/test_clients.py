@@ -8,7 +8,7 @@ import numpy as np
 import openai
 import pytest
 
-from rl360_ext.tiny_engine.tokenizer import load_tiny_tokenizer
+from rl360_ext.reference.engine.tokenizer import load_tiny_tokenizer
 
 from .conftest import END_OF_TURN_BIAS, LS_CALL, SYSTEM, TOOLS, USER, merged, new_session, session_client
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from rl360_ext.local.services import start_engine
-from rl360_ext.tiny_engine.model import ModelConfig, TinyMoEModel
-from rl360_ext.tiny_engine.tokenizer import build_tokenizer
+from rl360_ext.reference.engine.model import ModelConfig, TinyMoEModel
+from rl360_ext.reference.engine.tokenizer import build_tokenizer
 from rl360_ext.util.procs import running
 
 from .conftest import (

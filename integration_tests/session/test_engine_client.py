@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from rl360_ext.local.services import start_engine
+from rl360_ext.reference.engine.model import ModelConfig, init_weights, perturb_weights, save_weights
+from rl360_ext.reference.engine.tokenizer import build_tokenizer
 from rl360_ext.sglang.client import EngineClient, EngineError
-from rl360_ext.tiny_engine.model import ModelConfig, init_weights, perturb_weights, save_weights
-from rl360_ext.tiny_engine.tokenizer import build_tokenizer
 from rl360_ext.util.procs import free_port, running
 
 pytestmark = pytest.mark.integration

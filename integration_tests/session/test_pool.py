@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import ray
 
+from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir
 from rl360_ext.session import wire
 from rl360_ext.session.pool import SessionPool, SessionPoolError
-from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
 
 from .conftest import session_client
 

@@ -19,7 +19,7 @@ SCRIPT = """
 import sys, threading, time
 import httpx, ray
 from rl360_ext.session.pool import SessionPool
-from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
+from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir
 
 box = {}
 

@@ -1,6 +1,6 @@
-"""`rl360 engine ...` commands (thin: parse flags, call into rl360_ext.tiny_engine).
+"""`rl360 engine ...` commands (thin: parse flags, call into rl360_ext.reference.engine).
 
-`serve`'s flags are derived from `rl360_ext.tiny_engine.config.EngineConfig` by
+`serve`'s flags are derived from `rl360_ext.reference.engine.config.EngineConfig` by
 `rl360_ext.cli.fields`: one flag per field, its default, bounds and help (the field's docstring)
 taken from the dataclass, so a new engine setting is one field there and nothing here.
 """
@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from rl360_ext.cli.fields import config_command
-from rl360_ext.tiny_engine.config import EngineConfig
+from rl360_ext.reference.engine.config import EngineConfig
 
 app = typer.Typer(
     help="The tiny CPU reference engine (SGLang's native protocol), its tokenizer and weights.",
@@ -30,8 +30,8 @@ def serve(config: EngineConfig) -> None:
     """Serve the tiny MoE engine with SGLang's native HTTP protocol."""
     import uvicorn
 
-    from rl360_ext.tiny_engine.engine import TinyEngine
-    from rl360_ext.tiny_engine.server import create_app, guarded_protocol
+    from rl360_ext.reference.engine.engine import TinyEngine
+    from rl360_ext.reference.engine.server import create_app, guarded_protocol
 
     try:
         engine = TinyEngine(config)
@@ -61,7 +61,7 @@ app.command("serve")(config_command(EngineConfig, serve))
 @app.command()
 def tokenizer(directory: Annotated[Path, typer.Argument(help="Output directory.")]) -> None:
     """Write the tiny engine's tokenizer as a Hugging Face tokenizer directory."""
-    from rl360_ext.tiny_engine.tokenizer import write_tokenizer_dir
+    from rl360_ext.reference.engine.tokenizer import write_tokenizer_dir
 
     typer.echo(str(write_tokenizer_dir(directory)))
 
@@ -77,9 +77,9 @@ def save_weights(
     perturb_seed: int = typer.Option(1, help="Seed of the perturbation noise."),
 ) -> None:
     """Write the seed's weights (optionally perturbed) for /update_weights_from_disk."""
-    from rl360_ext.tiny_engine.model import ModelConfig, init_weights, perturb_weights
-    from rl360_ext.tiny_engine.model import save_weights as write
-    from rl360_ext.tiny_engine.tokenizer import build_tokenizer
+    from rl360_ext.reference.engine.model import ModelConfig, init_weights, perturb_weights
+    from rl360_ext.reference.engine.model import save_weights as write
+    from rl360_ext.reference.engine.tokenizer import build_tokenizer
 
     config = ModelConfig(
         vocab_size=build_tokenizer().get_vocab_size(), layers=layers, experts=experts, top_k=top_k
@@ -101,8 +101,8 @@ def instant(
     """Serve the instant SGLang stand-in: a fixed reply at once, for session-server load benchmarks."""
     import uvicorn
 
-    from rl360_ext.tiny_engine.instant import InstantConfig, create_app
-    from rl360_ext.tiny_engine.server import guarded_protocol
+    from rl360_ext.reference.engine.instant import InstantConfig, create_app
+    from rl360_ext.reference.engine.server import guarded_protocol
 
     try:
         config = InstantConfig(layers=layers, top_k=top_k, experts=experts)

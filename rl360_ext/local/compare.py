@@ -34,7 +34,7 @@ arm and mode. A run's seed is the whole demo's seed: the format warm start (so t
 each step's quiz tasks, every fault aimed at an attempt (`demo_plan.plan_step`,
 `demo_plan.fault_uniforms`), each attempt's sampling seed (`demo_plan.attempt_sampling_seed`,
 `seeded_sampling` on in every run) and the engines' 503s (keyed by that sampling seed:
-`rl360_ext.tiny_engine.faults.FaultKey.SAMPLING_SEED`, so a function of the seed, step, task and
+`rl360_ext.reference.engine.faults.FaultKey.SAMPLING_SEED`, so a function of the seed, step, task and
 attempt, not of the arrival order). So every arm of one seed asks the same quizzes, faults the
 same attempts (while their actions agree: the correlated mode looks at the answer) and samples
 the same tokens while their weights agree (steps 0 and 1 under one-step-off). What is not

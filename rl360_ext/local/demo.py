@@ -121,10 +121,10 @@ from rl360_ext.local.stack import (
 )
 from rl360_ext.outcomes.infra import mark_infra_sample
 from rl360_ext.outcomes.provenance import DOMAIN, is_valid
+from rl360_ext.reference.trainer.trainer import TrainerConfig
 from rl360_ext.rollout.eval_metrics import EVAL_NOTE_KIND
 from rl360_ext.rollout.metrics import append_records
 from rl360_ext.templates.tokenizer import load_hf_tokenizer
-from rl360_ext.trainer.trainer import TrainerConfig
 from rl360_ext.util.console import make_console, print_table
 from rl360_ext.util.dotted import load_function
 from rl360_ext.util.procs import LOOPBACK
@@ -689,7 +689,7 @@ def demo_policy(config: DemoConfig) -> DemoTrainer:
     """The trainer side, warm-started on the quiz questions. It runs in the main thread after the
     stack is up: run in a thread beside the stack's start-up, the process hung (every thread
     waiting on a lock) before Ray started."""
-    from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
+    from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir
     from rl360_ext.util.cache import cache_root
 
     root = demo_tasks_root()

@@ -16,7 +16,7 @@ a 503 at rate RATE / 4 (the engine's `POST /rl360/faults`). So about RATE of all
 infrastructure reasons. With `seeded_sampling` (every `--compare` arm) the 503s are keyed by the
 attempt's sampling seed (`attempt_sampling_seed`, a function of the run's seed and the attempt's
 Miles index, which the step's plan maps to its task), not drawn in request order: the same
-attempts get them in every arm (`rl360_ext.tiny_engine.faults.FaultKey.SAMPLING_SEED`), as the
+attempts get them in every arm (`rl360_ext.reference.engine.faults.FaultKey.SAMPLING_SEED`), as the
 planned sandbox, verifier and deadline faults are the same in every arm.
 
 That is the `uniform` fault mode (`fault_mode`). The fault modes are shared with the offline

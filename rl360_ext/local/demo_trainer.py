@@ -1,7 +1,7 @@
 """The trainer side of `rl360 demo`: the reference trainer on the engines' own model, one file per push.
 
 Owns the demo's policy: its initial weights (the engines' seed weights after two supervised warm
-starts that never see a correct letter or a reward, `rl360_ext.trainer.warm_start`: first a
+starts that never see a correct letter or a reward, `rl360_ext.reference.trainer.warm_start`: first a
 base-model stage, `fit_labels`, that trains the whole network to name, at the quiz agent's
 answer position, which question it read, as one arbitrary label token per question
 (`question_labels`: from a hash of the question's text, never a letter or a special token), so the
@@ -50,14 +50,14 @@ from rl360_ext.local.quiz_agent import (
     probe_message,
     probe_output,
 )
+from rl360_ext.reference.engine.model import ModelConfig, init_weights
+from rl360_ext.reference.trainer.backward import TrainModel
+from rl360_ext.reference.trainer.trainer import Trainer, TrainerConfig
+from rl360_ext.reference.trainer.warm_start import fit_head, fit_labels, head_features, separation
 from rl360_ext.rollout.metrics import append_records
 from rl360_ext.templates.markup import TURN_END
 from rl360_ext.templates.render import ChatRenderer
 from rl360_ext.templates.tokenizer import load_hf_tokenizer
-from rl360_ext.tiny_engine.model import ModelConfig, init_weights
-from rl360_ext.trainer.backward import TrainModel
-from rl360_ext.trainer.trainer import Trainer, TrainerConfig
-from rl360_ext.trainer.warm_start import fit_head, fit_labels, head_features, separation
 from rl360_ext.util.cache import write_atomically
 
 CHANCE_LEVEL = 1.0 / len(LETTERS)  # a uniform guess among A-D
@@ -70,9 +70,9 @@ WARM_START_CACHE = "warm-start"  # the cache folder's name under the cache root
 # The modules whose code computes the warm start: their source is part of the cache key.
 WARM_START_MODULES = (
     "rl360_ext.local.demo_trainer",
-    "rl360_ext.trainer.warm_start",
-    "rl360_ext.trainer.backward",
-    "rl360_ext.tiny_engine.model",
+    "rl360_ext.reference.trainer.warm_start",
+    "rl360_ext.reference.trainer.backward",
+    "rl360_ext.reference.engine.model",
 )
 _META = "__warm_start__"  # the cache entry's key holding the WarmStart fields (JSON)
 

@@ -11,7 +11,7 @@ and the demo's default schedule, one-step-off (`demo_plan.expected_weight_versio
 1 sample on the initial weights, step k on the weights step k-2 produced; the trainer scores
 each token with the version that sampled it). What replaces the engines, SMG, the session
 server and Harbor is an in-process sampler: the tiny engine's own model
-(`tiny_engine.model.TinyMoEModel`, float64) on the weights of the sampling version samples the
+(`reference.engine.model.TinyMoEModel`, float64) on the weights of the sampling version samples the
 quiz agent's two turns from the same prompt tokens the session would render (the look turn from
 the agent's first prompt, at most `LOOK_TURN_TOKENS`, ending at the engine's end-of-turn token;
 the probe's tool message with the task's options; the answer turn, `max_new_tokens`), the
@@ -175,14 +175,14 @@ from rl360_ext.outcomes.attribution import (
 from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.infra import mark_infra_sample
 from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, REWARD_SOURCE, VALID, VERIFIER, is_valid
+from rl360_ext.reference.engine.model import KVState, ModelConfig, TinyMoEModel
+from rl360_ext.reference.engine.threads import single_blas_thread
+from rl360_ext.reference.trainer.trainer import Trainer, TrainerConfig
 from rl360_ext.rollout.filters import check_valid_reward_nonzero_std
 from rl360_ext.rollout.metrics import REGISTRY
 from rl360_ext.rollout.sample import Sample
 from rl360_ext.templates.markup import TURN_END
 from rl360_ext.templates.render import ChatRenderer
-from rl360_ext.tiny_engine.model import KVState, ModelConfig, TinyMoEModel
-from rl360_ext.tiny_engine.threads import single_blas_thread
-from rl360_ext.trainer.trainer import Trainer, TrainerConfig
 from rl360_ext.util.dotted import load_function
 
 CRASH_CAUSE = Cause.SANDBOX_LOST.value  # the list rule's class for a crashed sandbox (as live)
@@ -317,8 +317,8 @@ def quiz_problem(
     model_config: ModelConfig, weights: dict[str, np.ndarray], trainer_config: TrainerConfig
 ) -> Problem:
     """The demo's quizzes and tokenizer around a given first policy and trainer settings."""
+    from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir
     from rl360_ext.templates.tokenizer import load_hf_tokenizer
-    from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
 
     renderer = ChatRenderer(load_hf_tokenizer(str(default_tokenizer_dir())))
     return Problem(renderer, read_quizzes(renderer), model_config, weights, trainer_config)

@@ -56,9 +56,9 @@ from rl360_ext.local.fixtures import tasks_root as fixture_tasks_root
 from rl360_ext.local.quiz_agent import CRASH_TOOL_IMPORT_PATH as CRASH_TOOL_QUIZ_AGENT
 from rl360_ext.local.quiz_agent import IMPORT_PATH as QUIZ_AGENT
 from rl360_ext.local.services import start_engine, start_harbor, start_smg
+from rl360_ext.reference.engine.faults import FaultKey
 from rl360_ext.rollout.harbor_routing import replace_url
 from rl360_ext.tasks.audit import TASK_HEALTH_FILE
-from rl360_ext.tiny_engine.faults import FaultKey
 from rl360_ext.util.fielddocs import field_flags
 from rl360_ext.util.prereqs import (
     bwrap_problem,
@@ -531,7 +531,7 @@ def _interrupts_deferred() -> Iterator[None]:
 
 
 def _tokenizer_dir(config: StackConfig) -> Path:
-    from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir, write_tokenizer_dir
+    from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir, write_tokenizer_dir
 
     if config.tokenizer_dir is None:
         return default_tokenizer_dir()

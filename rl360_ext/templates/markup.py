@@ -1,7 +1,7 @@
 """Chat markup of the ChatML / Qwen family: turn, reasoning and tool-call tokens.
 
 Owns the special-token strings that the parser, the renderer and the fixed templates share, and
-that the tiny engine's tokenizer (`rl360_ext.tiny_engine.tokenizer`) is built with. It does not own
+that the tiny engine's tokenizer (`rl360_ext.reference.engine.tokenizer`) is built with. It does not own
 rendering (`render.py`) or parsing (`parse.py`).
 """
 

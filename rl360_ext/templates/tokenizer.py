@@ -10,7 +10,7 @@ and the wrapper's `split_special_tokens` (the state the wrapper would set before
 otherwise the wrapper encodes. A text over GIL_FREE_CHARS goes through the backend's `encode_batch`
 (the same ids), which releases the GIL while it works, where `encode` holds it (a 1 MB text held
 a session server's event loop for 2.8 s). It does not build tokenizers: the tiny engine's comes from
-`rl360_ext.tiny_engine.tokenizer`.
+`rl360_ext.reference.engine.tokenizer`.
 """
 
 from __future__ import annotations

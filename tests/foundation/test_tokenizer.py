@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rl360_ext.reference.engine.tokenizer import build_tokenizer, write_tokenizer_dir
 from rl360_ext.templates.markup import SPECIAL_TOKENS, TURN_END
 from rl360_ext.templates.tokenizer import load_hf_tokenizer
-from rl360_ext.tiny_engine.tokenizer import build_tokenizer, write_tokenizer_dir
 
 TOKENIZER = build_tokenizer()
 

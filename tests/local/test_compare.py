@@ -35,11 +35,11 @@ from rl360_ext.local.compare import (
 )
 from rl360_ext.local.demo import build_args
 from rl360_ext.local.demo_plan import SAMPLING_SEED_LIMIT, DemoConfig, attempt_sampling_seed, plan_step
+from rl360_ext.reference.trainer.trainer import Trainer, TrainerConfig
 from rl360_ext.rollout.rewards import valid_group_advantages
-from rl360_ext.trainer.trainer import Trainer, TrainerConfig
 from rl360_ext.util.dotted import load_function
+from tests.reference.trainer.helpers import SMALL, small_weights
 from tests.rollout.duck_samples import DuckSample, infra, valid
-from tests.trainer.helpers import SMALL, small_weights
 
 QUIZ = [f"quiz-{n:02d}" for n in range(1, 13)]
 

@@ -22,13 +22,13 @@ from rl360_ext.local.demo_trainer import (
 )
 from rl360_ext.local.fixtures import quiz_task_names, tasks_root
 from rl360_ext.local.quiz_agent import LETTERS, extract_answer, probe_output
+from rl360_ext.reference.engine.model import KVState, ModelConfig, TinyMoEModel, log_softmax
+from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir
+from rl360_ext.reference.trainer.trainer import TrainerConfig
 from rl360_ext.rollout.metrics import read_records
 from rl360_ext.rollout.sample import Sample
 from rl360_ext.templates.render import ChatRenderer
 from rl360_ext.templates.tokenizer import load_hf_tokenizer
-from rl360_ext.tiny_engine.model import KVState, ModelConfig, TinyMoEModel, log_softmax
-from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
-from rl360_ext.trainer.trainer import TrainerConfig
 
 
 def _questions(count: int = 3) -> list[tuple[str, str]]:

@@ -28,7 +28,7 @@ from rl360_ext.local.demo_plan import (
     plan_step,
 )
 from rl360_ext.local.stack import demo_stack_config
-from rl360_ext.tiny_engine.faults import FaultConfig, FaultInjector
+from rl360_ext.reference.engine.faults import FaultConfig, FaultInjector
 
 QUIZ = [f"quiz-{n:02d}" for n in range(1, 13)]
 GENERATION = "<|im_start|>assistant\n"

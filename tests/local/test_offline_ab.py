@@ -18,9 +18,9 @@ from rl360_ext.diagnostics.ab_stats import METRICS
 from rl360_ext.local import offline_ab as ab
 from rl360_ext.local.ab_config import CRASH_MODES, EXPLOITABLE, FAULT_MODES, UNIFORM, OfflineConfig
 from rl360_ext.outcomes.provenance import is_valid
+from rl360_ext.reference.engine.model import ModelConfig, init_weights
+from rl360_ext.reference.trainer.trainer import TrainerConfig
 from rl360_ext.rollout.rewards import valid_group_advantages
-from rl360_ext.tiny_engine.model import ModelConfig, init_weights
-from rl360_ext.trainer.trainer import TrainerConfig
 
 SMALL = {"steps": 3, "tasks": 2, "attempts": 3, "seeds": 1}
 

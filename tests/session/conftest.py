@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rl360_ext.reference.engine.tokenizer import load_tiny_tokenizer
 from rl360_ext.session.core import ServerConfig, SessionCore
 from rl360_ext.session.routing import RoutingShape
 from rl360_ext.session.tito import TitoRenderer
 from rl360_ext.sglang.client import EngineError, GenerateResult
 from rl360_ext.templates.render import ChatRenderer
-from rl360_ext.tiny_engine.tokenizer import load_tiny_tokenizer
 
 SHAPE = RoutingShape(layers=3, top_k=2, num_experts=300)
 

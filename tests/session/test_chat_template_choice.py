@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from rl360_ext.reference.engine.tokenizer import chat_template, load_tiny_tokenizer
 from rl360_ext.session.service import ServiceStartupError, resolve_chat_template
-from rl360_ext.tiny_engine.tokenizer import chat_template, load_tiny_tokenizer
 
 BROKEN = (
     "{%- for m in messages -%}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor -%}"

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from rl360_ext.cli import session as cli
+from rl360_ext.reference.engine.tokenizer import load_tiny_tokenizer
 from rl360_ext.session import service
 from rl360_ext.session.core import ServerConfig
 from rl360_ext.session.options import ServiceOptions, default_of
-from rl360_ext.tiny_engine.tokenizer import load_tiny_tokenizer
 from rl360_ext.util.fielddocs import field_docs, field_flags
 
 OLD_FLAGS = [

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rl360_ext.tiny_engine.tokenizer import load_tiny_tokenizer
+from rl360_ext.reference.engine.tokenizer import load_tiny_tokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -200,8 +200,8 @@ def test_token_boundary_at_a_generated_turn_is_a_note_not_a_violation() -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
+    from rl360_ext.reference.engine.tokenizer import chat_template
     from rl360_ext.templates.markup import SPECIAL_TOKENS, TURN_END
-    from rl360_ext.tiny_engine.tokenizer import chat_template
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

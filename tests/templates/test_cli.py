@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rl360_ext.cli.templates import app
+from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir, write_tokenizer_dir
 from rl360_ext.templates.select import fixed_template
-from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir, write_tokenizer_dir
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -9,10 +9,10 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from rl360_ext.reference.engine.tokenizer import write_tokenizer_dir
 from rl360_ext.templates.render import ChatRenderer
 from rl360_ext.templates.select import choose_fixed_template, fixed_template, fixed_template_for
 from rl360_ext.templates.tokenizer import load_hf_tokenizer
-from rl360_ext.tiny_engine.tokenizer import write_tokenizer_dir
 
 QWEN3_TEXT = (
     "<|im_start|>system\nYou are a coding agent.<|im_end|>\n"

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rl360_ext.reference.engine.tokenizer import load_tiny_tokenizer
 from rl360_ext.templates.conversations import build_conversation
 from rl360_ext.templates.render import (
     ANCHOR_USER,
@@ -24,7 +25,6 @@ from rl360_ext.templates.render import (
     TemplateNotAppendOnlyError,
     probe_splits,
 )
-from rl360_ext.tiny_engine.tokenizer import load_tiny_tokenizer
 from tests.templates.real import FAMILIES, real_tokenizer
 from tests.templates.test_properties import DataChooser
 from tests.templates.test_real_templates import KWARGS

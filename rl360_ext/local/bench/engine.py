@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from rl360_ext.tiny_engine.engine import EngineConfig, TinyEngine
-from rl360_ext.tiny_engine.model import KVState
-from rl360_ext.tiny_engine.protocol import GenerateRequest, SamplingParams
+from rl360_ext.reference.engine.engine import EngineConfig, TinyEngine
+from rl360_ext.reference.engine.model import KVState
+from rl360_ext.reference.engine.protocol import GenerateRequest, SamplingParams
 from rl360_ext.util.progress import stage
 
 PREFILL_TOKENS = 2048

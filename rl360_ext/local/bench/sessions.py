@@ -1,6 +1,6 @@
 """`rl360 bench sessions`: the session server under load, per concurrency, conversation length and R3.
 
-Each case starts a backend (the instant SGLang stand-in, `rl360_ext.tiny_engine.instant`, so the
+Each case starts a backend (the instant SGLang stand-in, `rl360_ext.reference.engine.instant`, so the
 server's own cost is what is measured; or a tiny engine) and `servers` real session servers in
 front of it (`rl360 session serve` processes, or with hosting `actor` the Ray actors of a
 `SessionPool`, as the rollout runs them), then runs N concurrent sessions of T turns each
@@ -702,7 +702,7 @@ def main(
     server count runs once per hosting: `rl360 session serve` processes, and/or the actors of a
     `SessionPool` in a local Ray this run starts (one Ray CPU per actor, as the pool asks).
     """
-    from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
+    from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir
 
     if backend not in ("instant", "tiny"):
         raise ValueError(f"backend must be instant or tiny, got {backend!r}")

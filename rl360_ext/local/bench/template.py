@@ -27,10 +27,10 @@ def _seconds(run: Callable[[], Any], repeats: int = 3) -> float:
 
 
 def main(as_json: bool) -> None:
+    from rl360_ext.reference.engine.tokenizer import chat_template, load_tiny_tokenizer
     from rl360_ext.templates.check import check_template
     from rl360_ext.templates.conversations import generate_conversations
     from rl360_ext.templates.render import ChatRenderer
-    from rl360_ext.tiny_engine.tokenizer import chat_template, load_tiny_tokenizer
 
     tokenizer = load_tiny_tokenizer()
     renderer = ChatRenderer(tokenizer)

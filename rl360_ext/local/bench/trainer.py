@@ -7,7 +7,7 @@ the engine's log-probs, the rest is masked); then the trainer's recomputed log-p
 engine's (|Δ log p| mean and max over sampled tokens) and the routing agreement (share of
 (token, layer) rows where the trainer's own top-k equals the engine's), with R3 replay on and
 off, for a float64 and a float32 engine. Then the two parity families through the trainer's own
-step under `keep_old_actor` (`rl360_ext.trainer.behaviour`): the conversation, sampled at version
+step under `keep_old_actor` (`rl360_ext.reference.trainer.behaviour`): the conversation, sampled at version
 0, trains once (version 0 -> 1) and is scored again at version 1, so the mismatch (the trainer at
 the sampling version vs the engine) and the policy lag (one optimizer step, current vs sampling
 version on the same tokens) come out side by side. Then forward+backward tokens/s of the trainer at the
@@ -34,14 +34,14 @@ from rl360_ext.local.bench.megatron import (
     speed_row,
     versions_line,
 )
+from rl360_ext.reference.engine.engine import EngineConfig, TinyEngine
+from rl360_ext.reference.engine.model import COMPUTE_DTYPES, init_weights
+from rl360_ext.reference.engine.protocol import GenerateRequest, SamplingParams, decode_routed_experts
+from rl360_ext.reference.trainer.backward import TrainModel
+from rl360_ext.reference.trainer.behaviour import topk_parity
+from rl360_ext.reference.trainer.trainer import Trainer, TrainerConfig
 from rl360_ext.rollout.sample import Sample
 from rl360_ext.sglang.top_logprobs import empty_top_logprobs, parse_output_top_logprobs
-from rl360_ext.tiny_engine.engine import EngineConfig, TinyEngine
-from rl360_ext.tiny_engine.model import COMPUTE_DTYPES, init_weights
-from rl360_ext.tiny_engine.protocol import GenerateRequest, SamplingParams, decode_routed_experts
-from rl360_ext.trainer.backward import TrainModel
-from rl360_ext.trainer.behaviour import topk_parity
-from rl360_ext.trainer.trainer import Trainer, TrainerConfig
 from rl360_ext.util.progress import stage
 
 MISMATCH_TURNS = 6
