@@ -18,7 +18,7 @@ from harbor.models.task.config import NetworkMode
 
 from integration_tests.harbor.conftest import fork_bomb, make_env
 from rl360_ext.harbor.envs import bwrap, seccomp
-from rl360_ext.harbor.envs.bwrap import BwrapEnvironment
+from rl360_ext.harbor.envs.bwrap import BwrapEnvironment, environment, network
 from rl360_ext.harbor.envs.limits import cgroups_usable, pids_in_namespace
 
 pytestmark = pytest.mark.integration
@@ -187,7 +187,7 @@ async def test_a_public_task_has_its_own_namespace_and_no_host_loopback(
     assert result.stdout.split("\n")[2] != os.readlink("/proc/self/ns/net")  # not the host's namespace
     assert "tap0" in result.stdout and "default via 10.0.2.2" in result.stdout
     assert "unreachable 169.254.0.0/16" in result.stdout  # link-local never leaves the namespace
-    for address in bwrap._host_addresses():
+    for address in network._host_addresses():
         assert f"unreachable {address}" in result.stdout
     assert (await public.exec("ip route del unreachable 169.254.0.0/16")).return_code != 0
 
@@ -195,7 +195,7 @@ async def test_a_public_task_has_its_own_namespace_and_no_host_loopback(
 async def test_a_public_task_is_refused_without_slirp4netns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(bwrap, "slirp4netns_executable", lambda: None)
+    monkeypatch.setattr(environment, "slirp4netns_executable", lambda: None)
     env = make_env(tmp_path, network_mode=NetworkMode.PUBLIC, allow_network=True)
     with pytest.raises(SandboxBuildFailedError, match="slirp4netns is not installed"):
         await env.start(force_build=False)

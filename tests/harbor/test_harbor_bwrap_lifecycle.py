@@ -18,7 +18,7 @@ from harbor.models.task.config import EnvironmentConfig
 from harbor.models.trial.paths import TrialPaths
 
 from rl360_ext.harbor.envs import bwrap
-from rl360_ext.harbor.envs.bwrap import BwrapEnvironment
+from rl360_ext.harbor.envs.bwrap import BwrapEnvironment, environment, sandbox
 
 
 def make_env(tmp_path: Path) -> BwrapEnvironment:
@@ -45,7 +45,7 @@ def pairs(argv: list[str], flag: str) -> list[tuple[str, str]]:
 def test_every_curated_etc_file_is_a_read_only_bind_tried_at_start(tmp_path: Path) -> None:
     argv = make_env(tmp_path)._bwrap_argv(info_fd=3, seccomp_fd=None)
     tried = pairs(argv, "--ro-bind-try")
-    assert tried == [(f"/etc/{name}", f"/etc/{name}") for name in bwrap._ETC_FILES]
+    assert tried == [(f"/etc/{name}", f"/etc/{name}") for name in sandbox._ETC_FILES]
     assert ("/usr", "/usr") in pairs(argv, "--ro-bind")
     assert not [source for source, _ in pairs(argv, "--bind") if source.startswith(("/etc", "/usr"))]
     assert argv.index("--remount-ro") > max(i for i, value in enumerate(argv) if value == "--ro-bind-try")
@@ -59,8 +59,8 @@ def test_the_host_view_is_built_once_per_process(tmp_path: Path, monkeypatch: py
     def which(*args: Any, **kwargs: Any) -> None:
         looked_up.append(str(args))
 
-    monkeypatch.setattr(bwrap.shutil, "which", which)
-    monkeypatch.setattr(bwrap.Path, "exists", lambda path: looked_up.append(str(path)) or True)
+    monkeypatch.setattr(sandbox.shutil, "which", which)
+    monkeypatch.setattr(sandbox.Path, "exists", lambda path: looked_up.append(str(path)) or True)
     assert env._bwrap_argv(info_fd=3, seccomp_fd=None) == first
     assert looked_up == []
 
@@ -83,9 +83,9 @@ def test_a_grading_phase_end_empties_every_directory_in_one_trip_off_the_loop(
         calls.append(func.__name__)
         return await original(func, *args, **kwargs)
 
-    monkeypatch.setattr(bwrap.asyncio, "to_thread", to_thread)
+    monkeypatch.setattr(environment.asyncio, "to_thread", to_thread)
     resized: list[tuple[Path, int, int]] = []  # no tmpfs here: the remount is only recorded
-    monkeypatch.setattr(bwrap, "remount_tmpfs", lambda *args: resized.append(args))
+    monkeypatch.setattr(environment, "remount_tmpfs", lambda *args: resized.append(args))
     planted = {}
     for name in ("tests", "solution", "logs/verifier", "tmp", "app", "logs/agent"):
         directory = env.files_dir / name
@@ -149,13 +149,13 @@ def test_a_holder_start_that_fails_leaves_nothing_and_stays_due(
 
     async def broken() -> None:
         calls.append("launch")
-        raise bwrap.SandboxBuildFailedError("bubblewrap failed to start: no")
+        raise sandbox.SandboxBuildFailedError("bubblewrap failed to start: no")
 
     monkeypatch.setattr(env, "_launch", broken)
 
     async def scenario() -> None:
         await env.end_phase()
-        with pytest.raises(bwrap.SandboxBuildFailedError):
+        with pytest.raises(sandbox.SandboxBuildFailedError):
             await env.exec("true")
 
     asyncio.run(scenario())

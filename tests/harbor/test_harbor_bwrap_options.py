@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rl360_ext.harbor.envs import bwrap
+from rl360_ext.harbor.envs.bwrap import environment
 from rl360_ext.harbor.runner import TrialRunner
 from rl360_ext.harbor.settings import ServerSettings
 
@@ -39,7 +39,7 @@ def test_a_bad_option_is_refused_at_start(tmp_path: Path, pair: str, option: str
 def test_network_without_slirp4netns_is_refused_at_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(bwrap, "slirp4netns_executable", lambda: None)
+    monkeypatch.setattr(environment, "slirp4netns_executable", lambda: None)
     with pytest.raises(ValueError, match="allow_network=true needs slirp4netns"):
         runner(tmp_path, "allow_network=true")
     assert runner(tmp_path, "allow_network=false").environment.name == "bwrap"  # offline is fine

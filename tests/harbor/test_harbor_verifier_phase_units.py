@@ -11,6 +11,7 @@ from typing import Any
 from harbor.environments.base import ExecResult
 
 from rl360_ext.harbor.envs import bwrap
+from rl360_ext.harbor.envs.bwrap import environment
 from rl360_ext.harbor.envs.limits import SandboxLimits
 from rl360_ext.harbor.verifier import KILL_ALL_COMMAND, _ExitCodeProbe
 from rl360_ext.outcomes.attribution import LimitHit, Phase, Resource
@@ -116,4 +117,4 @@ def test_limit_hits_and_the_memory_state_belong_to_the_phase_they_happened_in(tm
         (Phase.VERIFIER, Resource.PIDS),
     ]
     assert env.limit_hits()[2] == LimitHit(Phase.VERIFIER, Resource.PIDS, "3 forks refused at pids.max 1024")
-    assert env._nproc() == env.options.max_pids + bwrap._PIDS_SLACK  # the cgroup refuses first
+    assert env._nproc() == env.options.max_pids + environment._PIDS_SLACK  # the cgroup refuses first
