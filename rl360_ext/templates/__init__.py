@@ -2,7 +2,7 @@
 fixed templates.
 
 The names below are imported lazily, so `import rl360_ext.templates` (done by the `rl360` command)
-stays cheap: `check_template`, `CheckReport`, `Violation` (check.py), `fixed_template_for`,
+stays cheap: `check_template`, `CheckReport`, `Violation` (check/), `fixed_template_for`,
 `fixed_template`, `choose_fixed_template` (select.py), `ChatRenderer`,
 `TemplateNotAppendOnlyError` (render.py), `parse_assistant`, `ParsedAssistant` (parse.py).
 """

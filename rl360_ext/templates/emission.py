@@ -3,7 +3,7 @@ the tool-call format, detected from a chat template and its tokenizer's special 
 
 Owns `Emission` (the three facts), `detect_emission` (reads them off the template by rendering
 probe messages, and off the special tokens) and `parse_emission_override` (the `--reasoning`,
-`--end-token`, `--tool-format` overrides). The checker (`check.py`) builds the model's turn from
+`--end-token`, `--tool-format` overrides). The checker (`check/`) builds the model's turn from
 these facts, and `ChatRenderer` parses replies with the detected tool format, so the session
 server and the checker read the same facts. It does not render (`render.py`) or parse
 (`parse.py`) by itself.
