@@ -104,7 +104,7 @@ TASK_HEALTH_DIR = "task-health"  # under the demo's OUT: the audit's files, then
 def _demo_quarantine_file(out: Path) -> Path:
     """The audit's quarantine.json under OUT: the hooks mask its tasks and, next to it, the tasks
     the training-time tracker quarantines (`rl360_ext.tasks.tracker`)."""
-    from rl360_ext.tasks.audit import QUARANTINE_FILE
+    from rl360_ext.tasks.health import QUARANTINE_FILE
 
     return out / TASK_HEALTH_DIR / QUARANTINE_FILE
 

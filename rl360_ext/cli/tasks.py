@@ -15,19 +15,8 @@ import typer
 from rich.table import Table
 
 from rl360_ext.cli.fields import config_command
-from rl360_ext.tasks.audit import (
-    QUARANTINE_FILE,
-    TASK_HEALTH_FILE,
-    AuditConfig,
-    Cache,
-    RunFailed,
-    TaskHealth,
-    audit_tasks,
-    document,
-    find_tasks,
-    from_cache,
-    write_outputs,
-)
+from rl360_ext.tasks.audit import AuditConfig, Cache, RunFailed, audit_tasks, find_tasks, from_cache
+from rl360_ext.tasks.health import QUARANTINE_FILE, TASK_HEALTH_FILE, TaskHealth, document, write_outputs
 from rl360_ext.tasks.verdicts import CONTROL_AGENTS, Control
 
 app = typer.Typer(help="Task health: audit a task set with controls before training.", no_args_is_help=True)

@@ -20,7 +20,7 @@ from typing import Any
 
 from rl360_ext.diagnostics import page
 from rl360_ext.diagnostics.report import CSS
-from rl360_ext.tasks.audit import TaskHealth
+from rl360_ext.tasks.health import TaskHealth
 from rl360_ext.tasks.verdicts import Control, TaskVerdict
 
 TASK_HEALTH_PAGE = "task_health.html"

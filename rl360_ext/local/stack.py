@@ -58,7 +58,7 @@ from rl360_ext.local.quiz_agent import IMPORT_PATH as QUIZ_AGENT
 from rl360_ext.local.services import start_engine, start_harbor, start_smg
 from rl360_ext.reference.engine.faults import FaultKey
 from rl360_ext.rollout.harbor_routing import replace_url
-from rl360_ext.tasks.audit import TASK_HEALTH_FILE
+from rl360_ext.tasks.health import TASK_HEALTH_FILE
 from rl360_ext.util.fielddocs import field_flags
 from rl360_ext.util.prereqs import (
     bwrap_problem,

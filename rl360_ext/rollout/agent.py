@@ -69,7 +69,7 @@ from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, FAILURE_CAUSE, PHASE_TI
 from rl360_ext.outcomes.verdict import attempt_class
 from rl360_ext.rollout.config import AgentConfig, flag_name
 from rl360_ext.rollout.harbor_routing import HarborRouter
-from rl360_ext.tasks.audit import read_quarantine
+from rl360_ext.tasks.health import read_quarantine
 from rl360_ext.tasks.tracker import LIVE_QUARANTINE_FILE
 
 logger = logging.getLogger(__name__)

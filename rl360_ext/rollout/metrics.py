@@ -70,7 +70,7 @@ from rl360_ext.rollout.config import (
 )
 from rl360_ext.rollout.occupancy import step_occupancy
 from rl360_ext.rollout.rewards import flatten_group, reward_value
-from rl360_ext.tasks.audit import TASK_HEALTH_FILE
+from rl360_ext.tasks.health import TASK_HEALTH_FILE
 from rl360_ext.tasks.signals import (
     oracle_tallies,
     task_signals,

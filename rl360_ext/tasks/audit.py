@@ -2,10 +2,10 @@
 
 Owns the controls' decisions (which answers make which `TaskVerdict`), their retries, how long
 each control that stands in for a policy waits (`pause_s`), the task's content digest and the
-cache keyed by it, the verifier's health on the oracle's end state (`verifier_health`; the Harbor
-server reads the same record from `task_health.jsonl`: `rl360_ext.outcomes.known_good`), and the
-audit's output files
-(`task_health.jsonl`, `quarantine.json`). It makes no HTTP call itself: `RunAttempt` is any
+cache keyed by it, and the evidence on the verifier's health on the oracle's end state
+(`rl360_ext.tasks.health.verifier_health` reads it; the Harbor server reads the same record from
+`task_health.jsonl`: `rl360_ext.outcomes.known_good`). The records and the files they are written
+to are `rl360_ext.tasks.health`'s. It makes no HTTP call itself: `RunAttempt` is any
 async callable returning a Harbor `/run` answer (`rl360_ext.tasks.client` is the HTTP one).
 Whether an attempt's reward counts is never decided here: `rl360_ext.outcomes.verdict.attempt_class`
 is the one verdict; an infrastructure attempt is retried and is never evidence for or against the
@@ -16,23 +16,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import hashlib
 import json
 import math
 import random
 import tomllib
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from rl360_ext.outcomes.attribution import Phase
 from rl360_ext.outcomes.causes import Cause
-from rl360_ext.outcomes.known_good import VERIFIER_FAILURES, from_audit_evidence
+from rl360_ext.outcomes.known_good import VERIFIER_FAILURES
 from rl360_ext.outcomes.provenance import FAILURE_CAUSE, VALID
 from rl360_ext.outcomes.verdict import attempt_class
+from rl360_ext.tasks.health import TaskHealth, read_health
 from rl360_ext.tasks.verdicts import (
     CANARY_VERDICTS,
     CONTROL_AGENTS,
@@ -44,8 +43,6 @@ from rl360_ext.tasks.verdicts import (
 )
 from rl360_ext.util.tree_digest import task_digest
 
-TASK_HEALTH_FILE = "task_health.jsonl"
-QUARANTINE_FILE = "quarantine.json"
 # Failure causes that say the sandbox never started (the environment control's finding).
 ENVIRONMENT_START_CAUSES = frozenset({Cause.SANDBOX_FAILED, Cause.ENVIRONMENT_START_TIMEOUT})
 # Failure causes that say the verifier ran on the attempt's end state and wrote no usable reward:
@@ -215,27 +212,6 @@ def _seconds(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
-@dataclass
-class TaskHealth:
-    """The audit's result for one task: its verdicts and the evidence behind them."""
-
-    task: str
-    verdicts: list[TaskVerdict]
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def quarantined(self) -> bool:
-        """Anything but a clean `ok`: a finding, or a control no valid attempt could decide."""
-        return self.verdicts != [TaskVerdict.OK]
-
-    def as_json(self) -> dict[str, Any]:
-        return {"task": self.task, "verdicts": [str(v) for v in self.verdicts], "evidence": self.evidence}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> TaskHealth:
-        return cls(data["task"], [TaskVerdict(v) for v in data["verdicts"]], dict(data["evidence"]))
-
-
 def _table(task_dir: Path, *keys: str) -> Any:
     """A value of the task's task.toml by its keys, or None (absent, or task.toml does not parse:
     the lint control reports that)."""
@@ -310,7 +286,7 @@ class Cache:
     def get(self, name: str, digest: str) -> TaskHealth | None:
         """The cached result for `digest`, or None; None too for a result that left a control
         undecided (an audit runs such a task again)."""
-        health = _read_health(self._path(digest))
+        health = read_health(self._path(digest))
         if health is None or health.evidence.get("undecided"):
             return None
         health.task = name
@@ -321,19 +297,6 @@ class Cache:
         tmp = self._path(digest).with_suffix(".tmp")
         tmp.write_text(json.dumps(health.as_json(), sort_keys=True))
         tmp.replace(self._path(digest))
-
-
-def _read_health(path: Path) -> TaskHealth | None:
-    try:
-        return TaskHealth.from_json(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def verifier_health(health: TaskHealth) -> bool | None:
-    """Whether the task's verifier is known healthy on its known-good state (the oracle's end state):
-    `rl360_ext.outcomes.known_good.from_audit_evidence` on the result's evidence."""
-    return from_audit_evidence(health.evidence).healthy
 
 
 def _oracle_verifier(attempts: Sequence[Attempt], timeout_s: float) -> dict[str, Any]:
@@ -626,53 +589,3 @@ def from_cache(tasks: Sequence[tuple[str, Path]], cache: Cache) -> list[TaskHeal
         hit.evidence["cached"] = True
         results.append(hit)
     return results
-
-
-def document(results: Sequence[TaskHealth]) -> dict[str, Any]:
-    """The `--json` document: `{"tasks": [{"task", "verdicts", "evidence"}, ...]}`."""
-    return {"tasks": [r.as_json() for r in results]}
-
-
-def write_outputs(results: Sequence[TaskHealth], out_dir: Path) -> tuple[Path, Path]:
-    """task_health.jsonl (one task a line) and quarantine.json (every task not clean `ok`: its verdicts
-    and undecided controls), in `out_dir`."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    health_path, quarantine_path = out_dir / TASK_HEALTH_FILE, out_dir / QUARANTINE_FILE
-    health_path.write_text("".join(json.dumps(r.as_json(), sort_keys=True) + "\n" for r in results))
-    quarantine = {
-        "tasks": {
-            r.task: {"verdicts": [str(v) for v in r.verdicts], "undecided": r.evidence.get("undecided", [])}
-            for r in results
-            if r.quarantined
-        }
-    }
-    quarantine_path.write_text(json.dumps(quarantine, indent=2, sort_keys=True) + "\n")
-    return health_path, quarantine_path
-
-
-def read_quarantine(path: Path) -> Mapping[str, tuple[str, ...]]:
-    """The quarantined tasks of a quarantine.json (the audit's, or the training-time tracker's
-    quarantine_live.json, same format): name -> its verdicts and undecided controls. Cached by the
-    file's identity, size and mtime, so a caller per attempt pays a stat and a lookup, whatever the
-    list's size. A file that is not one is a ValueError naming it."""
-    stat = path.stat()
-    return _read_quarantine(str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size)
-
-
-@functools.lru_cache(maxsize=8)
-def _read_quarantine(path: str, inode: int, mtime_ns: int, size: int) -> Mapping[str, tuple[str, ...]]:
-    try:
-        tasks = json.loads(Path(path).read_text())["tasks"]
-        return MappingProxyType(
-            {
-                str(name): (
-                    *(str(v) for v in entry["verdicts"]),
-                    *(f"undecided:{c}" for c in entry["undecided"]),
-                )
-                for name, entry in tasks.items()
-            }
-        )
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(
-            f"{path} is not a quarantine.json of rl360 (tasks audit or tracker): {exc!r}"
-        ) from exc

@@ -11,7 +11,7 @@ import pytest
 from rl360_ext.diagnostics.report import main
 from rl360_ext.diagnostics.report_data import load_run
 from rl360_ext.rollout.metrics import REGISTRY, append_records, log_rollout_metrics
-from rl360_ext.tasks.audit import TaskHealth, write_outputs
+from rl360_ext.tasks.health import TaskHealth, write_outputs
 from rl360_ext.tasks.verdicts import TaskVerdict
 
 from ..rollout.duck_samples import DuckSample, valid

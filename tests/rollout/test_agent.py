@@ -391,7 +391,7 @@ async def test_an_eval_attempt_sends_the_eval_sampling_params_and_says_it_is_an_
 async def test_a_quarantined_task_is_not_run_and_its_attempt_is_masked(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
-    from rl360_ext.tasks.audit import TaskHealth, write_outputs
+    from rl360_ext.tasks.health import TaskHealth, write_outputs
     from rl360_ext.tasks.verdicts import TaskVerdict
 
     good, bad = TaskHealth("good", [TaskVerdict.OK], {}), TaskHealth("bad", [TaskVerdict.VACUOUS], {})
@@ -418,7 +418,7 @@ async def test_a_task_added_to_the_live_list_mid_run_is_masked_from_the_next_att
 ) -> None:
     """The training-time tracker adds a task to quarantine_live.json next to the audit's file: the
     attempt after that is masked (never a 0 reward); clearing the entry runs the task again."""
-    from rl360_ext.tasks.audit import TaskHealth, write_outputs
+    from rl360_ext.tasks.health import TaskHealth, write_outputs
     from rl360_ext.tasks.tracker import LIVE_QUARANTINE_FILE, add_to_live
     from rl360_ext.tasks.verdicts import TaskVerdict
 

@@ -255,7 +255,7 @@ def test_the_hook_tracks_task_health_next_to_the_quarantine_file(tmp_path: Path)
     """With --rl360-quarantine-file, each step goes through the training-time tracker: its tasks/*
     metrics, the step record's task_health, and a task with the vacuous signature in 3 attempts
     (across two steps) on the live list the agent function honours."""
-    from rl360_ext.tasks.audit import TaskHealth, read_quarantine, write_outputs
+    from rl360_ext.tasks.health import TaskHealth, read_quarantine, write_outputs
     from rl360_ext.tasks.tracker import LIVE_QUARANTINE_FILE, STATE_FILE
     from rl360_ext.tasks.verdicts import TaskVerdict
 

@@ -13,18 +13,20 @@ import pytest
 
 from rl360_ext.outcomes.verdict import TrialFacts, attempt_class, judge
 from rl360_ext.tasks.audit import (
-    QUARANTINE_FILE,
-    TASK_HEALTH_FILE,
     AuditConfig,
     Cache,
     RunFailed,
-    TaskHealth,
     TaskRejected,
     audit_task,
     audit_tasks,
     find_tasks,
     from_cache,
     task_digest,
+)
+from rl360_ext.tasks.health import (
+    QUARANTINE_FILE,
+    TASK_HEALTH_FILE,
+    TaskHealth,
     verifier_health,
     write_outputs,
 )

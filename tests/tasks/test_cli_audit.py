@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rl360_ext.cli import app
-from rl360_ext.tasks.audit import TaskHealth
+from rl360_ext.tasks.health import TaskHealth
 from rl360_ext.tasks.verdicts import TaskVerdict
 
 

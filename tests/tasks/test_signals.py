@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rl360_ext.rollout.metrics import audited_verifier_timeouts, step_metrics
-from rl360_ext.tasks.audit import TASK_HEALTH_FILE, TaskHealth, verifier_timeout_s, write_outputs
+from rl360_ext.tasks.audit import verifier_timeout_s
+from rl360_ext.tasks.health import TASK_HEALTH_FILE, TaskHealth, write_outputs
 from rl360_ext.tasks.signals import (
     p95,
     task_signals,

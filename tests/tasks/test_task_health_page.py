@@ -9,7 +9,7 @@ from rl360_ext.diagnostics.task_health_page import (
     render_task_health,
     write_task_health_page,
 )
-from rl360_ext.tasks.audit import TaskHealth
+from rl360_ext.tasks.health import TaskHealth
 from rl360_ext.tasks.verdicts import TaskVerdict
 
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl360_ext.tasks.audit import read_quarantine
 from rl360_ext.tasks.drift import above_ceiling, drift, wilson_interval
+from rl360_ext.tasks.health import read_quarantine
 from rl360_ext.tasks.tracker import (
     LIVE_QUARANTINE_FILE,
     STATE_FILE,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -136,33 +137,31 @@ class RadixKVCache:
         self.stats.lookups += 1
         self.stats.lookup_tokens += max(limit, 0)
         tick = next(self._clock)
-        parts: list[_Node] = []
-        partial = 0
+        path = list(self._path(tokens, limit, tick))
+        if not path:
+            return PrefixMatch(0)
+        pos = sum(common for _, common in path)
+        self.stats.hit_tokens += pos
+        segments = [(p.keys[:, :, :c], p.values[:, :, :c], p.routing[:c]) for p, c in path]
+        return PrefixMatch(pos, segments)
+
+    def _path(self, tokens: np.ndarray, limit: int, tick: int) -> Iterator[tuple[_Node, int]]:
+        """The cached path of tokens[:limit] from the root: each node on it with how many of its
+        tokens match (all of them but in the last node, which may match a head only); touches
+        each node it yields."""
         node, pos = self._root, 0
         while pos < limit:
             child = node.children.get(int(tokens[pos]))
             if child is None:
-                break
+                return
             common = _common_prefix(child.tokens, tokens[pos:limit])
             child.last_access = tick
-            if common < len(child):
-                parts.append(child)
-                partial = common
-                pos += common
-                break
-            parts.append(child)
+            partial = common < len(child)
+            yield child, common
+            if partial:
+                return
             pos += common
             node = child
-        if not parts:
-            return PrefixMatch(0)
-        self.stats.hit_tokens += pos
-        cut = [len(p) for p in parts]
-        if partial:
-            cut[-1] = partial
-        segments = [
-            (p.keys[:, :, :c], p.values[:, :, :c], p.routing[:c]) for p, c in zip(parts, cut, strict=True)
-        ]
-        return PrefixMatch(pos, segments)
 
     def insert(self, tokens: np.ndarray, kv: KVState, routing: np.ndarray) -> int:
         """Cache positions [0, len(tokens)) from `kv` and `routing`, keeping what is already cached.
@@ -173,16 +172,9 @@ class RadixKVCache:
             return 0
         tick = next(self._clock)
         node, pos = self._root, 0
-        while pos < n:
-            child = node.children.get(int(tokens[pos]))
-            if child is None:
-                break
-            common = _common_prefix(child.tokens, tokens[pos:n])
-            child.last_access = tick
-            if common < len(child):
-                child = child.split(common)
+        for child, common in list(self._path(tokens, n, tick)):
+            node = child.split(common) if common < len(child) else child
             pos += common
-            node = child
         added = n - pos
         if added > 0:
             keys, values = kv.slice(pos, n)

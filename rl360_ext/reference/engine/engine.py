@@ -7,7 +7,8 @@ interleave token by token, and a long prompt is prefilled in chunks of `chunked_
 tokens with the lock handed on between chunks: a short request waits at most one chunk per step,
 never a whole long prefill), pause/continue (abort | retract | in_place), abort by rid, weight
 updates and versions, cache flushes and fault injection. Blocking: the server calls it from
-worker threads. It does not parse HTTP (`server.py`) or define the model (`model.py`).
+worker threads. It does not parse HTTP (`server.py`), define the model (`model.py`) or shape the
+response body (`response.py`).
 
 A model step is one forward followed by sampling from its last logits, under one turn of the model
 lock, as in SGLang's scheduler: the prefill samples the first output token, each decode step
@@ -25,8 +26,6 @@ import functools
 import threading
 import time
 import uuid
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +35,11 @@ from tokenizers import Tokenizer
 from rl360_ext.reference.engine.cache import RadixKVCache
 from rl360_ext.reference.engine.config import EngineConfig
 from rl360_ext.reference.engine.errors import ServiceUnavailable
+from rl360_ext.reference.engine.fair_lock import FairLock
 from rl360_ext.reference.engine.faults import FaultConfig, FaultInjector
 from rl360_ext.reference.engine.model import KVState, ModelConfig, TinyMoEModel, load_weights, log_softmax
-from rl360_ext.reference.engine.protocol import GenerateRequest, RequestError, encode_routed_experts
+from rl360_ext.reference.engine.protocol import GenerateRequest, RequestError
+from rl360_ext.reference.engine.response import Aborted, Run, logprob_text, response_body, top_entries
 from rl360_ext.reference.engine.sampling import StopChecker, adjusted_logits, sample_token
 from rl360_ext.reference.engine.threads import limit_blas_threads
 from rl360_ext.reference.engine.tokenizer import build_tokenizer
@@ -50,82 +51,6 @@ PAUSE_MODES = ("abort", "retract", "in_place")
 DEFAULT_WEIGHT_VERSION = "default"
 SEED_MODULUS = 2**64  # a negative sampling_seed is its two's complement, as in SGLang
 __all__ = ["ENGINE_VERSION", "EngineConfig", "FairLock", "TinyEngine"]
-
-
-class FairLock:
-    """A mutex handed to waiters in arrival order: a thread that releases it cannot barge back in.
-
-    `threading.Lock` is not fair: a prefill releasing it between chunks usually re-acquires it
-    before the waiting request's thread even wakes, which would undo chunked prefill.
-    `busy_s` is the total time it has been held (the engine's model-busy time).
-    """
-
-    def __init__(self) -> None:
-        self._mutex = threading.Lock()
-        self._waiters: deque[threading.Lock] = deque()
-        self._held = False
-        self._since = 0.0
-        self._busy_s = 0.0
-
-    def acquire(self) -> None:
-        with self._mutex:
-            if not self._held:
-                self._held = True
-                self._since = time.perf_counter()
-                return
-            turn = threading.Lock()
-            turn.acquire()
-            self._waiters.append(turn)
-        turn.acquire()  # released by the holder's release(): the lock is handed over, still held
-
-    def release(self) -> None:
-        with self._mutex:
-            if self._waiters:
-                self._waiters.popleft().release()
-            else:
-                self._held = False
-                self._busy_s += time.perf_counter() - self._since
-
-    @property
-    def busy_s(self) -> float:
-        with self._mutex:
-            return self._busy_s + (time.perf_counter() - self._since if self._held else 0.0)
-
-    def __enter__(self) -> FairLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-class _Aborted(Exception):
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-@dataclass
-class _Run:
-    """One in-flight request's mutable state."""
-
-    rid: str
-    request: GenerateRequest
-    tokens: list[int]
-    kv: KVState | None = None
-    routing: list[np.ndarray] = field(default_factory=list)
-    cache_epoch: int = -1
-    cached_tokens: int = 0
-    output_ids: list[int] = field(default_factory=list)
-    output_logprobs: list[float] = field(default_factory=list)
-    output_top: list[list[list[Any]]] = field(default_factory=list)
-    output_versions: list[str] = field(default_factory=list)
-    input_logprobs: list[list[Any]] | None = None
-    input_top: list[Any] | None = None
-    abort_message: str | None = None
-    waiting: bool = False
-    retractions: int = 0  # times a retract pause dropped this request's KV (SGLang's num_retractions)
-    stop: Any = None  # the stop the last sampled token matched (None: not stopped)
 
 
 class TinyEngine:
@@ -156,7 +81,7 @@ class TinyEngine:
         self._state = threading.Condition()
         self._paused_mode: str | None = None
         self._updates_waiting = 0  # unpaused weight updates waiting for in-flight requests (writers)
-        self._inflight: dict[str, _Run] = {}
+        self._inflight: dict[str, Run] = {}
         self._cache_epoch = 0
         self._sampling_rng = np.random.default_rng(self.config.seed + 7919)
         self.counters = {
@@ -227,7 +152,7 @@ class TinyEngine:
             time.sleep(fault.latency_s)
         if fault.unavailable:
             raise ServiceUnavailable("injected fault: engine unavailable")
-        run = _Run(rid=request.rid or uuid.uuid4().hex, request=request, tokens=list(request.input_ids))
+        run = Run(rid=request.rid or uuid.uuid4().hex, request=request, tokens=list(request.input_ids))
         with self._state:
             while self._updates_waiting:  # SGLang's model_update_lock: a waiting update goes first
                 self._state.wait()
@@ -242,7 +167,7 @@ class TinyEngine:
                 self._state.notify_all()
         return self._response(run, finish, time.perf_counter() - started)
 
-    def _run(self, run: _Run, abort_after: int | None) -> dict[str, Any]:
+    def _run(self, run: Run, abort_after: int | None) -> dict[str, Any]:
         params = run.request.sampling
         checker = StopChecker(params, self.eos_token_id, self.decode)
         seed = params.sampling_seed
@@ -259,7 +184,7 @@ class TinyEngine:
                 self._prefill(run, None)
             while len(run.output_ids) < max_new:
                 if abort_after is not None and len(run.output_ids) >= abort_after:
-                    raise _Aborted("injected fault: request aborted")
+                    raise Aborted("injected fault: request aborted")
                 self._checkpoint(run)
                 self._step(run, sample)
                 if run.stop is not None:
@@ -267,18 +192,18 @@ class TinyEngine:
                     break
             else:
                 finish = {"type": "length", "length": len(run.output_ids)}
-        except _Aborted as aborted:
+        except Aborted as aborted:
             finish = {"type": "abort", "message": aborted.message}
         self._cache_partial(run)
         return finish
 
-    def _checkpoint(self, run: _Run) -> None:
+    def _checkpoint(self, run: Run) -> None:
         """Between steps: honour aborts and pauses (in_place waits with its KV; retract drops it,
         into the prefix cache as SGLang's retract releases it to the radix tree, and the next step
         re-prefills the whole sequence)."""
         with self._state:
             if run.abort_message is not None:
-                raise _Aborted(run.abort_message)
+                raise Aborted(run.abort_message)
             mode = self._paused_mode
         if mode is None:
             return
@@ -288,23 +213,23 @@ class TinyEngine:
             run.retractions += 1
         self._wait_while_paused(run)
 
-    def _step(self, run: _Run, sample: Any) -> None:
+    def _step(self, run: Run, sample: Any) -> None:
         """One model step: prefill (first step, or after a retract) or decode, then sample."""
         if run.kv is None:
             self._prefill(run, sample)
         else:
             self._decode_step(run, sample)
 
-    def _wait_while_paused(self, run: _Run) -> None:
+    def _wait_while_paused(self, run: Run) -> None:
         with self._state:
             while self._paused_mode is not None and run.abort_message is None:
                 run.waiting = True
                 self._state.wait()
             run.waiting = False
             if run.abort_message is not None:
-                raise _Aborted(run.abort_message)
+                raise Aborted(run.abort_message)
 
-    def _prefill(self, run: _Run, sample: Any) -> None:
+    def _prefill(self, run: Run, sample: Any) -> None:
         """Forward every position not in the cache; `sample` draws the next token from the last
         position's logits in the last chunk's turn of the model lock (None: no token, max_new 0).
 
@@ -350,12 +275,12 @@ class TinyEngine:
         if want_input_logprobs:
             self._record_input_logprobs(run, match.length, np.concatenate(logits, axis=0))
 
-    def _raise_if_aborted(self, run: _Run) -> None:
+    def _raise_if_aborted(self, run: Run) -> None:
         with self._state:
             if run.abort_message is not None:
-                raise _Aborted(run.abort_message)
+                raise Aborted(run.abort_message)
 
-    def _record_input_logprobs(self, run: _Run, first_computed: int, logits: np.ndarray) -> None:
+    def _record_input_logprobs(self, run: Run, first_computed: int, logits: np.ndarray) -> None:
         """input_token_logprobs for prompt positions >= logprob_start_len (position 0 has none)."""
         request = run.request
         logprobs = log_softmax(logits)  # row i predicts token first_computed + i + 1
@@ -364,15 +289,15 @@ class TinyEngine:
         for pos in range(request.logprob_start_len, len(request.input_ids)):
             token = request.input_ids[pos]
             if pos == 0:
-                entries.append([None, token, self._logprob_text(token, with_text)])
+                entries.append([None, token, logprob_text(self.decode, token, with_text)])
                 tops.append(None)
                 continue
             row = logprobs[pos - 1 - first_computed]
-            entries.append([float(row[token]), token, self._logprob_text(token, with_text)])
-            tops.append(self._top_entries(row, request.top_logprobs_num, with_text))
+            entries.append([float(row[token]), token, logprob_text(self.decode, token, with_text)])
+            tops.append(top_entries(self.decode, row, request.top_logprobs_num, with_text))
         run.input_logprobs, run.input_top = entries, tops
 
-    def _decode_step(self, run: _Run, sample: Any) -> None:
+    def _decode_step(self, run: Run, sample: Any) -> None:
         """Forward the token sampled last (writing its KV and routing row), sample the next one."""
         assert run.kv is not None and run.kv.length == len(run.tokens) - 1
         with self._model_lock:
@@ -381,7 +306,7 @@ class TinyEngine:
             sample(out.logits[-1])
 
     def _sample(
-        self, run: _Run, checker: StopChecker, rng: np.random.Generator | None, logits: np.ndarray
+        self, run: Run, checker: StopChecker, rng: np.random.Generator | None, logits: np.ndarray
     ) -> None:
         """Draw one token from `logits` (called under the model lock, so `weight_version` is the
         version of the forward that computed them) and record it, its logprob and version."""
@@ -399,13 +324,14 @@ class TinyEngine:
         run.output_logprobs.append(float(logprobs[token]))
         run.output_versions.append(self.weight_version)
         if run.request.top_logprobs_num:
+            request = run.request
             run.output_top.append(
-                self._top_entries(logprobs, run.request.top_logprobs_num, run.request.return_text_in_logprobs)
+                top_entries(self.decode, logprobs, request.top_logprobs_num, request.return_text_in_logprobs)
             )
         stop = checker.check(run.output_ids)
         run.stop = None if stop is None else stop.matched
 
-    def _cache_partial(self, run: _Run) -> None:
+    def _cache_partial(self, run: Run) -> None:
         """Insert this request's KV (with the routing written alongside it) unless the cache was flushed."""
         if run.kv is None:
             return
@@ -414,65 +340,14 @@ class TinyEngine:
                 routing = np.concatenate(run.routing, axis=0)
                 self.cache.insert(np.asarray(run.tokens[: run.kv.length], np.int64), run.kv, routing)
 
-    # ---- response -----------------------------------------------------------------------------
-
-    def _top_entries(self, logprobs: np.ndarray, count: int, with_text: bool) -> list[list[Any]]:
-        """The `count` most likely tokens as [[logprob, token_id, text|None], ...], best first."""
-        best = np.argsort(-logprobs, kind="stable")[:count]
-        return [[float(logprobs[t]), int(t), self._logprob_text(int(t), with_text)] for t in best]
-
-    def _response(self, run: _Run, finish: dict[str, Any], elapsed: float) -> dict[str, Any]:
-        request = run.request
-        params = request.sampling
-        text_ids = run.output_ids
-        matched = finish.get("matched")
-        if finish["type"] == "stop" and isinstance(matched, int) and not params.no_stop_trim:
-            text_ids = run.output_ids[:-1]
-        text = self.decode(text_ids, skip_special_tokens=params.skip_special_tokens)
-        if finish["type"] == "stop" and isinstance(matched, str) and not params.no_stop_trim:
-            cut = text.rfind(matched)
-            if cut >= 0:
-                text = text[:cut]
-        prompt_tokens, completion_tokens = len(request.input_ids), len(run.output_ids)
-        spans = _version_spans(run.output_versions, self.weight_version)
-        meta: dict[str, Any] = {
-            "id": run.rid,
-            "finish_reason": finish,
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "cached_tokens": run.cached_tokens,
-            "weight_version": spans[-1]["version"],  # SGLang: the last visible span's version
-            "weight_versions": spans,
-            "num_retractions": run.retractions,
-            "e2e_latency": elapsed,
-        }
-        if request.return_logprob:
-            meta["output_token_logprobs"] = [
-                [lp, token, self._logprob_text(token, request.return_text_in_logprobs)]
-                for lp, token in zip(run.output_logprobs, run.output_ids, strict=True)
-            ]
-            if run.input_logprobs is not None:
-                meta["input_token_logprobs"] = run.input_logprobs
-            if request.top_logprobs_num:
-                meta["output_top_logprobs"] = run.output_top
-                if run.input_top is not None:
-                    meta["input_top_logprobs"] = run.input_top
-        if request.return_routed_experts:
-            rows = prompt_tokens + completion_tokens - 1
-            routing = np.concatenate(run.routing, axis=0)[:rows] if run.routing else np.zeros((0,), np.int32)
-            meta["routed_experts"] = encode_routed_experts(routing[request.routed_experts_start_len :])
+    def _response(self, run: Run, finish: dict[str, Any], elapsed: float) -> dict[str, Any]:
+        body = response_body(run, finish, elapsed, self.decode, self.weight_version)
         with self._state:
             self.counters["requests"] += 1
-            self.counters["prompt_tokens"] += prompt_tokens
+            self.counters["prompt_tokens"] += len(run.request.input_ids)
             self.counters["cached_tokens"] += run.cached_tokens
-            self.counters["completion_tokens"] += completion_tokens
-        body: dict[str, Any] = {"text": text, "output_ids": list(run.output_ids), "meta_info": meta}
-        if request.return_prompt_token_ids:
-            body["prompt_token_ids"] = list(request.input_ids)
+            self.counters["completion_tokens"] += len(run.output_ids)
         return body
-
-    def _logprob_text(self, token: int, with_text: bool) -> str | None:
-        return self.decode([token]) if with_text else None
 
     # ---- control ------------------------------------------------------------------------------
 
@@ -520,10 +395,6 @@ class TinyEngine:
         with self._state:
             self._paused_mode = None
             self._state.notify_all()
-
-    @property
-    def paused_mode(self) -> str | None:
-        return self._paused_mode
 
     def _holding_kv(self) -> int:
         """Requests that would lose KV to a flush: SGLang's `is_fully_idle` (running or, unless
@@ -653,16 +524,3 @@ class TinyEngine:
                 }
             ],
         }
-
-
-def _version_spans(versions: list[str], current: str) -> list[dict[str, Any]]:
-    """Runs of equal weight versions over output token indices: [{version, start, end}] (end exclusive)."""
-    if not versions:
-        return [{"version": current, "start": 0, "end": 0}]
-    spans: list[dict[str, Any]] = []
-    for index, version in enumerate(versions):
-        if spans and spans[-1]["version"] == version:
-            spans[-1]["end"] = index + 1
-        else:
-            spans.append({"version": version, "start": index, "end": index + 1})
-    return spans

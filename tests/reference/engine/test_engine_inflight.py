@@ -16,9 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rl360_ext.reference.engine.engine import EngineConfig, TinyEngine, _version_spans
+from rl360_ext.reference.engine.engine import EngineConfig, TinyEngine
 from rl360_ext.reference.engine.model import init_weights, perturb_weights, save_weights
 from rl360_ext.reference.engine.protocol import GenerateRequest, SamplingParams
+from rl360_ext.reference.engine.response import _version_spans
 
 
 def sglang_spans(updates: list[tuple[int, str]], first: str, total: int) -> list[dict[str, Any]]:
