@@ -24,7 +24,7 @@ import pytest
 from rl360_ext.rollout import generate as generate_module
 from rl360_ext.rollout.agent import result_metadata
 from rl360_ext.rollout.config import GenerateConfig
-from rl360_ext.session.merge import MergedSample, TurnRecord, merge
+from rl360_ext.session.samples.merge import MergedSample, TurnRecord, merge
 
 EVAL_LOG_HOOK = "rl360_ext.rollout.eval_metrics.log_eval_metrics"
 LAYERS, TOP_K = 2, 3

@@ -1,6 +1,6 @@
 """rl360's session server as Miles' session server: Miles' own decoder and its stock agentic generate.
 
-The decoder tests feed `rl360_ext.session.miles_wire.encode` payloads to Miles'
+The decoder tests feed `rl360_ext.session.samples.miles_wire.encode` payloads to Miles'
 `decode_samples_and_merge_input_sample` and check the real Miles `Sample` it builds
 (`Sample.validate()`), and `encode_v2` payloads to the same decoder with Miles' v2 field set
 (`COMPUTED_FIELDS_V2`: one sample per branch, with `reward`). The stock test runs Miles'
@@ -25,8 +25,8 @@ import pytest
 
 from rl360_ext.local.services import start_engine
 from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir
-from rl360_ext.session import miles_wire, wire
-from rl360_ext.session.merge import MergedSample, TurnRecord, merge
+from rl360_ext.session.samples import miles_wire, wire
+from rl360_ext.session.samples.merge import MergedSample, TurnRecord, merge
 from rl360_ext.util.procs import Service, free_port, rl360_argv, start_service
 
 LAYERS, TOP_K = 2, 3

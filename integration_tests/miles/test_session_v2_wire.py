@@ -24,7 +24,7 @@ import pytest
 
 from integration_tests.miles.mock_backend import sglang_like_mock
 from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir
-from rl360_ext.session import wire
+from rl360_ext.session.samples import wire
 from rl360_ext.util.procs import Service, free_port, rl360_argv, start_service
 
 AGENT_METADATA = {"reward": 0.5, "note": "retried once"}

@@ -17,7 +17,7 @@ import pytest
 
 from rl360_ext.local.services import start_engine
 from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir, write_tokenizer_dir
-from rl360_ext.session import wire
+from rl360_ext.session.samples import wire
 from rl360_ext.util.procs import Service, free_port, rl360_argv, start_service
 
 SYSTEM = {"role": "system", "content": "You are a helpful coding agent."}

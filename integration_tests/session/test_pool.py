@@ -10,8 +10,8 @@ import pytest
 import ray
 
 from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir
-from rl360_ext.session import wire
 from rl360_ext.session.pool import SessionPool, SessionPoolError
+from rl360_ext.session.samples import wire
 
 from .conftest import session_client
 

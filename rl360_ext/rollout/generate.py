@@ -14,9 +14,9 @@ It does not decide validity: it reads the verdict the Harbor server sent through
 function and adds only what this client alone sees (the session it lost, an engine failure the
 session recorded, a turn the engine aborted, a sample `--max-seq-len` leaves empty), through
 `rl360_ext.outcomes.verdict`. It does not run trials (the Harbor server), hold sessions (the
-session servers) or merge turns (`rl360_ext.session.merge`).
+session servers) or merge turns (`rl360_ext.session.samples.merge`).
 
-Alignment with Miles: the Sample's token fields come from `rl360_ext.session.miles_sample.
+Alignment with Miles: the Sample's token fields come from `rl360_ext.session.samples.miles_sample.
 to_miles_sample`, the converter the `/samples` wire uses too, so a trajectory trains the same
 under this hook and under Miles' stock `agentic_tool_call.generate`: `Sample.tokens` is prompt +
 response; `response_length`, `loss_mask` and `rollout_log_probs` cover the response part only;
@@ -73,8 +73,8 @@ from rl360_ext.rollout.config import (
 from rl360_ext.rollout.occupancy import MODEL_TIME
 from rl360_ext.rollout.rewards import verifier_reward_value
 from rl360_ext.rollout.sample import GenerateFnInput, GenerateFnOutput, Sample
-from rl360_ext.session.merge import ABORTED, FAILED, MERGE_KEY, MergedSample
-from rl360_ext.session.miles_sample import MilesSample, to_miles_sample
+from rl360_ext.session.samples.merge import ABORTED, FAILED, MERGE_KEY, MergedSample
+from rl360_ext.session.samples.miles_sample import MilesSample, to_miles_sample
 from rl360_ext.sglang.top_logprobs import TOP_LOGPROBS_KEY
 from rl360_ext.sglang.versions import VERSIONS_KEY
 from rl360_ext.templates.drift import DRIFT_KEY
@@ -299,7 +299,7 @@ def fill_from_merged(
 ) -> tuple[MilesSample | None, str | None]:
     """Put the merged sample into `sample`: (what was filled or None, why it cannot be trained on).
 
-    The fields are exactly `rl360_ext.session.miles_sample.to_miles_sample`'s, the converter the
+    The fields are exactly `rl360_ext.session.samples.miles_sample.to_miles_sample`'s, the converter the
     `/samples` wire uses too (Miles' truncation rule: whole turns while they fit, the overflowing
     turn's output cut, a turn left without output dropped), copied into Miles' types: tokens,
     response, response_length, loss_mask and rollout_log_probs (response part, as lists),

@@ -33,7 +33,6 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from rl360_ext.session import miles_wire
 from rl360_ext.session.core import SessionCore
 from rl360_ext.session.errors import (
     EngineHTTPError,
@@ -45,6 +44,7 @@ from rl360_ext.session.errors import (
 )
 from rl360_ext.session.metrics import CONTENT_TYPE
 from rl360_ext.session.options import default_of
+from rl360_ext.session.samples import miles_wire
 from rl360_ext.session.schemas import (
     ChatCompletionRequest,
     CreateSessionRequest,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from rl360_ext.session.options import DEFAULT_MODEL_NAME, HISTORY_MISMATCH_MODES, SAMPLES_WIRES, default_of
 
 if TYPE_CHECKING:
-    from rl360_ext.session.routing import RoutingShape
+    from rl360_ext.session.samples.routing import RoutingShape
 
 
 @dataclass

@@ -26,7 +26,6 @@ from typing import Any, Protocol
 import numpy as np
 import orjson
 
-from rl360_ext.session import wire
 from rl360_ext.session.chat_api import ChatRequest, Reply, parse_chat_request
 from rl360_ext.session.config import ServerConfig
 from rl360_ext.session.errors import (
@@ -43,10 +42,11 @@ from rl360_ext.session.errors import (
     TooManySessionsError,
 )
 from rl360_ext.session.history import Mismatch, find_mismatch
-from rl360_ext.session.merge import MERGE_KEY, MergedSample, TurnRecord, branches, merge
 from rl360_ext.session.metrics import SessionMetrics
-from rl360_ext.session.records import Exchange, session_view, tree_metadata
-from rl360_ext.session.routing import compact_rows, row_sources
+from rl360_ext.session.samples import wire
+from rl360_ext.session.samples.merge import MERGE_KEY, MergedSample, TurnRecord, branches, merge
+from rl360_ext.session.samples.records import Exchange, session_view, tree_metadata
+from rl360_ext.session.samples.routing import compact_rows, row_sources
 from rl360_ext.session.tito import TitoRenderer
 from rl360_ext.sglang import client as engine_client
 from rl360_ext.sglang.client import EngineError, GenerateResult

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from rl360_ext.session.merge import TurnRecord
-from rl360_ext.session.policy_versions import turn_routing_source
+from rl360_ext.session.samples.merge import TurnRecord
+from rl360_ext.session.samples.policy_versions import turn_routing_source
 from rl360_ext.sglang.versions import RoutingSource
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -30,8 +30,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from rl360_ext.session import wire
-from rl360_ext.session.merge import MergedSample
+from rl360_ext.session.samples import wire
+from rl360_ext.session.samples.merge import MergedSample
 from rl360_ext.session.service import ServiceOptions
 from rl360_ext.util.owner_thread import OwnerThread, on_lasting_thread
 

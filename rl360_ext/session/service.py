@@ -22,7 +22,7 @@ import httpx
 from rl360_ext.session.config import ServerConfig
 from rl360_ext.session.core import SessionCore
 from rl360_ext.session.options import DEFAULT_MODEL_NAME, ServiceOptions
-from rl360_ext.session.routing import RoutingShape, shape_from_model_config
+from rl360_ext.session.samples.routing import RoutingShape, shape_from_model_config
 
 log = logging.getLogger("rl360.session")
 TEMPLATE_CHECK_CASES = 200  # generated conversations the startup check replays (~0.5 s)

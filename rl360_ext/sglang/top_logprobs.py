@@ -9,7 +9,7 @@ text or null]` best first, or null where the engine had none); `parse_output_top
 turns that into two arrays, `ids` int32 [tokens, k] (-1 where there is no entry) and `logprobs`
 float32 [tokens, k] (0 there), naming the entry it rejects; and `TOP_LOGPROBS_KEY`, the Miles
 `Sample.metadata` key they travel under to the trainer (response positions only, as lists). It
-does not ask the engine (`client.py`) or merge turns (`rl360_ext.session.merge`).
+does not ask the engine (`client.py`) or merge turns (`rl360_ext.session.samples.merge`).
 """
 
 from __future__ import annotations

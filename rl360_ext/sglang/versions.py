@@ -7,7 +7,7 @@ is a decimal integer is its number and anything else is unnumbered. Per-token ar
 `token_version`). The merged sample's version arrays travel in a Miles `Sample`'s metadata under
 `VERSIONS_KEY`; `TURN_OUTPUT_START` and `TURN_CACHED_TOKENS` name its per-turn position facts.
 `RoutingSource` names which forward recorded an R3 row: the one vocabulary of row provenance, from
-the session's per-turn rows (`rl360_ext.session.routing.row_sources`) through the merged sample
+the session's per-turn rows (`rl360_ext.session.samples.routing.row_sources`) through the merged sample
 and its wire to the trainer's metrics.
 """
 

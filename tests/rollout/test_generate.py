@@ -25,7 +25,7 @@ from rl360_ext.rollout.generate import (
     session_metadata,
 )
 from rl360_ext.rollout.sample import GenerateFnInput, GenerateFnOutput, Sample
-from rl360_ext.session.merge import MergedSample, TurnRecord, merge
+from rl360_ext.session.samples.merge import MergedSample, TurnRecord, merge
 from rl360_ext.sglang.versions import VERSIONS_KEY
 
 LAYERS, TOP_K = 2, 3

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from rl360_ext.rollout.generate import fill_from_merged
 from rl360_ext.rollout.sample import Sample
-from rl360_ext.session import miles_wire
-from rl360_ext.session.merge import MergedSample, TurnRecord, merge
+from rl360_ext.session.samples import miles_wire
+from rl360_ext.session.samples.merge import MergedSample, TurnRecord, merge
 
 LAYERS, TOP_K = 2, 3
 TENSOR_LISTS = ("tokens", "loss_mask", "rollout_log_probs")

@@ -19,7 +19,7 @@ import pytest
 
 from rl360_ext.reference.engine.tokenizer import load_tiny_tokenizer
 from rl360_ext.session.core import ServerConfig, SessionCore
-from rl360_ext.session.routing import RoutingShape
+from rl360_ext.session.samples.routing import RoutingShape
 from rl360_ext.session.tito import TitoRenderer
 from rl360_ext.sglang.client import EngineError, GenerateResult
 from rl360_ext.templates.render import ChatRenderer

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl360_ext.session.merge import TurnRecord, branches, merge, superseded
+from rl360_ext.session.samples.merge import TurnRecord, branches, merge, superseded
 
 
 def _turns(segments: list[list[int]]) -> list[TurnRecord]:

@@ -49,7 +49,7 @@ def test_every_error_class_has_its_own_status_and_code() -> None:
                     "code": "request_too_large"}  # fmt: skip
 
 
-@pytest.mark.parametrize("module", ["core.py", "app.py", "chat_api.py", "miles_wire.py"])
+@pytest.mark.parametrize("module", ["core.py", "app.py", "chat_api.py", "samples/miles_wire.py"])
 def test_no_bare_status_codes(module: str) -> None:
     tree = ast.parse((Path(errors.__file__).parent / module).read_text())
     numbers = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and type(n.value) is int]

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl360_ext.session.merge import MergeError, TurnRecord, kept_turns, merge
-from rl360_ext.session.routing import row_sources
+from rl360_ext.session.samples.merge import MergeError, TurnRecord, kept_turns, merge
+from rl360_ext.session.samples.routing import row_sources
 
 LAYERS, TOP_K = 2, 3
 

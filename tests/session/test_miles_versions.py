@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl360_ext.session.merge import TurnRecord, merge
-from rl360_ext.session.miles_sample import to_miles_sample
+from rl360_ext.session.samples.merge import TurnRecord, merge
+from rl360_ext.session.samples.miles_sample import to_miles_sample
 from rl360_ext.sglang.versions import TURN_CACHED_TOKENS, TURN_OUTPUT_START, UNVERSIONED, VERSIONS_KEY
 from rl360_ext.train.staleness import parse_versions
 

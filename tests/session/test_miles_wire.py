@@ -1,4 +1,4 @@
-"""Miles' samples wire (`rl360_ext.session.miles_wire`), decoded with safetensors and json only."""
+"""Miles' samples wire (`rl360_ext.session.samples.miles_wire`), decoded with safetensors and json only."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import safetensors.numpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl360_ext.session import miles_wire
 from rl360_ext.session.chat_api import RequestError
-from rl360_ext.session.merge import MergedSample, TurnRecord, merge
+from rl360_ext.session.samples import miles_wire
+from rl360_ext.session.samples.merge import MergedSample, TurnRecord, merge
 
 LAYERS, TOP_K = 2, 3
 SESSION_FACTS = {"id": "s-1", "r3": True, "forks": []}

@@ -16,9 +16,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl360_ext.session.merge import TurnRecord, merge
-from rl360_ext.session.policy_versions import TurnVersions, turn_routing_source, version_arrays
-from rl360_ext.session.routing import row_sources
+from rl360_ext.session.samples.merge import TurnRecord, merge
+from rl360_ext.session.samples.policy_versions import TurnVersions, turn_routing_source, version_arrays
+from rl360_ext.session.samples.routing import row_sources
 from rl360_ext.sglang.versions import UNVERSIONED, RoutingSource
 
 

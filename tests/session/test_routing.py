@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from rl360_ext.session.routing import (
+from rl360_ext.session.samples.routing import (
     RoutingShape,
     compact_rows,
     row_sources,

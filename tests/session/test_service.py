@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rl360_ext.reference.engine.tokenizer import chat_template, default_tokenizer_dir, write_tokenizer_dir
-from rl360_ext.session.routing import RoutingShape
+from rl360_ext.session.samples.routing import RoutingShape
 from rl360_ext.session.service import ServiceOptions, ServiceStartupError, build_core, resolve_routing_shape
 
 UNREACHABLE = "http://127.0.0.1:9"

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from rl360_ext.session import wire
-from rl360_ext.session.merge import MergedSample, MergeError, TurnRecord, merge
-from rl360_ext.session.miles_sample import to_miles_sample
-from rl360_ext.session.wire import WireFormatError, decode, encode
+from rl360_ext.session.samples import wire
+from rl360_ext.session.samples.merge import MergedSample, MergeError, TurnRecord, merge
+from rl360_ext.session.samples.miles_sample import to_miles_sample
+from rl360_ext.session.samples.wire import WireFormatError, decode, encode
 from rl360_ext.sglang.top_logprobs import (
     NO_TOKEN,
     TOP_LOGPROBS_KEY,

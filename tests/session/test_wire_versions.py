@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from rl360_ext.session.merge import MergedSample
-from rl360_ext.session.wire import ALIGN, HEADER_SIZE, VERSION, WireFormatError, decode, encode
+from rl360_ext.session.samples.merge import MergedSample
+from rl360_ext.session.samples.wire import ALIGN, HEADER_SIZE, VERSION, WireFormatError, decode, encode
 from rl360_ext.sglang.versions import UNVERSIONED, RoutingSource
 
 VERSION_FIELDS = (

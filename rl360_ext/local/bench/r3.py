@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from rl360_ext.session import wire
-from rl360_ext.session.merge import MergedSample, TurnRecord, merge
-from rl360_ext.session.routing import RoutingShape, compact_rows, row_sources
+from rl360_ext.session.samples import wire
+from rl360_ext.session.samples.merge import MergedSample, TurnRecord, merge
+from rl360_ext.session.samples.routing import RoutingShape, compact_rows, row_sources
 from rl360_ext.sglang.client import decode_routed_experts
 from rl360_ext.sglang.versions import RoutingSource
 from rl360_ext.util.progress import stage

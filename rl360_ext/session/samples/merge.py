@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from rl360_ext.session.policy_versions import TurnVersions, VersionArrays, version_arrays
+from rl360_ext.session.samples.policy_versions import TurnVersions, VersionArrays, version_arrays
 from rl360_ext.sglang.versions import UNVERSIONED, RoutingSource
 
 COMPLETED = "COMPLETED"

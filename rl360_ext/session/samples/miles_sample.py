@@ -3,7 +3,7 @@
 Owns `to_miles_sample`: what Miles' own session server would assemble from the same turns
 (radixark/miles `miles/rollout/session/samples/merge.py` at 31f1ca96:
 `truncate_samples_by_total_tokens`, run before `merge_samples`). Both consumers of a trajectory
-call it: the `/samples` wire (`rl360_ext.session.miles_wire`, for Miles' stock
+call it: the `/samples` wire (`rl360_ext.session.samples.miles_wire`, for Miles' stock
 `agentic_tool_call.generate`) and rl360's generate hook (`rl360_ext.rollout.generate`), so a
 trajectory trains the same under either path.
 
@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from rl360_ext.session.core import SESSION_KEY
-from rl360_ext.session.merge import MERGE_KEY, MergedSample
-from rl360_ext.session.policy_versions import to_lists
+from rl360_ext.session.samples.merge import MERGE_KEY, MergedSample
+from rl360_ext.session.samples.policy_versions import to_lists
 from rl360_ext.sglang.top_logprobs import TOP_LOGPROBS_KEY, empty_top_logprobs
 from rl360_ext.sglang.versions import VERSIONS_KEY
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rl360_ext.session.merge import TurnRecord
+from rl360_ext.session.samples.merge import TurnRecord
 
 Message = dict[str, Any]
 CHAT_PATH = "/v1/chat/completions"  # the route each recorded turn came through

@@ -5,7 +5,7 @@ Owns the translation from rl360's `MergedSample` to the reply Miles' stock
 payload with per-sample tensors `tokens.{i}` int64, `loss_mask.{i}` uint8, `rollout_log_probs.{i}`
 float64 and, with R3, `rollout_routed_experts.{i}` int32, plus a `_samples_meta` uint8 tensor
 holding compact JSON `{samples: [...], session_metadata, empty_reason}`. The sample itself is
-`rl360_ext.session.miles_sample.to_miles_sample` (the one converter, with Miles' truncation rule,
+`rl360_ext.session.samples.miles_sample.to_miles_sample` (the one converter, with Miles' truncation rule,
 which rl360's generate hook calls too); when it yields none the reply has no samples and
 `empty_reason="all_truncated"`; a session without turns answers `empty_reason="no_records"`. Under
 Miles' `--use-session-server v2` (`encode_v2`) the reply is the same wire plus `reward` on each
@@ -25,8 +25,8 @@ import safetensors.numpy
 
 from rl360_ext.session.core import LEAF_KEY, SESSION_KEY
 from rl360_ext.session.errors import RequestError
-from rl360_ext.session.merge import MERGE_KEY, MergedSample
-from rl360_ext.session.miles_sample import Decode, MilesSample, to_miles_sample
+from rl360_ext.session.samples.merge import MERGE_KEY, MergedSample
+from rl360_ext.session.samples.miles_sample import Decode, MilesSample, to_miles_sample
 
 SAMPLES_META_KEY = "_samples_meta"
 MEDIA_TYPE = "application/octet-stream"

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from rl360_ext.session.merge import MergedSample
+from rl360_ext.session.samples.merge import MergedSample
 from rl360_ext.sglang.versions import TURN_CACHED_TOKENS, TURN_OUTPUT_START, RoutingSource
 
 MAGIC = b"RL3S"
