@@ -82,9 +82,6 @@ class Interval:
     def overlaps(self, other: Interval) -> bool:
         return self.low <= other.high and other.low <= self.high
 
-    def excludes_zero(self) -> bool:
-        return self.low > 0 or self.high < 0
-
     def text(self, spec: str = ".3f") -> str:
         return f"{format(self.mean, spec)} [{format(self.low, spec)}, {format(self.high, spec)}]"
 

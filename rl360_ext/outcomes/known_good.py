@@ -2,7 +2,7 @@
 
 Owns `KnownGood` (healthy, unknown or failing; which control said so) and the one reading of the
 task audit's record of the verifier on the oracle's end state into it (`from_audit_evidence`),
-shared by the audit (`verifier_health`) and the Harbor server's controls (`--task-health`). The
+read by the Harbor server's controls (`--task-health`) and by anything reading an audit's result. The
 attribution rules (`rl360_ext.outcomes.verdict`) ask for it when a verifier fails on an agent's
 end state: a verifier that grades the known-good state within its budget and limits is healthy,
 so its failure on the agent's state is the policy's; one that fails there too makes the failure

@@ -3,7 +3,7 @@
 Owns the controls' decisions (which answers make which `TaskVerdict`), their retries, how long
 each control that stands in for a policy waits (`pause_s`), the task's content digest and the
 cache keyed by it, and the evidence on the verifier's health on the oracle's end state
-(`rl360_ext.tasks.health.verifier_health` reads it; the Harbor server reads the same record from
+(`rl360_ext.outcomes.known_good.from_audit_evidence` reads it; the Harbor server reads the same record from
 `task_health.jsonl`: `rl360_ext.outcomes.known_good`). The records and the files they are written
 to are `rl360_ext.tasks.health`'s. It makes no HTTP call itself: `RunAttempt` is any
 async callable returning a Harbor `/run` answer (`rl360_ext.tasks.client` is the HTTP one).
@@ -48,7 +48,7 @@ ENVIRONMENT_START_CAUSES = frozenset({Cause.SANDBOX_FAILED, Cause.ENVIRONMENT_ST
 # Failure causes that say the verifier ran on the attempt's end state and wrote no usable reward:
 # a canary that ends so did not get a reward from its hack (the control is decided, no finding).
 VERIFIER_NO_REWARD_CAUSES = VERIFIER_FAILURES - {Cause.VERIFIER_TIMEOUT}
-# ... and with a verifier past its timeout: the verifier failed on that end state (verifier_health).
+# ... and with a verifier past its timeout: the verifier failed on that end state (known_good).
 VERIFIER_FAILURE_CAUSES = VERIFIER_FAILURES
 # 3: the idle nop, the work-product hijack, the observed PATH shims, oracle verifier evidence;
 # results with an undecided control are kept too (never served to an audit).
@@ -300,7 +300,8 @@ class Cache:
 
 
 def _oracle_verifier(attempts: Sequence[Attempt], timeout_s: float) -> dict[str, Any]:
-    """How the verifier did on the oracle's end state in `attempts` (see `verifier_health`)."""
+    """How the verifier did on the oracle's end state in `attempts` (read back by
+    `rl360_ext.outcomes.known_good.from_audit_evidence`)."""
     over = [a for a in attempts if a.valid and a.verifier_s is not None and a.verifier_s > timeout_s]
     graded = [a for a in attempts if a.valid and not (a.verifier_s is not None and a.verifier_s > timeout_s)]
     failed = [a for a in attempts if a.verifier_failed]

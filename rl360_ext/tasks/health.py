@@ -13,7 +13,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from rl360_ext.outcomes.known_good import from_audit_evidence
 from rl360_ext.tasks.verdicts import TaskVerdict
 
 TASK_HEALTH_FILE = "task_health.jsonl"
@@ -46,12 +45,6 @@ def read_health(path: Path) -> TaskHealth | None:
         return TaskHealth.from_json(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def verifier_health(health: TaskHealth) -> bool | None:
-    """Whether the task's verifier is known healthy on its known-good state (the oracle's end state):
-    `rl360_ext.outcomes.known_good.from_audit_evidence` on the result's evidence."""
-    return from_audit_evidence(health.evidence).healthy
 
 
 def document(results: Sequence[TaskHealth]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from rl360_ext.outcomes.known_good import from_audit_evidence
 from rl360_ext.outcomes.verdict import TrialFacts, attempt_class, judge
 from rl360_ext.tasks.audit import (
     AuditConfig,
@@ -27,7 +28,6 @@ from rl360_ext.tasks.health import (
     QUARANTINE_FILE,
     TASK_HEALTH_FILE,
     TaskHealth,
-    verifier_health,
     write_outputs,
 )
 from rl360_ext.tasks.verdicts import CONTROL_AGENTS, Control, TaskVerdict
@@ -414,7 +414,7 @@ async def test_an_undecided_result_is_cached_for_its_evidence_but_never_served(t
     assert from_cache([("t", task)], cache) is None  # an audit runs it again
     (again,) = await audit_tasks([("t", task)], runner, AuditConfig(), AGENTS, cache)
     assert again.evidence["cached"] is False
-    assert verifier_health(again) is False  # its evidence: the verifier failed on the oracle's state
+    assert from_audit_evidence(again.evidence).healthy is False  # the verifier failed on the oracle's state
 
 
 TIMED_OUT = infra("verifier_timeout", "infra:verifier_timeout")
@@ -447,9 +447,10 @@ async def test_verifier_health_on_the_known_good_state(
     tmp_path: Path, script: Script, expected: bool | None
 ) -> None:
     health = await audit(tmp_path, script)
-    assert verifier_health(health) is expected
-    assert verifier_health(TaskHealth.from_json(json.loads(json.dumps(health.as_json())))) is expected
-    assert verifier_health(TaskHealth("t", [TaskVerdict.OK], {})) is None  # a result without it
+    assert from_audit_evidence(health.evidence).healthy is expected
+    reread = TaskHealth.from_json(json.loads(json.dumps(health.as_json())))
+    assert from_audit_evidence(reread.evidence).healthy is expected
+    assert from_audit_evidence(TaskHealth("t", [TaskVerdict.OK], {}).evidence).healthy is None  # without it
 
 
 def test_the_digest_covers_names_and_bytes(tmp_path: Path) -> None:
