@@ -495,12 +495,15 @@ class BwrapEnvironment(SandboxFiles, BaseEnvironment):
     ) -> ExecResult:
         """Run `command` with bash in the sandbox as the sandbox user (`user` is not honoured:
         there is one unprivileged user)."""
+        return await self._command(["/bin/bash", "-c", command], cwd, env, timeout_sec)
+
+    async def _command(
+        self, inner: list[str], cwd: str | None, env: dict[str, str] | None, timeout_sec: int | None
+    ) -> ExecResult:
+        """`_run` for Harbor's `exec` calls: the task's env merged in, Harbor's timeout message."""
         try:
             return await self._run(
-                ["/bin/bash", "-c", command],
-                cwd=cwd or self.workdir,
-                env=self._merge_env(env),
-                timeout_sec=timeout_sec,
+                inner, cwd=cwd or self.workdir, env=self._merge_env(env), timeout_sec=timeout_sec
             )
         except TimeoutError as exc:
             raise TimeoutError(f"Command timed out after {timeout_sec} seconds") from exc
@@ -523,14 +526,7 @@ class BwrapEnvironment(SandboxFiles, BaseEnvironment):
         traced = os.path.exists(_PYTHON)
         inner = [_PYTHON, "-I", "-S", "-c", _TRACER, EXIT_TAG] if traced else []
         try:
-            result = await self._run(
-                [*inner, "/bin/bash", "-c", command],
-                cwd=cwd or self.workdir,
-                env=self._merge_env(env),
-                timeout_sec=timeout_sec,
-            )
-        except TimeoutError as exc:
-            raise TimeoutError(f"Command timed out after {timeout_sec} seconds") from exc
+            result = await self._command([*inner, "/bin/bash", "-c", command], cwd, env, timeout_sec)
         finally:
             await asyncio.shield(self.kill_processes())
         return reported_exit(result) if traced else result
