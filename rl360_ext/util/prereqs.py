@@ -33,11 +33,11 @@ HOST_TOOL_USE: dict[str, str] = {
 PACKAGE_REMEDIES: dict[str, str] = {
     "harbor": "pip install 'rl360-ext[harbor]' (Python >= 3.12); in a checkout: bash scripts/bootstrap.sh",
     "ray": "pip install ray",
-    "openai": "pip install 'rl360-ext[dev]' (the demo's Harbor agents use the openai client)",
+    "openai": "pip install 'rl360-ext[demo]' (the demo's Harbor agents use the openai client)",
     "litellm": "pip install 'rl360-ext[dev]'",
     "smg": "pip install 'smg>=1.13'",
 }
-SMG_REMEDY = "pip install 'smg>=1.13' (the SMG gateway binary, `smg launch`)"
+SMG_REMEDY = "pip install 'smg>=1.13' (the SMG gateway binary, `smg launch`; in 'rl360-ext[demo]')"
 _APT_ENV = {"DEBIAN_FRONTEND": "noninteractive"}
 _APT_TIMEOUT_S = 600
 
