@@ -557,11 +557,13 @@ class SessionCore:
         """One canonical render of the final messages vs the merged tokens, into the metadata."""
         segment = session.segment
         merged = [t for t in session.turns if segment is not None and t.segment == segment.index]
-        if segment is None or len(sample.turns) != len(merged):
+        if segment is None or not merged or len(sample.turns) != len(merged):
             record = not_checked("the merge kept only part of the last segment")
         else:
             finishes = [t.finish_reason for t in merged]
-            record = self.tito.drift(segment.messages, segment.tools, sample.tokens.tolist(), finishes)
+            last, tokens = merged[-1], sample.tokens.tolist()
+            output_start = last.input_start + len(last.input_ids) if len(tokens) == last.end else None
+            record = self.tito.drift(segment.messages, segment.tools, tokens, finishes, output_start)
         sample.metadata[DRIFT_KEY] = record
         self.metrics.record_drift(record)
 
