@@ -3,7 +3,8 @@
 Owns `gate_section(run)`: a bar per step coloured by the verdict (train, skip, stop), the rules that
 fired per step, and a table of every rule that fired (step, verdict, rule, metric, value, bound),
 from the run's `"kind": "gate"` lines (`report_data.GateRecord`; the Miles hook and `rl360 demo`
-write them). A run without them says so. It does not judge anything (`rl360_ext.gate.rules`).
+write them). A run without them has no such section (as the staleness sections: a Miles run without
+the gate hook is the common case). It does not judge anything (`rl360_ext.gate.rules`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,6 @@ CAPTION = (
     "ends). Top: the verdict per step; below: the rules that fired; the table lists each with the "
     "value seen and its bound. Evidence a run does not produce never fires a rule."
 )
-NO_GATE = (
-    "no gate lines: the step gate was off (rl360 demo --no-gate) or Miles ran without "
-    "--custom-convert-samples-to-train-data-path rl360_ext.gate.miles_hook.gated_train_data."
-)
 
 
 def _number(value: float | None) -> str:
@@ -33,8 +30,9 @@ def _number(value: float | None) -> str:
 
 
 def gate_section(run: Run) -> str:
+    """The gate's section, or "" for a run without gate lines."""
     if not run.gates:
-        return page.section("chart-gate", TITLE, CAPTION, page.no_data(NO_GATE))
+        return ""
     steps = sorted(run.gates)
     categories = [str(step) for step in steps]
     verdicts = [
