@@ -5,8 +5,8 @@ One short demo (the CLI in its own process, 7 steps of the default 8 x 4 attempt
 attempts share an engine, so the bad engine serves about half the groups) with all three faults
 on different steps: a template drift (the sessions of step 2 render with a drifting template:
 templates/drift), a bad push (one engine serves perturbed weights under the pushed version for
-rollout 4: parity), a sandbox burst (step 6: provenance). The skipped steps' updates are dropped (no optimizer step), their rollout
-metrics are still logged, and every other step trains.
+rollout 4: parity), a sandbox burst (step 6: provenance). The skipped steps' updates are dropped
+(no optimizer step), their rollout metrics are still logged, and every other step trains.
 """
 
 from __future__ import annotations
