@@ -177,10 +177,11 @@ def demo(
         "pushed version in the push that rollout STEP generates on), template-drift:STEP (the step's "
         "sessions render with a drifting template). See docs/gate.md.",
     ),
-    gate: bool = typer.Option(
-        True,
+    gate: bool | None = typer.Option(
+        None,
         help="The step gate (rl360_ext.gate, StepGate defaults) judges every step before its update: "
-        "skip drops the update, stop ends the run (--no-gate: off).",
+        "skip drops the update, stop ends the run. Default: on, except in the fault A/B (--compare "
+        "upstream...: its arms compare reward rules, and upstream Miles has no gate); --no-gate: off.",
     ),
     audit_tasks: bool = typer.Option(
         False,
@@ -241,7 +242,7 @@ def demo(
         "engine_churn": engine_churn,
         "quarantine_file": _demo_quarantine_file(out) if audit_tasks else None,
         "inject": injections,
-        "gate": gate,
+        "gate": gate if gate is not None else compare in (None, "schedules"),
     }
     try:
         config = DemoConfig(
