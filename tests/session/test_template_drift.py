@@ -170,3 +170,16 @@ async def test_a_mis_rendered_incremental_suffix_is_caught_at_merge(renderer, pi
         assert "[2]" in record["evidence"] and "[3]" in record["evidence"], record["evidence"]
     else:
         assert record["checked"] and not record["mismatch"], record
+
+
+async def test_a_merge_cut_at_an_earlier_turn_is_compared_up_to_that_turn(make_core) -> None:
+    """Miles' merge keeps the turns up to the first cut one; the tokens before its output still
+    must render as the canonical render of every message does."""
+    core, backend = make_core()
+    backend.push(Step("trunc", finish={"type": "length"}), Step("done<|im_end|>"))
+    sid = core.create().id
+    reply = await core.chat(sid, {"messages": [USER]})
+    await core.chat(sid, {"messages": [USER, reply.message(), {"role": "user", "content": "again"}]})
+    sample = await core.merged(sid)
+    record = sample.metadata[DRIFT_KEY]
+    assert len(sample.turns) == 1 and record["checked"] and record["cut_last_turn"] and not record["mismatch"]
