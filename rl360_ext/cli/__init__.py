@@ -169,6 +169,20 @@ def demo(
         "step, a replacement joins on the current weights) and hang:STEP (an engine stops answering at "
         "the push after that step; the push fences it and retries), e.g. kill:1,hang:2,kill:3.",
     ),
+    inject: list[str] | None = typer.Option(
+        None,
+        "--inject",
+        help="A fault that should trip the step gate, FAULT:STEP (repeatable): burst:STEP (most of the "
+        "step's attempts lose their sandbox), bad-push:STEP (one engine serves perturbed weights under the "
+        "pushed version in the push that rollout STEP generates on), template-drift:STEP (the step's "
+        "sessions render with a drifting template). See docs/gate.md.",
+    ),
+    gate: bool | None = typer.Option(
+        None,
+        help="The step gate (rl360_ext.gate, StepGate defaults) judges every step before its update: "
+        "skip drops the update, stop ends the run. Default: on, except in the fault A/B (--compare "
+        "upstream...: its arms compare reward rules, and upstream Miles has no gate); --no-gate: off.",
+    ),
     audit_tasks: bool = typer.Option(
         False,
         "--audit-tasks",
@@ -205,8 +219,14 @@ def demo(
     On a first run as root with apt-get, missing bubblewrap and tmux are installed (said on stderr);
     any other missing prerequisite ends it with one line saying what to run, exit status 2."""
     from rl360_ext.local.demo import run_demo
+    from rl360_ext.local.demo_faults import parse_injections
     from rl360_ext.local.demo_plan import DemoConfig
     from rl360_ext.local.stack import demo_stack_config, preflight
+
+    try:
+        injections = parse_injections(inject)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--inject") from None
 
     settings = {
         "lr": lr,
@@ -221,6 +241,8 @@ def demo(
         "eval_interval": eval_interval,
         "engine_churn": engine_churn,
         "quarantine_file": _demo_quarantine_file(out) if audit_tasks else None,
+        "inject": injections,
+        "gate": gate if gate is not None else compare in (None, "schedules"),
     }
     try:
         config = DemoConfig(

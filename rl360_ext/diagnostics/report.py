@@ -10,7 +10,8 @@ metrics of every train step, and, when the samples carried per-token version arr
 token-age histogram and the mixed-version, stale-KV and R3-provenance shares per step (no section
 at all otherwise; from the train records, else the step records' `miles_metrics`), and the task
 health during training (the `tasks/*` metrics per step and the tasks quarantined during the run
-with their evidence, `TASK_STEP_SERIES`, `TASK_RUN_SERIES`), each drawn as
+with their evidence, `TASK_STEP_SERIES`, `TASK_RUN_SERIES`), and the step gate's verdicts
+(`report_gate`, from `gate` lines), each drawn as
 inline SVG (charts.py) from the run's metrics JSONL
 (report_data.py). The page has no script and loads nothing: its content security policy is
 `default-src 'none'`, so it renders the same offline, from a file, or attached to a ticket. A
@@ -73,6 +74,7 @@ from rl360_ext.diagnostics.report_data import (
     train_metric_series,
     trained_metric_series,
 )
+from rl360_ext.diagnostics.report_gate import gate_section
 from rl360_ext.rollout.occupancy import PHASES as OCCUPANCY_PHASES
 from rl360_ext.rollout.occupancy import timeline as occupancy_timeline
 
@@ -1019,6 +1021,7 @@ def render_report(run: Run) -> str:
             _learning_section(run),
             _eval_section(run),
             _trust_section(run),
+            gate_section(run),
             _staleness_sections(run),
             _phases_section(run),
             _occupancy_section(run),

@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rl360_ext.gate.rules import Action
 from rl360_ext.outcomes.provenance import INFRA_PREFIX, VALID
+from rl360_ext.rollout.audit import GATE_KIND
 from rl360_ext.rollout.eval_metrics import EVAL_KIND, EVAL_NOTE_KIND
 from rl360_ext.rollout.metrics import records_by_kind
 
@@ -301,6 +303,57 @@ def _train(record: Mapping[str, Any], where: str) -> TrainRecord:
 
 
 @dataclass
+class GateReason:
+    """A gate rule that fired on a step: its rule, metric, the value seen, the bound, how they compare."""
+
+    rule: str
+    metric: str
+    value: float | None
+    bound: float | None
+    op: str
+    hard: bool
+
+
+@dataclass
+class GateRecord:
+    """The step gate's verdict on one step (`GateVerdict.record`: the Miles hook's and the demo's line)."""
+
+    rollout_id: int
+    action: str  # train | skip | stop
+    reasons: list[GateReason]
+    unavailable: int  # evidence items the rules could not read this step
+    where: str
+
+
+def _gate(record: Mapping[str, Any], where: str) -> GateRecord:
+    action = _checked(record, "action", (str,), where)
+    if action not in {a.value for a in Action}:
+        raise ValueError(f"{where}: field 'action' must be one of train, skip, stop, got {action!r}")
+    reasons = []
+    for number, entry in enumerate(_checked(record, "reasons", (list,), where) or []):
+        at = f"{where} reasons[{number}]"
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"{at}: must be an object, got {type(entry).__name__}")
+        reasons.append(
+            GateReason(
+                rule=str(_checked(entry, "rule", (str,), at)),
+                metric=str(_checked(entry, "metric", (str,), at)),
+                value=_number(entry, "value", at),
+                bound=_number(entry, "bound", at),
+                op=str(_checked(entry, "op", (str,), at) or ""),
+                hard=bool(_checked(entry, "hard", (bool,), at)),
+            )
+        )
+    return GateRecord(
+        rollout_id=_checked(record, "rollout_id", (int,), where),
+        action=action,
+        reasons=reasons,
+        unavailable=len(_checked(record, "unavailable", (list,), where) or []),
+        where=where,
+    )
+
+
+@dataclass
 class EvalRecord:
     """One eval dataset at one rollout step (`rl360_ext.rollout.eval_metrics.log_eval_metrics`):
     its metrics without the `eval/<dataset>/` prefix."""
@@ -332,6 +385,7 @@ class Run:
     pushes: list[WeightPushRecord] = field(default_factory=list)
     train: dict[int, TrainRecord] = field(default_factory=dict)
     evals: list[EvalRecord] = field(default_factory=list)
+    gates: dict[int, GateRecord] = field(default_factory=dict)  # the step gate's verdicts
     eval_notes: dict[str, str] = field(default_factory=dict)  # what each eval dataset holds (a driver's)
     notes: list[str] = field(default_factory=list)
 
@@ -374,6 +428,10 @@ def load_run(run_dir: Path) -> Run:
         train = _train(record, _where(TRAIN_KIND, number, record))
         if train.rollout_id is not None:
             run.train[train.rollout_id] = train
+    for number, record in enumerate(records.get(GATE_KIND, []), start=1):
+        gate = _gate(record, _where(GATE_KIND, number, record))
+        if gate.rollout_id is not None:
+            run.gates[gate.rollout_id] = gate
     for number, record in enumerate(records.get(EVAL_KIND, []), start=1):
         evaluated = _eval(record, _where(EVAL_KIND, number, record))
         if evaluated.rollout_id is not None and evaluated.dataset:

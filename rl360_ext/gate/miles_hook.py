@@ -148,8 +148,7 @@ def _record(gate: _Gate, args: Any, rollout_id: Any, verdict: GateVerdict) -> No
         partial.replace(gate.state_path)
     path = metrics_path(args)
     if path is not None:
-        record = {"kind": "gate", "rollout_id": rollout_id, **verdict.to_json(), "metrics": verdict.metrics()}
-        append_records(path, [record])
+        append_records(path, [verdict.record(rollout_id)])
     level = logging.INFO if verdict.action is Action.TRAIN else logging.WARNING
     logger.log(level, "rl360 step gate, rollout %s: %s %s", rollout_id, verdict.action.value,
                "; ".join(str(r) for r in verdict.reasons))

@@ -19,6 +19,7 @@ from statistics import median
 from typing import Any
 
 from rl360_ext.gate.config import StepGate
+from rl360_ext.rollout.audit import GATE_KIND
 
 # Evidence names the rules read (the hooks' metric names).
 FRESH_KV_DIFF = "train/logprob_abs_diff_fresh_kv_max"
@@ -137,6 +138,11 @@ class GateVerdict:
         out["gate/rules_unavailable"] = float(len(self.unavailable))
         out.update({f"gate/fired/{reason.rule}": 1.0 for reason in self.reasons})
         return out
+
+    def record(self, rollout_id: Any) -> dict[str, Any]:
+        """The verdict's line in the rl360 metrics JSONL (`"kind": "gate"`), as the Miles hook and the
+        demo write it and `rl360 report` / `rl360 audit` read it."""
+        return {"kind": GATE_KIND, "rollout_id": rollout_id, **self.to_json(), "metrics": self.metrics()}
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -79,6 +79,7 @@ from rich.table import Table
 from rl360_ext.diagnostics.compare_report import ADVANTAGE_KIND
 from rl360_ext.local.arms import RL360_REWARD_POST_PROCESS, advantage_metrics, arm_rules
 from rl360_ext.local.churn import EngineChurn
+from rl360_ext.local.demo_gate import DemoGate, Injector
 from rl360_ext.local.demo_plan import (
     AGE_BUCKETS,
     CLIENT_DEADLINE,
@@ -269,6 +270,11 @@ class DemoDriver:
         self._push_engines: list[str] | None = None  # the engines after the last push
         self._calls_history: dict[str, list[int]] = {}  # calls per engine (max) of each path's pushes
         self._stale_since_push = 0  # stale-served tokens of the attempts finished since the last push
+        self.gate = DemoGate(self.metrics_path, config.gate)  # --inject, --no-gate: demo_gate
+        self.injector = Injector(
+            config, self.args, lambda: [e.url for e in stack.engines], stack.tokenizer_dir,
+            policy.model_config, self.metrics_path,
+        )  # fmt: skip
         self.churn: EngineChurn | None = None
         if config.churn_events:
             self.churn = EngineChurn(stack, config.churn_events, self._record_churn)
@@ -301,6 +307,8 @@ class DemoDriver:
                         await churning.pop(event.step)
                 elif event.action == TRAIN:
                     trained[event.step] = await self.train(finished.pop(event.step))
+                    if self.gate.stopped_at is not None:  # the gate's stop: nothing after this step
+                        break
                 elif event.step is None:
                     await self.push(None, await asyncio.to_thread(self.weights.save, INITIAL_WEIGHT_VERSION))
                     if self.config.eval_interval is not None:  # Miles evaluates before training
@@ -316,7 +324,8 @@ class DemoDriver:
             for task in [*rollouts.values(), *churning.values()]:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        return [self.summaries[step] for step in range(self.config.steps)]
+        last = self.config.steps - 1 if self.gate.stopped_at is None else self.gate.stopped_at
+        return [self.summaries[step] for step in range(last + 1)]
 
     async def _start_session_pool(self) -> None:
         from rl360_ext.rollout.config import GenerateConfig
@@ -336,13 +345,17 @@ class DemoDriver:
             data.advantages,
             data.raw_rewards,
             self.metrics_path,
+            self.gate.before_update(data.step, self.pushes[-1].get("metrics") if self.pushes else None),
         )
         self.train_metrics[data.step] = metrics
+        data.summary.gate = self.gate.cell(data.step)
         data.summary.train_time_s = metrics.get("train/time_s")
         data.summary.trust = {k: metrics[k] for k in TRUST_METRICS if k in metrics}
         data.summary.versions = version_metrics(metrics)
         self.console.print(train_line(data.step, metrics, pushed_version(data.step)))
         self.console.print(versions_line(data.step, data.summary.versions))
+        if (line := self.gate.line(data.step)) is not None:
+            self.console.print(line)
         return path
 
     async def await_generation(self, rollout: asyncio.Task[StepData]) -> dict[str, Any]:
@@ -416,6 +429,7 @@ class DemoDriver:
         if push.complete:
             self.published_version = version
         self._push_engines = push.engines_reached  # an engine joining after this push is new to the next
+        await asyncio.to_thread(self.injector.after_push, step, weights_path, version)  # --inject bad-push
         if self.churn is not None:
             self.churn.publish(str(weights_path), version)
             await asyncio.to_thread(self.churn.after_push)
@@ -487,6 +501,7 @@ class DemoDriver:
         extra = {f"rollout/dynamic_filter/drop_{reason}": count for reason, count in drops.items()}
         rollout_time = time.monotonic() - started
         self.log_rollout(step, self.args, samples, extra, rollout_time)
+        self.gate.after_rollout(step, samples)  # the step record just written: the gate's evidence
         raw_rewards, advantages = self.reward_post_process(self.args, samples)
         shift = advantage_metrics(self.args, samples, advantages)
         append_records(self.metrics_path, [{"kind": ADVANTAGE_KIND, "rollout_id": step, "metrics": shift}])
@@ -514,6 +529,7 @@ class DemoDriver:
 
         async def attempt(plan: AttemptPlan) -> Any:
             state = self.deadline_state if plan.fault == CLIENT_DEADLINE else self.state
+            state = self.injector.generate_state(plan.step, state)  # --inject template-drift
             published = self.published_version  # what the attempt's first request is routed under
             output = await self.generate(
                 self._input_type(
@@ -857,7 +873,7 @@ def summary_table(summaries: Sequence[StepSummary]) -> Table:
     table = Table(title="rl360 demo: per step")
     for column in (
         "step", "attempts", "valid", "infra", "kept groups",
-        "mean (all)", "mean (kept)", "rollout s", "train s", "weights", "push after",
+        "mean (all)", "mean (kept)", "rollout s", "train s", "weights", "push after", "gate",
     ):  # fmt: skip
         table.add_column(column, justify="left" if column.startswith(("weights", "push")) else "right")
     for s in summaries:
@@ -880,6 +896,7 @@ def summary_table(summaries: Sequence[StepSummary]) -> Table:
             seconds(s.train_time_s),
             version_cell,
             push,
+            s.gate or "-",
         )
     return table
 
@@ -987,6 +1004,8 @@ def run_demo(
     for problem in driver.problems:
         console.print(f"[bold red]MISMATCH[/] {problem}")
     console.print(learning_line(summaries, wall_s))
+    if (gate_line := driver.gate.summary_line()) is not None:
+        console.print(gate_line)
     report_path = config.out / REPORT_FILE
     write_report(config.out, report_path)
     result = DemoResult(

@@ -63,6 +63,8 @@ from rl360_ext.local.ab_config import (
     UNIFORM,
 )
 from rl360_ext.local.arms import RL360_RULES, arm_rules
+from rl360_ext.local.demo_faults import BURST as BURST_INJECT
+from rl360_ext.local.demo_faults import Injection, check_injections, injected
 from rl360_ext.local.quiz_agent import extract_answer
 from rl360_ext.outcomes.attribution import AttributionRule
 from rl360_ext.outcomes.causes import Cause
@@ -126,6 +128,8 @@ class DemoConfig:
     fault_mode: str = UNIFORM  # how --faults are spread (FAULT_MODES; the module docstring)
     quarantine_file: Path | None = None  # --rl360-quarantine-file for the hooks (--audit-tasks sets it)
     attribution: str | None = None  # the Harbor server's --attribution (None: its default, evidence)
+    inject: tuple[Injection, ...] = ()  # --inject FAULT:STEP faults for the step gate (`demo_faults`)
+    gate: bool = True  # the step gate (`rl360_ext.local.demo_gate`, `StepGate` defaults) judges every step
 
     def __post_init__(self) -> None:
         minimums = {
@@ -178,6 +182,9 @@ class DemoConfig:
             raise ValueError(
                 f"attribution must be one of {', '.join(ATTRIBUTION_RULES)}, got {self.attribution!r}"
             )
+        check_injections(self.inject, self.steps)
+        if not isinstance(self.gate, bool):
+            raise ValueError(f"gate must be true or false, got {self.gate!r}")
         if not isinstance(self.seeded_sampling, bool):
             raise ValueError(f"seeded_sampling must be true or false, got {self.seeded_sampling!r}")
 
@@ -299,7 +306,8 @@ def plan_step(step: int, config: DemoConfig, task_names: Sequence[str]) -> list[
     """The step's groups: `config.tasks` quiz tasks (distinct while the pool lasts), each with
     `config.attempts` attempts, some with a fault (uniform: drawn at `attempt_fault_rate`; burst:
     `attempt_fault`'s sandbox-start faults on the burst step; correlated: none planned, see
-    `correlated_fault`). Deterministic in (config.seed, step); the tasks do not depend on the mode."""
+    `correlated_fault`; `--inject burst:STEP`: a sandbox-start fault at `BURST_RATE` on STEP).
+    Deterministic in (config.seed, step); the tasks do not depend on the mode."""
     if not task_names:
         raise ValueError("the demo needs at least one quiz task")
     rng = random.Random(f"rl360-demo:{config.seed}:{step}")
@@ -318,6 +326,9 @@ def plan_step(step: int, config: DemoConfig, task_names: Sequence[str]) -> list[
             if config.fault_mode == BURST and config.faults > 0:
                 uniforms = fault_uniforms(config.seed, BURST, index)
                 fault = attempt_fault(BURST, config.faults, step, config.steps, None, uniforms, 0)
+            burst = injected(config.inject, BURST_INJECT, step)  # --inject burst:STEP
+            if burst and fault_uniforms(config.seed, BURST_INJECT, index)[0] < BURST_RATE:
+                fault = SANDBOX_START
             group.append(AttemptPlan(step, group_index, index, task, fault))
         groups.append(group)
     return groups
@@ -604,6 +615,7 @@ class StepSummary:
     push_version: str | None = None
     push_duration_s: float | None = None
     push_complete: bool | None = None
+    gate: str | None = None  # the step gate's verdict (`demo_gate.verdict_cell`), None: gate off
 
     @property
     def infra(self) -> int:

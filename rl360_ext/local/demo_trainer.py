@@ -33,7 +33,7 @@ import hashlib
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -279,11 +279,15 @@ class DemoTrainer:
         advantages: Sequence[float],
         raw_rewards: Sequence[float],
         metrics_path: Path,
+        before_update: Callable[[Mapping[str, float]], bool] | None = None,
     ) -> tuple[Path, dict[str, float]]:
-        """Train on one step's kept samples, save the weights as `version`, append the train record."""
+        """Train on one step's kept samples, save the weights as `version`, append the train record.
+        `before_update`: the step gate (`Trainer.train_step`); a dropped update saves them unchanged."""
         # the weights this step starts from were pushed as pushed_version(step - 1) == str(step)
         # called with no samples too: the trainer holds every version it starts a step from
-        metrics = self.trainer.train_step(samples, advantages, raw_rewards, policy_version=step)
+        metrics = self.trainer.train_step(
+            samples, advantages, raw_rewards, policy_version=step, before_update=before_update
+        )
         path = self.save(version)
         record = {"kind": TRAIN_KIND, "rollout_id": step, "metrics": metrics, "chance_level": CHANCE_LEVEL}
         append_records(metrics_path, [record])

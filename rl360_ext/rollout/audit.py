@@ -17,6 +17,12 @@ Per step, over the samples that reached the trainer:
 - logged-mean bias: the batch mean upstream logs (failures counted with reward 0) minus the mean
   over valid samples.
 
+The step gate: a JSONL with `"kind": "gate"` lines (`rl360_ext.gate.rules.GateVerdict.record`, written
+by the Miles hook `rl360_ext.gate.miles_hook` and by `rl360 demo`) adds each step's verdict (train,
+skip, stop) and the rules that fired, with value and bound, to its audit (`StepAudit.gate`), and a
+closing line sums them over the run (`gate_summary`). This module reads those lines as JSON only (the
+gate package sits above it).
+
 Validity: samples carrying rl360 provenance metadata are judged by
 `rl360_ext.outcomes.provenance`. Dumps from runs without rl360 carry none; there a sample whose
 loss mask is all zero (or `remove_sample`) is counted masked and every other sample valid, which
@@ -69,6 +75,7 @@ class StepAudit:
     unfiltered_mean: float | None = None
     filter_bias: float | None = None
     note: str = ""
+    gate: dict[str, Any] | None = None  # the step gate's verdict: {"action", "reasons": [...]}, or None
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -170,6 +177,7 @@ def _step_sort_key(path: Path) -> tuple[int, str]:
 def _audits_from_jsonl(path: Path) -> list[StepAudit]:
     attempts: dict[Any, list[AuditAttempt]] = {}
     unfiltered: dict[Any, float | None] = {}
+    gates: dict[Any, dict[str, Any]] = {}
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
             continue
@@ -181,6 +189,8 @@ def _audits_from_jsonl(path: Path) -> list[StepAudit]:
         if record.get("kind") == "step":
             unfiltered[step] = (record.get("metrics") or {}).get("reward/unfiltered_mean")
             attempts.setdefault(step, [])
+        elif record.get("kind") == GATE_KIND:
+            gates[step] = _gate_verdict(record, f"{path}:{number}")
         elif record.get("kind") == "attempt" and record.get("trained"):
             valid = record.get("attempt_class") == "valid"
             attempts.setdefault(step, []).append(
@@ -193,10 +203,59 @@ def _audits_from_jsonl(path: Path) -> list[StepAudit]:
             )
     if not attempts:
         raise ValueError(f"{path} has no rl360 step or attempt records")
-    return [
+    audits = [
         audit_step(items, step=step, source="rl360_jsonl", unfiltered_mean=unfiltered.get(step))
         for step, items in sorted(attempts.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))
     ]
+    for audit in audits:
+        audit.gate = gates.get(audit.step)
+    return audits
+
+
+GATE_KIND = "gate"  # the step gate's JSONL line (`rl360_ext.gate.rules.GateVerdict.record` writes it)
+GATE_ACTIONS = ("train", "skip", "stop")
+
+
+def _gate_verdict(record: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A gate line's verdict and reasons; a ValueError names the line and the field that is wrong."""
+    action = record.get("action")
+    if action not in GATE_ACTIONS:
+        names = ", ".join(GATE_ACTIONS)
+        raise ValueError(f"{where}: gate line: action must be one of {names}, got {action!r}")
+    reasons = record.get("reasons") or []
+    if not isinstance(reasons, list) or not all(isinstance(r, Mapping) for r in reasons):
+        raise ValueError(f"{where}: gate line: reasons must be a list of objects, got {reasons!r}")
+    return {"action": action, "reasons": [dict(r) for r in reasons]}
+
+
+def _gate_reason(reason: Mapping[str, Any]) -> str:
+    def num(value: Any) -> str:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        return format(value, ".4g") if number else "n/a"
+
+    hard = "hard, " if reason.get("hard") else ""
+    return (
+        f"{reason.get('rule')} ({hard}{reason.get('metric')} = {num(reason.get('value'))} "
+        f"{reason.get('op')} {num(reason.get('bound'))})"
+    )
+
+
+def gate_summary(audits: Sequence[StepAudit]) -> str | None:
+    """One line over the run's gate verdicts: counts by action and the steps each rule fired on
+    (None: no step has a gate line)."""
+    judged = [(a.step, a.gate) for a in audits if a.gate is not None]
+    if not judged:
+        return None
+    counts = {action: sum(gate["action"] == action for _, gate in judged) for action in GATE_ACTIONS}
+    fired: dict[str, list[str]] = {}
+    for step, gate in judged:
+        for reason in gate["reasons"]:
+            fired.setdefault(str(reason.get("rule")), []).append(str(step))
+    text = f"gate: {len(judged)} steps judged: " + ", ".join(f"{counts[a]} {a}" for a in GATE_ACTIONS)
+    if fired:
+        steps = (f"{rule} at step(s) {', '.join(at)}" for rule, at in sorted(fired.items()))
+        text += "; fired: " + ", ".join(steps)
+    return text
 
 
 def _audit_from_dump(path: Path) -> StepAudit:
@@ -433,6 +492,9 @@ def format_step(audit: StepAudit) -> str:
         )
     if audit.note:
         parts.append(audit.note)
+    if audit.gate is not None:
+        reasons = "; ".join(_gate_reason(r) for r in audit.gate["reasons"])
+        parts.append(f"gate {audit.gate['action']}" + (f": {reasons}" if reasons else ""))
     return " | ".join(parts)
 
 
@@ -448,3 +510,5 @@ def main(path: Path, as_json: bool) -> None:
         return
     for audit in audits:
         print(format_step(audit))
+    if (gated := gate_summary(audits)) is not None:
+        print(gated)

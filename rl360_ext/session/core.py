@@ -554,14 +554,22 @@ class SessionCore:
         return sample
 
     def _check_drift(self, session: Session, sample: MergedSample) -> None:
-        """One canonical render of the final messages vs the merged tokens, into the metadata."""
+        """One canonical render of the final messages vs the merged tokens, into the metadata. When the
+        merge kept the segment's turns only up to a cut one (`merge.kept_turns`), the tokens before
+        that turn's output are compared (the rest of the messages render after them)."""
         segment = session.segment
-        merged = [t for t in session.turns if segment is not None and t.segment == segment.index]
-        if segment is None or len(sample.turns) != len(merged):
+        turns = [t for t in session.turns if segment is not None and t.segment == segment.index]
+        merged = turns[: len(sample.turns)]
+        if segment is None or not merged or len(sample.turns) > len(turns):
             record = not_checked("the merge kept only part of the last segment")
         else:
             finishes = [t.finish_reason for t in merged]
-            record = self.tito.drift(segment.messages, segment.tools, sample.tokens.tolist(), finishes)
+            last, tokens = merged[-1], sample.tokens.tolist()
+            output_start = last.input_start + len(last.input_ids) if len(tokens) == last.end else None
+            if len(merged) < len(turns) and finishes[-1] == "stop":
+                record = not_checked("the merge kept only part of the last segment")
+            else:
+                record = self.tito.drift(segment.messages, segment.tools, tokens, finishes, output_start)
         sample.metadata[DRIFT_KEY] = record
         self.metrics.record_drift(record)
 

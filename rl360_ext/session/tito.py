@@ -133,15 +133,21 @@ class TitoRenderer:
         tools: Sequence[dict[str, Any]] | None,
         tokens: Sequence[int],
         finish_reasons: Sequence[str],
+        last_output_start: int | None = None,
     ) -> dict[str, Any]:
         """The merged trajectory's drift record (`rl360_ext.templates.drift`): compared only when every
-        turn of the segment was merged and the last one stopped (a cut turn renders differently)."""
-        if not messages or not finish_reasons or finish_reasons[-1] != "stop":
+        turn of the segment was merged. A cut last turn renders differently, so then only the tokens
+        before its output (`last_output_start`; None: nothing) are compared (`"cut_last_turn": True`)."""
+        cut = bool(finish_reasons) and finish_reasons[-1] != "stop"
+        if not messages or not finish_reasons or (cut and last_output_start is None):
             return not_checked("the last turn did not stop normally")
-        if tokens and tokens[-1] in self.role_stop_ids:
+        if cut:
+            tokens = tokens[:last_output_start]
+        elif tokens and tokens[-1] in self.role_stop_ids:
             tokens = tokens[:-1]  # the next message's role token the model stopped at
         try:
-            return find_drift(self.renderer, messages, tools, tokens).to_json()
+            record = find_drift(self.renderer, messages, tools, tokens).to_json()
+            return {**record, "cut_last_turn": True} if cut else record
         except Exception as exc:  # the template raising on the final messages is drift too
             return {
                 "checked": True,

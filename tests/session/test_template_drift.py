@@ -60,11 +60,26 @@ async def test_drift_is_recorded_with_position_and_kind_and_counted(renderer) ->
     )
 
 
-async def test_a_cut_last_turn_is_not_compared(make_core) -> None:
+async def test_a_cut_last_turn_is_compared_up_to_its_output(make_core) -> None:
+    """A cut last turn renders differently, so only the tokens before its output are compared."""
     core, backend = make_core()
     backend.push(Step("ok<|im_end|>"), Step("trunc", finish={"type": "length"}))
     record = (await _two_turns(core))[DRIFT_KEY]
-    assert record == {"checked": False, "mismatch": False, "why": "the last turn did not stop normally"}
+    assert record["checked"] and record["cut_last_turn"] and not record["mismatch"]
+    assert record["held_tokens"] < record["rendered_tokens"]
+
+
+async def test_a_cut_last_turn_still_shows_drift_before_it(renderer) -> None:
+    drifting = ChatRenderer(renderer.tokenizer, RESERIALIZES)
+    backend = ScriptedBackend(drifting)
+    core = SessionCore(TitoRenderer(drifting), backend, ServerConfig())
+    backend.push(Step(CALL), Step("trunc", finish={"type": "length"}))
+    sid = core.create().id
+    reply = await core.chat(sid, {"messages": [USER], "tools": TOOLS})
+    tool = {"role": "tool", "tool_call_id": reply.parsed.tool_calls[0]["id"], "content": "a.py"}
+    await core.chat(sid, {"messages": [USER, reply.message(), tool], "tools": TOOLS})
+    record = (await core.merged(sid)).metadata[DRIFT_KEY]
+    assert record["cut_last_turn"] and record["mismatch"] and record["kind"] == "tool-call-reserialization"
 
 
 async def test_drift_check_costs_one_render_per_merged_sample(make_core, monkeypatch) -> None:
@@ -155,3 +170,16 @@ async def test_a_mis_rendered_incremental_suffix_is_caught_at_merge(renderer, pi
         assert "[2]" in record["evidence"] and "[3]" in record["evidence"], record["evidence"]
     else:
         assert record["checked"] and not record["mismatch"], record
+
+
+async def test_a_merge_cut_at_an_earlier_turn_is_compared_up_to_that_turn(make_core) -> None:
+    """Miles' merge keeps the turns up to the first cut one; the tokens before its output still
+    must render as the canonical render of every message does."""
+    core, backend = make_core()
+    backend.push(Step("trunc", finish={"type": "length"}), Step("done<|im_end|>"))
+    sid = core.create().id
+    reply = await core.chat(sid, {"messages": [USER]})
+    await core.chat(sid, {"messages": [USER, reply.message(), {"role": "user", "content": "again"}]})
+    sample = await core.merged(sid)
+    record = sample.metadata[DRIFT_KEY]
+    assert len(sample.turns) == 1 and record["checked"] and record["cut_last_turn"] and not record["mismatch"]

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import time
 from argparse import Namespace
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -369,16 +369,20 @@ class Trainer:
         rewards: Sequence[float],
         raw_rewards: Sequence[float] | None = None,
         policy_version: int | None = None,
+        before_update: Callable[[Mapping[str, float]], bool] | None = None,
     ) -> dict[str, float]:
         """Train on one rollout's samples with the reward post-process hook's rewards; the metrics.
 
         `policy_version` is the version of the weights this step starts from (token ages are
         measured against it, `rl360_ext.train.staleness`); None counts the steps this trainer took.
+        `before_update` (a step gate) is called once per step with the metrics known before any
+        update (counts, staleness, the parity families); False drops the update (no optimizer step,
+        `train/update_skipped` 1), the metrics are still returned.
         OpenBLAS runs single-threaded for the step (small matrices: a multi-threaded BLAS only
         spins on a shared machine) and gets its thread count back after it.
         """
         with single_blas_thread():
-            return self._train_step(samples, rewards, raw_rewards, policy_version)
+            return self._train_step(samples, rewards, raw_rewards, policy_version, before_update)
 
     def _train_step(
         self,
@@ -386,6 +390,7 @@ class Trainer:
         rewards: Sequence[float],
         raw_rewards: Sequence[float] | None,
         policy_version: int | None,
+        before_update: Callable[[Mapping[str, float]], bool] | None = None,
     ) -> dict[str, float]:
         started = time.perf_counter()
         version = self.steps_done if policy_version is None else policy_version
@@ -393,12 +398,11 @@ class Trainer:
         # were sampled with it (a step with nothing to train still publishes it)
         self.history.remember(version, self.weights)
         if not samples:
-            return {
-                "train/valid_samples": 0.0,
-                "train/masked_samples": 0.0,
-                "train/loss_scale": 0.0,
-                "train/time_s": time.perf_counter() - started,
-            }
+            metrics = {"train/valid_samples": 0.0, "train/masked_samples": 0.0, "train/loss_scale": 0.0}
+            if before_update is not None:
+                before_update(metrics)
+            metrics["train/time_s"] = time.perf_counter() - started
+            return metrics
         data = train_data(samples, rewards, raw_rewards)
         valid = data.valid
         metrics: dict[str, float] = {
@@ -408,6 +412,8 @@ class Trainer:
         metrics.update(sample_staleness_metrics(samples, version))
         if not any(valid):
             metrics["train/loss_scale"] = 0.0
+            if before_update is not None:
+                before_update(metrics)
             metrics["train/time_s"] = time.perf_counter() - started
             return metrics
         token_versions = [
@@ -416,6 +422,10 @@ class Trainer:
         ]
         scores = self.score(samples, data, token_versions, version)
         metrics.update(scores.metrics)
+        if before_update is not None and not before_update(metrics):
+            metrics["train/update_skipped"] = 1.0
+            metrics["train/time_s"] = time.perf_counter() - started
+            return metrics
         scored = scores.current
         # Miles' compute_log_prob runs on `old_actor` under --keep-old-actor, on `actor` without it:
         # those log-probs are both PPO's old log-probs and TIS's train_log_probs.
