@@ -36,8 +36,8 @@ from rl360_ext.gate.evidence import last_step_record, step_evidence
 from rl360_ext.gate.rules import Action, GateState, GateVerdict, decide
 from rl360_ext.local.demo_faults import BAD_PUSH, TEMPLATE_DRIFT, injected
 from rl360_ext.local.demo_plan import PUSH, START, DemoConfig, schedule_events
+from rl360_ext.reference.engine.model import ModelConfig, load_weights, save_weights
 from rl360_ext.rollout.metrics import append_records, attempt_summary
-from rl360_ext.tiny_engine.model import ModelConfig, load_weights, save_weights
 
 INJECT_KIND = "inject"  # a metrics.jsonl line per fault carried out (what, where, when)
 PERTURBATION = 0.1  # bad-push: each tensor plus Gaussian noise at this share of its own std

@@ -24,9 +24,9 @@ from rl360_ext.local.demo_faults import (
 )
 from rl360_ext.local.demo_gate import DemoGate, bad_push_target, drift_template, perturbed_weights
 from rl360_ext.local.demo_plan import IN_FLIGHT, ONE_STEP_OFF, SANDBOX_START, DemoConfig, plan_step
+from rl360_ext.reference.trainer.trainer import Trainer, TrainerConfig
 from rl360_ext.rollout.metrics import append_records, read_records
-from rl360_ext.trainer.trainer import Trainer, TrainerConfig
-from tests.trainer.helpers import SMALL, sample, small_weights
+from tests.reference.trainer.helpers import SMALL, sample, small_weights
 
 TASKS = [f"quiz-{i:02d}" for i in range(8)]
 
@@ -109,10 +109,10 @@ def test_perturbed_weights_move_every_tensor_by_a_share_of_its_spread() -> None:
 
 
 def test_the_drift_template_renders_an_empty_assistant_turn_apart_and_passes_the_checker() -> None:
+    from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir
     from rl360_ext.templates.check import check_template
     from rl360_ext.templates.render import ChatRenderer
     from rl360_ext.templates.tokenizer import load_hf_tokenizer
-    from rl360_ext.tiny_engine.tokenizer import default_tokenizer_dir
 
     directory = default_tokenizer_dir()
     base = json.loads((directory / "tokenizer_config.json").read_text())["chat_template"]
