@@ -21,7 +21,7 @@ import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import orjson
@@ -49,10 +49,11 @@ from rl360_ext.session.samples.records import Exchange, session_view, tree_metad
 from rl360_ext.session.samples.routing import compact_rows, row_sources
 from rl360_ext.session.tito import TitoRenderer
 from rl360_ext.sglang import client as engine_client
-from rl360_ext.sglang.client import EngineError, GenerateResult
+from rl360_ext.sglang.client import EngineClient, EngineError, GenerateResult
 from rl360_ext.templates.drift import DRIFT_KEY, not_checked
 from rl360_ext.templates.parse import ParsedAssistant
 from rl360_ext.templates.render import TemplateNotAppendOnlyError
+from rl360_ext.templates.tokenizer import TokenBudgetExceeded
 from rl360_ext.util.background import background_executor
 from rl360_ext.util.text import unencodable
 
@@ -93,24 +94,6 @@ def request_fingerprint(body: dict[str, Any]) -> bytes:
 
 
 _BACKGROUND = background_executor("rl360-session-plan")  # large turns: planned at low CPU priority
-
-
-class Backend(Protocol):
-    """What the session calls to generate: `rl360_ext.sglang.client.EngineClient` satisfies it."""
-
-    async def generate(
-        self,
-        input_ids: list[int],
-        sampling_params: dict[str, Any] | None = None,
-        *,
-        return_logprob: bool = True,
-        return_prompt_token_ids: bool = False,
-        return_routed_experts: bool = False,
-        routed_experts_start_len: int = 0,
-        rid: str | None = None,
-        routing_key: str | None = None,
-        top_logprobs_num: int = 0,
-    ) -> GenerateResult: ...
 
 
 @dataclass
@@ -161,7 +144,7 @@ def _append(held: Segment, suffix: list[int], new_messages: int) -> _Plan:
 class SessionCore:
     """All sessions of one server. Async methods run on one event loop."""
 
-    def __init__(self, tito: TitoRenderer, backend: Backend, config: ServerConfig | None = None) -> None:
+    def __init__(self, tito: TitoRenderer, backend: EngineClient, config: ServerConfig | None = None) -> None:
         self.tito = tito
         self.backend = backend
         self.config = config or ServerConfig()
@@ -349,17 +332,17 @@ class SessionCore:
         """A prompt longer than the engine's context is refused here, unsent (the engine would refuse it)."""
         limit = self.config.max_context_tokens
         if limit is not None and len(plan.prompt) > limit:
-            raise RequestError(
-                f"messages: the prompt is {len(plan.prompt)} tokens, over the engine's context of {limit} "
-                "(--max-context-tokens)",
-                param="messages",
-            )
+            raise _over_context(f"{len(plan.prompt)} tokens", limit)
 
     def _plan(self, session: Session, request: ChatRequest) -> _Plan:
         try:
             return self._plan_tokens(session, request)
         except SessionServerError:
             raise
+        except TokenBudgetExceeded as exc:  # over the context: refused before its ids were built
+            held = 0 if session.segment is None else len(session.segment.tokens)
+            limit = self.config.max_context_tokens or 0  # a budget was set: the context is known
+            raise _over_context(f"at least {held + exc.tokens} tokens", limit) from exc
         except Exception as exc:  # a chat template raises anything (TemplateError, TypeError, ...)
             raise RequestError(
                 f"messages: the chat template cannot render them: {type(exc).__name__}: {exc}",
@@ -367,14 +350,18 @@ class SessionCore:
             ) from exc
 
     def _plan_tokens(self, session: Session, request: ChatRequest) -> _Plan:
+        """The turn's plan; a prompt over the context raises TokenBudgetExceeded before its ids
+        exist (a 1 MB message's 687K ids cost the event loop tens of milliseconds of GIL)."""
         held = session.segment
+        limit = self.config.max_context_tokens
         if held is not None:
             mismatch = find_mismatch(held.messages, request.messages, held.tools, request.tools)
             if mismatch is None:
                 new = request.messages[len(held.messages) :]
+                room = None if limit is None else max(limit - len(held.tokens), 0)
                 try:
                     suffix = self.tito.suffix(
-                        request.messages[: len(held.messages)], new, request.tools, held.tokens
+                        request.messages[: len(held.messages)], new, request.tools, held.tokens, room
                     )
                 except TemplateNotAppendOnlyError as exc:
                     mismatch = Mismatch(len(held.messages), f"the template is not append-only here: {exc}")
@@ -385,7 +372,10 @@ class SessionCore:
                 raise HistoryMismatchError(f"history mismatch: {mismatch.reason}", param="messages")
         else:
             mismatch = None
-        prompt = self.tito.first_prompt(request.messages, request.tools)
+        try:
+            prompt = self.tito.first_prompt(request.messages, request.tools, limit)
+        except TokenBudgetExceeded as exc:  # counted from nothing held: a fork's prompt stands alone
+            raise _over_context(f"at least {exc.tokens} tokens", exc.max_tokens) from exc
         index = 0 if held is None else held.index + 1
         segment = Segment(index=index, tools=request.tools)
         return _Plan(segment, prompt, list(prompt), mismatch, len(request.messages))
@@ -637,6 +627,13 @@ class SessionCore:
         encoded = wire.encode(await self.merged(session_id))
         self.metrics.merged_bytes.inc(len(encoded))
         return encoded
+
+
+def _over_context(size: str, limit: int) -> RequestError:
+    return RequestError(
+        f"messages: the prompt is {size}, over the engine's context of {limit} (--max-context-tokens)",
+        param="messages",
+    )
 
 
 def _engine_fault(exc: EngineError) -> SessionServerError:

@@ -22,6 +22,7 @@ from rl360_ext.templates.drift import find_drift, not_checked
 from rl360_ext.templates.emission import next_role_tokens
 from rl360_ext.templates.parse import ParsedAssistant
 from rl360_ext.templates.render import ChatRenderer
+from rl360_ext.templates.tokenizer import TokenBudgetExceeded, within
 
 Message = dict[str, Any]
 
@@ -70,8 +71,14 @@ class TitoRenderer:
         ids = {self.turn_end.end_token_id, self.tokenizer.eos_token_id, *self.role_stop_ids}
         return sorted(i for i in ids if i is not None)
 
-    def first_prompt(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None) -> list[int]:
-        return self.renderer.prompt_ids(messages, tools)
+    def first_prompt(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None,
+        max_tokens: int | None = None,
+    ) -> list[int]:
+        """The first prompt's tokens; over `max_tokens`, TokenBudgetExceeded before they are built."""
+        return self.renderer.prompt_ids(messages, tools, max_tokens)
 
     def suffix(
         self,
@@ -79,11 +86,19 @@ class TitoRenderer:
         new_messages: Sequence[Message],
         tools: Sequence[dict[str, Any]] | None,
         held: Sequence[int] = (),
+        max_tokens: int | None = None,
     ) -> list[int]:
         """Raises TemplateNotAppendOnlyError when the history's render is not a prefix. When the
         held tokens end with the role token the model stopped at (a family with no end token), the
-        suffix starts after it, so the token is held once."""
-        return self._after_held(held, self.renderer.suffix_ids(history, new_messages, tools))
+        suffix starts after it, so the token is held once. A suffix of more than `max_tokens`
+        raises TokenBudgetExceeded (its count a lower bound), its ids never built."""
+        budget = None if max_tokens is None else max_tokens + 1  # `_after_held` may drop one
+        try:
+            suffix = self._after_held(held, self.renderer.suffix_ids(history, new_messages, tools, budget))
+        except TokenBudgetExceeded as exc:
+            raise TokenBudgetExceeded(exc.tokens - 1, max_tokens or 0) from exc
+        within(len(suffix), max_tokens)
+        return suffix
 
     def anchored_suffix(
         self,

@@ -136,16 +136,20 @@ class ChatRenderer:
             **self.template_kwargs,
         )
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, max_tokens: int | None = None) -> list[int]:
         """`text`'s tokens without added special tokens: the tokenizer's `encode`, through its
-        backend directly where that is the same (`rl360_ext.templates.tokenizer.backend_encoder`)."""
-        return self._encode(text)
+        backend directly where that is the same (`rl360_ext.templates.tokenizer.backend_encoder`).
+        With `max_tokens`, a longer text raises TokenBudgetExceeded before its ids are built."""
+        return self._encode(text, max_tokens)
 
     def prompt_ids(
-        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
     ) -> list[int]:
-        """Tokens of a conversation's first prompt, generation prompt included."""
-        return self.encode(self.render_text(messages, tools, add_generation_prompt=True))
+        """Tokens of a conversation's first prompt, generation prompt included (`max_tokens`: as `encode`)."""
+        return self.encode(self.render_text(messages, tools, add_generation_prompt=True), max_tokens)
 
     def suffix_text(
         self,
@@ -222,9 +226,11 @@ class ChatRenderer:
         history: Sequence[Message],
         new_messages: Sequence[Message],
         tools: Sequence[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
     ) -> list[int]:
-        """Tokens to append after the tokens a session holds for `history` (tokenized alone)."""
-        return self.encode(self.suffix_text(history, new_messages, tools))
+        """Tokens to append after the tokens a session holds for `history` (tokenized alone;
+        `max_tokens`: as `encode`)."""
+        return self.encode(self.suffix_text(history, new_messages, tools), max_tokens)
 
     # ---- template facts ---------------------------------------------------------------------
 

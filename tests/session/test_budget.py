@@ -84,3 +84,48 @@ async def test_a_large_append_is_planned_off_the_loop_and_a_small_one_on_it(make
     await core.chat(session.id, {"messages": messages})
     assert len(planned_on) == 3 and planned_on[2] != threading.get_ident()
     assert len(backend.calls) == 4
+
+
+@pytest.mark.parametrize("context", [900, 2000, 5000])
+async def test_a_prompt_over_the_context_is_refused_before_its_ids_are_built(
+    make_core, monkeypatch, context
+) -> None:
+    """Past the context, the encoder's budget refuses (its ids never become Python ints); within it
+    the turn is planned as before. The refusal's count is a lower bound of the prompt's length."""
+    core, backend = make_core(r3=False, max_context_tokens=context, max_chars_per_token=40)
+    built: list[int] = []
+    encode = core.tito.renderer._encode
+
+    def counting(text: str, max_tokens: int | None = None) -> list[int]:
+        ids = encode(text, max_tokens)
+        built.append(len(ids))
+        return ids
+
+    monkeypatch.setattr(core.tito.renderer, "_encode", counting)
+    first = [SYSTEM, _user(20)]
+    outcomes = set()
+    for chars in (core_module.INLINE_CHARS + 5, 8000, 30000, 100_000):
+        session = core.create()
+        reply = await core.chat(session.id, {"messages": first})
+        messages = [*first, reply.message(), _user(chars)]
+        whole = len(core.tito.renderer.prompt_ids(messages))
+        built.clear()
+        try:
+            await core.chat(session.id, {"messages": messages})
+        except RequestError as exc:
+            if exc.param != "messages":  # past context x chars-per-token: nothing was even encoded
+                assert "before it is tokenized" in exc.message and built == []
+                continue
+            assert f"over the engine's context of {context}" in exc.message
+            assert whole > context and max(built, default=0) <= context + 1
+            assert reply.prompt_tokens < int(exc.message.split("at least ")[1].split()[0]) <= whole
+            outcomes.add("refused")
+        else:
+            assert whole <= context
+            outcomes.add("planned")
+    assert "refused" in outcomes
+    built.clear()
+    with pytest.raises(RequestError) as caught:
+        await core.chat(core.create().id, {"messages": [SYSTEM, _user(context * 30)]})
+    assert "at least" in caught.value.message and max(built, default=0) <= context + 1
+    assert all(len(call["input_ids"]) <= context for call in backend.calls)

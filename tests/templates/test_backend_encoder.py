@@ -16,10 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rl360_ext.templates import tokenizer as tokenizer_module
 from rl360_ext.templates.conversations import build_conversation
 from rl360_ext.templates.markup import SPECIAL_TOKENS
 from rl360_ext.templates.render import ChatRenderer
-from rl360_ext.templates.tokenizer import backend_encoder, fast_encoder
+from rl360_ext.templates.tokenizer import TokenBudgetExceeded, backend_encoder, fast_encoder, wrapper_encoder
 from tests.templates.real import FAMILIES, real_tokenizer
 from tests.templates.test_properties import DataChooser
 
@@ -117,3 +118,32 @@ def test_a_tokenizer_outside_transformers_keeps_its_own_encode() -> None:
 
     assert backend_encoder(Plain()) is None
     assert fast_encoder(Plain())("ab") == [97, 98]
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_a_budget_refuses_exactly_the_texts_over_it_on_both_paths(tokenizer, name, data) -> None:
+    """Short texts (`encode`) and long ones (`encode_batch_fast`, here any text over 8 characters):
+    the same ids, and with `max_tokens` a TokenBudgetExceeded exactly when the ids are more."""
+    tok = _tokenizer(name, tokenizer)
+    pieces = st.sampled_from(_specials(tok)) | st.text(max_size=40) | st.sampled_from([" ", "\n", "def f():"])
+    text = "".join(data.draw(st.lists(pieces, max_size=20)))
+    expected = _wrapper(tok, text)
+    for gil_free_chars in (10**9, 8):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(tokenizer_module, "GIL_FREE_CHARS", gil_free_chars)
+            _check_budget(tok, text, expected, data)
+
+
+def _check_budget(tok: Any, text: str, expected: list[int], data: Any) -> None:
+    for encode in (backend_encoder(tok), wrapper_encoder(tok)):
+        assert encode is not None
+        assert encode(text) == expected
+        budget = data.draw(st.integers(0, len(expected) + 2))
+        if len(expected) > budget:
+            with pytest.raises(TokenBudgetExceeded) as caught:
+                encode(text, budget)
+            assert (caught.value.tokens, caught.value.max_tokens) == (len(expected), budget)
+        else:
+            assert encode(text, budget) == expected
