@@ -53,6 +53,7 @@ from rl360_ext.session.schemas import (
     request_body,
 )
 from rl360_ext.util.http_guard import GuardedHttpProtocol, HeadLimits
+from rl360_ext.util.loop_lag import watch_loop_lag
 from rl360_ext.util.text import json_bytes
 
 WIRE_MEDIA_TYPE = "application/vnd.rl360.merged-sample"
@@ -186,13 +187,17 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        sweeper = asyncio.create_task(_sweep(core))
+        background = [
+            asyncio.create_task(_sweep(core)),
+            asyncio.create_task(watch_loop_lag(core.metrics.loop_lag.observe)),
+        ]
         try:
             yield
         finally:
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+            for task in background:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             close = getattr(core.backend, "aclose", None)
             if close is not None:
                 await close()

@@ -4,11 +4,10 @@ Owns the session table (unguessable ids, max sessions, idle TTL), one turn end t
 the request, check the history is an append, build the engine request with the flags no agent
 can switch off, call the backend, check what came back, record the turn, build the reply),
 per-session serialization, replaying the recorded turn to a retried request (idempotent
-retries), session ids that name the server process that made them (so a restarted server answers
-`session_lost`, not "unknown"), and merging on request. A failed engine call (5xx, 429, timeout,
-transport error, a response that breaks the protocol) raises an `EngineFaultError` and records
-nothing. Every refusal is a class of `errors.py`. It does not own HTTP (`app.py`), tokenization
-(`tito.py`), the merge rules (`merge.py`) or the wire bytes (`wire.py`).
+retries; ids and fingerprints are `identity.py`'s), and merging on request. A failed engine
+call (5xx, 429, timeout, transport error, a response that breaks the protocol) raises an
+`EngineFaultError` and records nothing. Every refusal is a class of `errors.py`. It does not own
+HTTP (`app.py`), tokenization (`tito.py`), the merge rules (`merge.py`) or the wire bytes (`wire.py`).
 """
 
 from __future__ import annotations
@@ -17,14 +16,12 @@ import asyncio
 import hashlib
 import logging
 import re
-import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import orjson
 
 from rl360_ext.session.chat_api import ChatRequest, Reply, parse_chat_request
 from rl360_ext.session.config import ServerConfig
@@ -42,6 +39,7 @@ from rl360_ext.session.errors import (
     TooManySessionsError,
 )
 from rl360_ext.session.history import Mismatch, find_mismatch
+from rl360_ext.session.identity import mint_session_id, minted_by, request_fingerprint
 from rl360_ext.session.metrics import SessionMetrics
 from rl360_ext.session.samples import wire
 from rl360_ext.session.samples.merge import MERGE_KEY, MergedSample, TurnRecord, branches, merge
@@ -64,33 +62,8 @@ RESERVED_METADATA_KEYS = (SESSION_KEY, MERGE_KEY, LEAF_KEY)
 _FORGOTTEN_MAX = 65536
 ROUTING_KEY_MAX = 256
 _ROUTING_KEY = re.compile(rf"[\x21-\x7e]{{1,{ROUTING_KEY_MAX}}}")  # visible ASCII: a valid header value
-_MINTED_ID = re.compile(r"[0-9a-f]{32}")
 INLINE_CHARS = 4096  # an append with at most this much new text is planned on the event loop
 Message = dict[str, Any]
-
-
-def _id_check(tag: str, body: str) -> str:
-    return hashlib.blake2b((tag + body).encode(), digest_size=2).hexdigest()
-
-
-def mint_session_id(instance_tag: str) -> str:
-    """32 hex digits: this process's 8-digit tag, 20 random digits, a 4-digit check of both."""
-    body = secrets.token_hex(10)
-    return instance_tag + body + _id_check(instance_tag, body)
-
-
-def minted_by(session_id: str) -> str | None:
-    """The instance tag of an id `mint_session_id` made (any process), else None."""
-    if not _MINTED_ID.fullmatch(session_id):
-        return None
-    tag, body, check = session_id[:8], session_id[8:28], session_id[28:]
-    return tag if _id_check(tag, body) == check else None
-
-
-def request_fingerprint(body: dict[str, Any]) -> bytes:
-    """What makes two chat requests the same request (a client's retry): the body, less `stream`."""
-    same = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-    return hashlib.blake2b(orjson.dumps(same, option=orjson.OPT_SORT_KEYS), digest_size=16).digest()
 
 
 _BACKGROUND = background_executor("rl360-session-plan")  # large turns: planned at low CPU priority
@@ -262,15 +235,19 @@ class SessionCore:
         after a timeout or a dropped connection, even one delayed past later turns) gets that
         turn's reply again; nothing is generated, recorded or forked. A call cancelled before its
         turn is recorded leaves the session as it was. New text past `ServerConfig.max_text_chars`
-        is refused before anything is rendered; a first prompt, a fork, a full render or an append
-        with more than INLINE_CHARS of new text is rendered and tokenized on a worker thread, so a
-        large request does not stall the event loop; a small append whose suffix renders after an
-        anchor is planned in place. A prompt over the engine's context is refused unsent.
+        is refused before anything is rendered; a request with more than INLINE_CHARS of new text is
+        hashed, rendered and tokenized on worker threads, so it does not stall the event loop, as are
+        a first prompt, a fork and a full render; a small append whose suffix renders after an anchor
+        is planned in place. A prompt over the engine's context is refused unsent.
         """
         known = self.sessions.get(session_id)
         held = () if known is None or known.segment is None else known.segment.messages
         request = parse_chat_request(body, held, self.config.max_text_chars)
-        fingerprint = request_fingerprint(body)
+        large = request.new_chars > INLINE_CHARS
+        if large:  # hashed and planned off the loop
+            fingerprint = await asyncio.to_thread(request_fingerprint, body)
+        else:
+            fingerprint = request_fingerprint(body)
         session = self.get(session_id)
         requested_at = time.time()
         async with session.lock:
@@ -279,7 +256,7 @@ class SessionCore:
             if recorded is not None:
                 self.metrics.replays.inc()
                 return recorded
-            plan = self._plan_appended(session, request) if request.new_chars <= INLINE_CHARS else None
+            plan = None if large else self._plan_appended(session, request)
             if plan is None:
                 plan = await asyncio.get_running_loop().run_in_executor(
                     _BACKGROUND, self._plan, session, request

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from rl360_ext.session.samples.merge import TurnRecord
 from rl360_ext.session.samples.policy_versions import turn_routing_source
 from rl360_ext.sglang.versions import RoutingSource
+from rl360_ext.util.loop_lag import LOOP_LAG_BUCKETS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -66,6 +67,12 @@ class SessionMetrics:
             "rl360_session_turn_latency_seconds",
             "Engine round trip per turn",
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=r,
+        )
+        self.loop_lag = Histogram(
+            "rl360_session_loop_lag_seconds",
+            "How late the event loop woke a timer that was due (a stalled loop shows here)",
+            buckets=LOOP_LAG_BUCKETS,
             registry=r,
         )
         self.drift_checked = Counter(

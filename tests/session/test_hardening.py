@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -15,7 +16,8 @@ from hypothesis import strategies as st
 
 from rl360_ext.session import errors
 from rl360_ext.session.app import create_app
-from rl360_ext.session.core import SessionCore, mint_session_id, minted_by
+from rl360_ext.session.core import SessionCore
+from rl360_ext.session.identity import mint_session_id, minted_by
 from rl360_ext.session.options import ServiceOptions
 from rl360_ext.session.schemas import ChatCompletionRequest
 from rl360_ext.sglang.client import EngineError, EngineTimeoutError
@@ -397,3 +399,20 @@ def test_an_error_or_answer_holding_any_text_always_encodes(value) -> None:
     assert json.loads(json_response({"v": value}).body) is not None
     message = value if isinstance(value, str) else repr(value)  # a raw lone surrogate too
     assert error_response(errors.RequestError(message, param="x")).status_code == 400
+
+
+def test_the_loop_lag_histogram_is_served(fuzz_http) -> None:
+    from starlette.testclient import TestClient
+
+    core, _ = fuzz_http
+    with TestClient(create_app(core)) as http:  # the app's lifespan runs: the watcher is started
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            text = http.get("/metrics").text
+            counts = [
+                line for line in text.splitlines() if line.startswith("rl360_session_loop_lag_seconds_count")
+            ]
+            if counts and float(counts[0].split()[-1]) > 0:
+                break
+            time.sleep(0.02)
+    assert counts and float(counts[0].split()[-1]) > 0, text

@@ -34,8 +34,11 @@ every HEALTH_EVERY_S, first idle, then while one more client keeps sending the l
 caps allow (a second turn whose new message has `max_context_tokens x max_chars_per_token` characters
 less STALL_MARGIN_CHARS: about the most the server tokenizes, after which its context check refuses
 the prompt unsent), in the same run.
-It reports /health and the other sessions' turn latency (p50/p99) in both phases and their ratio;
-the goal is a p99 within 2x of idle.
+It reports /health and the other sessions' turn latency (p50/p99) in both phases and their ratio
+(the goal is a p99 within 2x of idle), and the server's own event-loop lag over each phase (its
+`rl360_session_loop_lag_seconds` histogram, read from /metrics before and after): the p99 bucket
+and the wake-ups late by more than LATE_TICK_S. The client's latencies also count every process's
+share of the CPU (client, server, backend on one machine); the loop lag counts only the server's loop.
 
 It asserts nothing and owns none of the code it measures.
 """
@@ -83,6 +86,8 @@ MAX_SESSIONS = 100_000  # every session of the largest case stays open until the
 STALL_CONTEXT = 32768  # the stall case's --max-context-tokens (the tiny engine's default context)
 STALL_SESSIONS = 4  # sessions taking turns beside the largest request
 HEALTH_EVERY_S = 0.02  # the /health probe's period
+LATE_TICK_S = 0.025  # a loop-lag wake-up later than this is counted as late
+LOOP_LAG = "rl360_session_loop_lag_seconds"
 STALL_MARGIN_CHARS = 1024  # the largest message is this much under the budget: the turn's other text fits
 STALL_TURNS = 16  # turns per conversation of the stall case's other sessions (then a new session)
 WORDS = ("def", "return", "self", "value", "(", ")", ":", "\n", "    ", "import", "numpy", "17", "fix")
@@ -369,6 +374,9 @@ class StallResult:
     big_chars: int = 0
     big_statuses: str = ""  # the large requests' statuses, e.g. "400 x 5"
     big_mean_s: float = 0.0
+    loop_ticks: int = 0  # the server's loop-lag wake-ups over the phase
+    loop_lag_p99_ms: float = 0.0  # the histogram bucket holding their 99th percentile (its upper bound)
+    loop_late_ticks: int = 0  # of them, those later than LATE_TICK_S
 
 
 def _ms(values: Sequence[float], q: float) -> float:
@@ -424,6 +432,30 @@ async def _send_largest(
         seconds.append(time.perf_counter() - started)
 
 
+async def _loop_lag(http: aiohttp.ClientSession, url: str) -> dict[float, float]:
+    """The server's loop-lag histogram now: cumulative count per bucket bound (+Inf included)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with http.get(f"{url}/metrics") as response:
+        text = await response.text()
+    return {
+        float(sample.labels["le"]): sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == LOOP_LAG
+        for sample in family.samples
+        if sample.name == f"{LOOP_LAG}_bucket"
+    }
+
+
+def _lag_summary(before: dict[float, float], after: dict[float, float]) -> tuple[int, float, int]:
+    """Wake-ups between two readings, the bound of the bucket holding their p99 (ms), and those late."""
+    counts = {bound: after[bound] - before.get(bound, 0.0) for bound in sorted(after)}
+    ticks = int(counts.get(float("inf"), 0.0))
+    p99 = next((bound for bound, n in counts.items() if n >= 0.99 * ticks), float("inf")) if ticks else 0.0
+    on_time = max((n for bound, n in counts.items() if bound <= LATE_TICK_S), default=0.0)
+    return ticks, 1000 * p99, int(ticks - on_time)
+
+
 async def _stall_phase(url: str, seconds: float, text: str | None) -> StallResult:
     health: list[float] = []
     turns: list[float] = []
@@ -431,6 +463,7 @@ async def _stall_phase(url: str, seconds: float, text: str | None) -> StallResul
     big_seconds: list[float] = []
     timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as http:
+        lag_before = await _loop_lag(http, url)
         until = time.perf_counter() + seconds
         work = [_probe_health(http, url, until, health)]
         work += [_keep_talking(http, url, until, turns) for _ in range(STALL_SESSIONS)]
@@ -439,6 +472,7 @@ async def _stall_phase(url: str, seconds: float, text: str | None) -> StallResul
         started = time.perf_counter()
         await asyncio.gather(*work)
         took = time.perf_counter() - started
+        loop_ticks, loop_p99_ms, loop_late = _lag_summary(lag_before, await _loop_lag(http, url))
     counts = {status: statuses.count(status) for status in sorted(set(statuses))}
     return StallResult(
         load="idle" if text is None else "largest request",
@@ -454,6 +488,9 @@ async def _stall_phase(url: str, seconds: float, text: str | None) -> StallResul
         big_chars=0 if text is None else len(text),
         big_statuses=", ".join(f"{status} x {n}" for status, n in counts.items()),
         big_mean_s=statistics.mean(big_seconds) if big_seconds else 0.0,
+        loop_ticks=loop_ticks,
+        loop_lag_p99_ms=loop_p99_ms,
+        loop_late_ticks=loop_late,
     )
 
 
@@ -480,7 +517,7 @@ def _stall_table(results: Sequence[StallResult]) -> None:
     table = Table(title=title)
     for column in (
         "load", "s", "/health p50 / p99 / max ms", "turns", "turn p50 / p99 ms", "large requests", "chars",
-        "statuses", "s each",
+        "statuses", "s each", "loop lag p99 ms", f"late > {1000 * LATE_TICK_S:.0f} ms",
     ):  # fmt: skip
         table.add_column(column, justify="right")
     for r in results:
@@ -489,6 +526,7 @@ def _stall_table(results: Sequence[StallResult]) -> None:
             f"{r.health_p50_ms:.1f} / {r.health_p99_ms:.1f} / {r.health_max_ms:.0f}",
             str(r.turns), f"{r.turn_p50_ms:.1f} / {r.turn_p99_ms:.1f}", str(r.big_requests),
             f"{r.big_chars:,}", r.big_statuses, f"{r.big_mean_s:.2f}",
+            f"<= {r.loop_lag_p99_ms:g}", f"{r.loop_late_ticks} of {r.loop_ticks}",
         )  # fmt: skip
     console = Console(width=max(Console().width, 150))
     console.print(table)
