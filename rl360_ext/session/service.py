@@ -170,11 +170,15 @@ def build_core(options: ServiceOptions) -> SessionCore:
     """Load the tokenizer, check the template, resolve R3 and connect the backend client."""
     from rl360_ext.session.tito import TitoRenderer
     from rl360_ext.sglang.client import EngineClient
+    from rl360_ext.templates.isolated_encoder import IsolatedEncoder
     from rl360_ext.templates.render import ChatRenderer
-    from rl360_ext.templates.tokenizer import load_hf_tokenizer
+    from rl360_ext.templates.tokenizer import fast_encoder, load_hf_tokenizer
 
     tokenizer = load_hf_tokenizer(options.tokenizer_dir)
-    renderer = ChatRenderer(tokenizer, resolve_chat_template(tokenizer, options.chat_template))
+    encoder = IsolatedEncoder(options.tokenizer_dir, fast_encoder(tokenizer))
+    renderer = ChatRenderer(
+        tokenizer, resolve_chat_template(tokenizer, options.chat_template), encoder=encoder
+    )
     facts = check_template_or_refuse(renderer, options)
     identity = {} if options.instance_id is None else {"instance_id": options.instance_id}
     card = {} if options.model_name and options.max_context_tokens else model_card(options.backend_url)

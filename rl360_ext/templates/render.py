@@ -33,7 +33,7 @@ from typing import Any
 
 from rl360_ext.templates.emission import Emission, detect_emission
 from rl360_ext.templates.parse import TOOL_CALL_END, TOOL_CALL_START, ParsedAssistant, parse_assistant
-from rl360_ext.templates.tokenizer import fast_encoder
+from rl360_ext.templates.tokenizer import Encoder, fast_encoder
 
 Message = dict[str, Any]
 _PROBE = "\u2063rl360-probe\u2063"
@@ -77,7 +77,8 @@ class ChatRenderer:
     `template_kwargs` are extra variables the template sees on every render (for example
     `{"enable_thinking": False}` for Qwen3-style templates). `emission` overrides the detected
     emission facts. `incremental` pins the suffix mode (True: anchored, False: full render)
-    instead of probing the template for it.
+    instead of probing the template for it. `encoder` replaces the tokenizer's own encode (a server's
+    `IsolatedEncoder`); it must give the same ids.
     """
 
     def __init__(
@@ -87,9 +88,10 @@ class ChatRenderer:
         template_kwargs: Mapping[str, Any] | None = None,
         emission: Emission | None = None,
         incremental: bool | None = None,
+        encoder: Encoder | None = None,
     ) -> None:
         self.tokenizer = tokenizer
-        self._encode = fast_encoder(tokenizer)
+        self._encode = encoder or fast_encoder(tokenizer)
         self._pinned_incremental = incremental is not None
         if incremental is not None:
             self.__dict__["incremental"] = incremental

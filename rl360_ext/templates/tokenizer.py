@@ -103,8 +103,10 @@ def backend_encoder(tokenizer: Any) -> Encoder | None:
         ):
             return slow(text, max_tokens)
         # `encode` holds the GIL throughout (every other thread waits); `encode_batch_fast` does not
-        encoding = batch([text], add_special_tokens=False)[0] if len(text) > GIL_FREE_CHARS else raw(
-            text, add_special_tokens=False
+        encoding = (
+            batch([text], add_special_tokens=False)[0]
+            if len(text) > GIL_FREE_CHARS
+            else raw(text, add_special_tokens=False)
         )
         within(len(encoding), max_tokens)  # before the ids become Python ints
         return encoding.ids
