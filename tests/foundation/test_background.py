@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
 from rl360_ext.util.background import LOWEST_PRIORITY, background_executor
 
@@ -29,8 +30,8 @@ def test_a_background_process_leaves_its_session_and_only_its_own_group_is_lower
         "import os; from rl360_ext.util.background import become_background_process;"
         "become_background_process(); print(os.getsid(0), os.getpid(), os.getpriority(os.PRIO_PROCESS, 0))"
     )
-    group = "/proc/self/autogroup"
-    before = open(group).read() if os.path.exists(group) else None
+    group = Path("/proc/self/autogroup")
+    before = group.read_text() if group.exists() else None
     sid, pid, nice = map(int, subprocess.check_output([sys.executable, "-c", code], text=True).split())
     assert sid == pid != os.getsid(0) and nice == LOWEST_PRIORITY
-    assert (open(group).read() if before is not None else None) == before  # the caller's group kept its nice
+    assert (group.read_text() if before is not None else None) == before  # the caller's group kept its nice
