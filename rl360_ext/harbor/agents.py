@@ -26,6 +26,8 @@ from harbor.models.agent.name import AgentName
 from harbor.models.trial.config import AgentConfig
 from harbor.utils.import_path import import_class
 
+from rl360_ext.errors import Rl360Error
+
 UTILITY_AGENTS = frozenset({AgentName.ORACLE.value, AgentName.NOP.value})
 TERMINUS_2 = AgentName.TERMINUS_2.value
 DEFAULT_AGENTS = (AgentName.ORACLE.value, AgentName.NOP.value, TERMINUS_2)
@@ -41,7 +43,7 @@ HARBOR_AGENT_KWARGS = frozenset(
 )
 
 
-class UnknownAgent(ValueError):
+class UnknownAgent(Rl360Error, ValueError):
     """An `--agent` given at start is neither a Harbor agent name nor an importable agent class."""
 
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import Any, ClassVar
 
+from rl360_ext.errors import Rl360Error
 from rl360_ext.util.text import encodable, shown
 
 
-class HarborRequestError(ValueError):
+class HarborRequestError(Rl360Error, ValueError):
     """A request the server refuses; `field` names the request field at fault."""
 
     status: ClassVar[HTTPStatus] = HTTPStatus.UNPROCESSABLE_ENTITY

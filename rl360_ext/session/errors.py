@@ -31,8 +31,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from rl360_ext.errors import Rl360Error
 
-class SessionServerError(Exception):
+
+class SessionServerError(Rl360Error):
     """A request the session server refuses or cannot serve; `status` is the HTTP status."""
 
     status: ClassVar[int] = 500

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rl360_ext.errors import Rl360Error
 from rl360_ext.session.service import ServiceOptions
 
 DEFAULT_PICKER = "miles.rollout.session.v2.picker_hub.drop_retries"
@@ -22,7 +23,7 @@ DEFAULT_POSTPROCESSOR = "miles.rollout.session.v2.postprocessor_hub.default_post
 MILES_DEFAULT_TIMEOUT_S = 600.0  # Miles' session server: getattr(args, "miles_router_timeout", 600.0)
 
 
-class MilesFlagError(ValueError):
+class MilesFlagError(Rl360Error, ValueError):
     """A Miles session-server flag rl360's server cannot honour (the message names it and says why)."""
 
 

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from rl360_ext.errors import Rl360Error
 from rl360_ext.session.samples import wire
 from rl360_ext.session.samples.merge import MergedSample
 from rl360_ext.session.service import ServiceOptions
@@ -38,7 +39,7 @@ from rl360_ext.util.owner_thread import OwnerThread, on_lasting_thread
 VNODES_PER_SERVER = 64
 
 
-class SessionPoolError(RuntimeError):
+class SessionPoolError(Rl360Error, RuntimeError):
     """A pool operation failed for some sessions; the message names them and says why."""
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from rl360_ext.errors import Rl360Error
 from rl360_ext.session.config import ServerConfig
 from rl360_ext.session.core import SessionCore
 from rl360_ext.session.options import DEFAULT_MODEL_NAME, ServiceOptions
@@ -31,7 +32,7 @@ TEMPLATE_CHECK_CASES = 200  # generated conversations the startup check replays 
 KEEP_ALIVE_S = 75.0
 
 
-class ServiceStartupError(RuntimeError):
+class ServiceStartupError(Rl360Error, RuntimeError):
     """The server must not start with these options (the message says why and what to pass)."""
 
 

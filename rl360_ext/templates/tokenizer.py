@@ -22,10 +22,12 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Protocol
 
+from rl360_ext.errors import Rl360Error
+
 GIL_FREE_CHARS = 4096  # a longer text is encoded with `encode_batch_fast`, which releases the GIL
 
 
-class TokenBudgetExceeded(ValueError):
+class TokenBudgetExceeded(Rl360Error, ValueError):
     """A text encodes to more than the `max_tokens` its caller allowed (its ids were never built)."""
 
     def __init__(self, tokens: int, max_tokens: int) -> None:
@@ -103,8 +105,10 @@ def backend_encoder(tokenizer: Any) -> Encoder | None:
         ):
             return slow(text, max_tokens)
         # `encode` holds the GIL throughout (every other thread waits); `encode_batch_fast` does not
-        encoding = batch([text], add_special_tokens=False)[0] if len(text) > GIL_FREE_CHARS else raw(
-            text, add_special_tokens=False
+        encoding = (
+            batch([text], add_special_tokens=False)[0]
+            if len(text) > GIL_FREE_CHARS
+            else raw(text, add_special_tokens=False)
         )
         within(len(encoding), max_tokens)  # before the ids become Python ints
         return encoding.ids

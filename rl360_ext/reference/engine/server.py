@@ -74,8 +74,7 @@ def guarded_protocol(limits: HeadLimits = HeadLimits()) -> type[GuardedHttpProto
 
 
 def error_response(error: EngineError) -> Response:
-    body = {"message": str(error), "type": error.kind, "param": error.field, "code": error.status}
-    return json_response({"error": body}, error.status)
+    return json_response(error.to_json(), error.status)
 
 
 def validation_error(err: RequestValidationError, model: type[BaseModel] | None) -> RequestError:

@@ -22,6 +22,7 @@ from harbor.environments.capabilities import EnvironmentCapabilities, Environmen
 from harbor.environments.options import EnvironmentOptions
 from harbor.models.task.config import NetworkMode
 
+from rl360_ext.errors import Rl360Error
 from rl360_ext.harbor.envs import nofollow, seccomp, warm
 from rl360_ext.harbor.envs.bwrap.capture import _Capture
 from rl360_ext.harbor.envs.bwrap.files import SandboxFiles
@@ -44,7 +45,7 @@ _ENV_LOADER = (
 _SETUP_SCRIPT_CAP = 1 << 20
 
 
-class MemoryLimitExceededError(RuntimeError):
+class MemoryLimitExceededError(Rl360Error, RuntimeError):
     """A process of the current phase hit the sandbox's memory reservation (raised by every
     command of that phase once it happened; a later phase starts clean). The name matches
     Harbor's own: its error policy is keyed by exception type name (retry: yes, grade: no,
