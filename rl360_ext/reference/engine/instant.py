@@ -158,6 +158,7 @@ def create_app(config: InstantConfig | None = None) -> FastAPI:
     @app.exception_handler(EngineError)
     async def refused(_: Request, err: EngineError) -> Response:
         return Response(orjson.dumps(err.to_json()), status_code=err.status, media_type="application/json")
+
     info = {
         "model_path": MODEL_NAME,
         "is_generation": True,
