@@ -2,7 +2,8 @@
 
 Owns how a refused request is described: which request field is at fault and which status the
 HTTP adapter answers with. Everything the server refuses raises a `HarborRequestError`
-subclass; the adapter (`rl360_ext.harbor.app`) turns it into FastAPI's validation-error shape
+subclass (the tree sits under `rl360_ext.errors.Rl360Error`); the adapter
+(`rl360_ext.harbor.app`) turns it into FastAPI's validation-error shape
 `{"detail": [{"loc": ["body", field], "msg": ..., "type": ...}]}` with `status`. Nothing else
 in the server names a status code; `detail` builds that body (the connection guard,
 `rl360_ext.harbor.guard`, answers with it too). It does not own what happens to an accepted
