@@ -105,7 +105,7 @@ class AgentTable:
 
 
 @dataclass(frozen=True)
-class ModelSettings:
+class AgentModelConfig:
     base_url: str | None
     model: str | None
     sampling_params: dict[str, Any]
@@ -117,7 +117,7 @@ def reserved_kwargs(extra_kwargs: dict[str, Any]) -> list[str]:
     return sorted(key for key in extra_kwargs if key in HARBOR_AGENT_KWARGS)
 
 
-def _terminus_kwargs(settings: ModelSettings, max_turns: int | None) -> dict[str, Any]:
+def _terminus_kwargs(settings: AgentModelConfig, max_turns: int | None) -> dict[str, Any]:
     params = settings.sampling_params
     call_kwargs = {key: params[key] for key in ("top_p", "top_k", "seed") if key in params}
     max_new = params.get("max_new_tokens", params.get("max_tokens"))
@@ -145,7 +145,7 @@ def _terminus_kwargs(settings: ModelSettings, max_turns: int | None) -> dict[str
 
 def agent_config(
     entry: AgentEntry,
-    settings: ModelSettings,
+    settings: AgentModelConfig,
     max_turns: int | None,
     extra_kwargs: dict[str, Any],
     timeout_s: float,

@@ -27,7 +27,7 @@ import numpy as np
 import orjson
 
 from rl360_ext.session.chat_api import ChatRequest, Reply, parse_chat_request
-from rl360_ext.session.config import ServerConfig
+from rl360_ext.session.config import SessionCoreConfig
 from rl360_ext.session.errors import (
     EngineFaultError,
     EngineHTTPError,
@@ -144,10 +144,12 @@ def _append(held: Segment, suffix: list[int], new_messages: int) -> _Plan:
 class SessionCore:
     """All sessions of one server. Async methods run on one event loop."""
 
-    def __init__(self, tito: TitoRenderer, backend: EngineClient, config: ServerConfig | None = None) -> None:
+    def __init__(
+        self, tito: TitoRenderer, backend: EngineClient, config: SessionCoreConfig | None = None
+    ) -> None:
         self.tito = tito
         self.backend = backend
-        self.config = config or ServerConfig()
+        self.config = config or SessionCoreConfig()
         self.metrics = SessionMetrics()
         self.sessions: dict[str, Session] = {}
         self._forgotten: OrderedDict[str, str] = OrderedDict()
@@ -261,7 +263,7 @@ class SessionCore:
         A request identical to one that produced a recorded turn of this session (a client's retry
         after a timeout or a dropped connection, even one delayed past later turns) gets that
         turn's reply again; nothing is generated, recorded or forked. A call cancelled before its
-        turn is recorded leaves the session as it was. New text past `ServerConfig.max_text_chars`
+        turn is recorded leaves the session as it was. New text past `SessionCoreConfig.max_text_chars`
         is refused before anything is rendered; a first prompt, a fork, a full render or an append
         with more than INLINE_CHARS of new text is rendered and tokenized on a worker thread, so a
         large request does not stall the event loop; a small append whose suffix renders after an
