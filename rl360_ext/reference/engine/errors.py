@@ -11,6 +11,7 @@ with the class's `status`; no route picks a status code itself. Anything that is
     |   +-- FaultConfigError   400                       (a bad /rl360/faults setting)
     +-- Unauthorized           401  AuthenticationError  (`--api-key` set, bearer token missing/wrong)
     +-- ServiceUnavailable     503  ServiceUnavailableError (an injected fault)
+    +-- CacheBusy              400  (SGLang's /flush_cache body: {"success": false, "message"})
 """
 
 from __future__ import annotations
@@ -60,3 +61,13 @@ class ServiceUnavailable(EngineError, RuntimeError):
 
     status = 503
     kind = "ServiceUnavailableError"
+
+
+class CacheBusy(EngineError):
+    """/flush_cache while requests run or wait: HTTP 400 with SGLang's `{"success": false, ...}` body."""
+
+    status = 400
+    kind = "BadRequestError"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"success": False, "message": str(self)}

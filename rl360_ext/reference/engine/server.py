@@ -29,7 +29,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rl360_ext.reference.engine.engine import ENGINE_VERSION, TinyEngine
-from rl360_ext.reference.engine.errors import EngineError, RequestError, Unauthorized
+from rl360_ext.reference.engine.errors import CacheBusy, EngineError, RequestError, Unauthorized
 from rl360_ext.reference.engine.faults import FaultConfig
 from rl360_ext.reference.engine.protocol import parse_generate_request
 from rl360_ext.reference.engine.schemas import (
@@ -226,10 +226,7 @@ def create_app(engine: TinyEngine) -> FastAPI:
     @app.post("/flush_cache")
     async def flush_cache() -> Response:
         if not await anyio.to_thread.run_sync(engine.flush_cache):
-            return json_response(
-                {"success": False, "message": "Cache not flushed: requests are running or queued."},
-                400,
-            )
+            raise CacheBusy("Cache not flushed: requests are running or queued.")
         return json_response({"success": True, "message": "Cache flushed."})
 
     @app.post("/abort_request")
