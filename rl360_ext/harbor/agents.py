@@ -106,10 +106,16 @@ class AgentTable:
 
 @dataclass(frozen=True)
 class AgentModelConfig:
+    """The model an attempt's agent talks to, from the /run request."""
+
     base_url: str | None
+    """OpenAI-compatible base URL the agent's model calls go to."""
     model: str | None
+    """Model name the agent asks for."""
     sampling_params: dict[str, Any]
+    """SGLang-style sampling parameters (max_new_tokens, top_p, ...)."""
     max_seq_len: int | None
+    """Longest sequence the model takes, in tokens (None: unknown)."""
 
 
 def reserved_kwargs(extra_kwargs: dict[str, Any]) -> list[str]:

@@ -2,7 +2,8 @@
 
 Every exception class derives from `rl360_ext.errors.Rl360Error`; every class of a server's tree
 carries its HTTP status; the servers' HTTP adapters name no status of their own; every config
-class is named `...Config` (no `Settings`, no `Options`), once in the package. A stray exception
+class is named `...Config` (no `Settings`, no `Options`), once in the package, and documents each
+of its fields. A stray exception
 or config class added anywhere fails here, naming it.
 """
 
@@ -24,12 +25,15 @@ from rl360_ext.errors import Rl360Error
 from rl360_ext.harbor.errors import HarborRequestError
 from rl360_ext.reference.engine.errors import EngineError
 from rl360_ext.session.errors import RequestError, SessionServerError
+from rl360_ext.util.fielddocs import field_docs
 
 SERVER_TREES: tuple[type[Rl360Error], ...] = (SessionServerError, HarborRequestError, EngineError)
 # A `SystemExit`: `except Exception` (and so `except Rl360Error`) must not catch it.
 OUTSIDE_THE_ROOT = {"rl360_ext.util.signals.Terminated"}
 # In folders another change is moving (rl360_ext/local/): re-based on Rl360Error once the move lands.
 PENDING_IN_MOVED_FOLDERS = {"ContextLengthExceededError", "MilesUnavailable"}
+# In rl360_ext/local/ too: its fields get their docstrings once the move lands.
+UNDOCUMENTED_IN_MOVED_FOLDERS = {"DemoConfig"}
 # The servers' HTTP adapters: each answers a tree's error with the class's status, never a literal.
 ADAPTERS = (
     "rl360_ext/session/app.py",
@@ -122,3 +126,23 @@ def test_config_classes_are_named_config_once(classes: list[type]) -> None:
     assert twice == [], f"config class names used twice: {twice}"
     for cls in configs:  # one dataclass each (Harbor's environment kwargs are its pydantic model)
         assert dataclasses.is_dataclass(cls) or hasattr(cls, "model_fields"), _name(cls)
+
+
+def test_every_config_field_is_documented(classes: list[type]) -> None:
+    """A field's docstring (torchtitan style, read by `field_docs`), or for Miles' flags its `help`
+    metadata, or for a pydantic model its `description`: the CLI's help comes from there."""
+    undocumented: list[str] = []
+    for cls in classes:
+        if not cls.__name__.endswith("Config") or cls.__name__ in UNDOCUMENTED_IN_MOVED_FOLDERS:
+            continue
+        if dataclasses.is_dataclass(cls):
+            docs = field_docs(cls)
+            names = [
+                f.name for f in dataclasses.fields(cls) if f.name not in docs and "help" not in f.metadata
+            ]
+        else:
+            own = inspect.get_annotations(cls)
+            fields = cls.model_fields  # type: ignore[attr-defined]
+            names = [name for name in own if not fields[name].description]
+        undocumented += [f"{_name(cls)}.{name}" for name in names]
+    assert undocumented == [], f"document these config fields: {undocumented}"
