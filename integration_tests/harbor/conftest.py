@@ -64,7 +64,7 @@ def make_env(
     **options: object,
 ) -> BwrapEnvironment:
     """A bwrap environment for a one-file task (`/app/seed.txt`), not started yet; `options` are
-    BwrapOptions (`sandbox_root` defaults to one of the test's own)."""
+    BwrapConfig (`sandbox_root` defaults to one of the test's own)."""
     environment_dir = tmp_path / "task" / "environment"
     (environment_dir / "app").mkdir(parents=True)
     (environment_dir / "app" / "seed.txt").write_text("seeded\n")

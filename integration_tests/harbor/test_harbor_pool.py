@@ -79,9 +79,9 @@ def _alive(pids: set[int]) -> set[int]:
 @pytest.fixture(scope="module")
 def pool(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from rl360_ext.harbor.pool import HarborPool
-    from rl360_ext.harbor.settings import ServerSettings
+    from rl360_ext.harbor.settings import HarborServerConfig
 
-    settings = ServerSettings(
+    settings = HarborServerConfig(
         tasks_root=tasks_root(),
         trials_dir=tmp_path_factory.mktemp("harbor-pool"),
         env="bwrap",

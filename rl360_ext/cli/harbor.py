@@ -1,4 +1,4 @@
-"""`rl360 harbor ...` commands (thin: flags come from `ServerSettings`' fields through
+"""`rl360 harbor ...` commands (thin: flags come from `HarborServerConfig`' fields through
 `rl360_ext.cli.fields`, then call into rl360_ext.harbor)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import typer
 
 from rl360_ext.cli.fields import fields_command
-from rl360_ext.harbor.settings import ServerSettings
+from rl360_ext.harbor.settings import HarborServerConfig
 
 app = typer.Typer(
     help="The Harbor /run server (one deadline, waves, reservations, pinning) and example tasks.",
@@ -42,7 +42,7 @@ def _serve(values: dict[str, Any]) -> None:
     # The token is read; no child process (agents, sandboxes) inherits it from our environment.
     os.environ.pop("RL360_HARBOR_TOKEN", None)
     try:
-        settings = ServerSettings(**values)
+        settings = HarborServerConfig(**values)
         token = settings.bearer_token()
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
@@ -60,7 +60,7 @@ def _serve(values: dict[str, Any]) -> None:
         serve(runner, token, settings.host, settings.port, settings.log_level)
 
 
-app.command("serve")(fields_command(ServerSettings, _serve, optional=_OPTIONAL_AT_THE_FLAG))
+app.command("serve")(fields_command(HarborServerConfig, _serve, optional=_OPTIONAL_AT_THE_FLAG))
 
 
 @app.command("example-tasks")

@@ -1,6 +1,6 @@
-"""`rl360 session ...` commands (thin: flags derived from `ServiceOptions`, call into rl360_ext.session).
+"""`rl360 session ...` commands (thin: flags derived from `SessionServerConfig`, call into rl360_ext.session).
 
-Every `serve` flag but --host and --port is a `ServiceOptions` field (derived by
+Every `serve` flag but --host and --port is a `SessionServerConfig` field (derived by
 `rl360_ext.cli.fields`): its name (or the `flag` in the field's metadata), its default, its lower
 bound (`min`) and its help (the field's docstring) come from there, so a default is written once.
 """
@@ -12,7 +12,7 @@ import inspect
 import typer
 
 from rl360_ext.cli.fields import config_command
-from rl360_ext.session.options import ServiceOptions
+from rl360_ext.session.options import SessionServerConfig
 
 app = typer.Typer(help="The delta-R3 token-in/token-out session server.", no_args_is_help=True)
 
@@ -30,7 +30,7 @@ _SERVE_EXTRA = [
 ]
 
 
-def serve(options: ServiceOptions, host: str, port: int) -> None:
+def serve(options: SessionServerConfig, host: str, port: int) -> None:
     """Serve token-in/token-out chat sessions in front of an SGLang engine or gateway."""
     from rl360_ext.session.service import ServiceStartupError
     from rl360_ext.session.service import serve as run
@@ -42,4 +42,4 @@ def serve(options: ServiceOptions, host: str, port: int) -> None:
         raise typer.Exit(2) from None
 
 
-app.command("serve")(config_command(ServiceOptions, serve, extra=_SERVE_EXTRA))
+app.command("serve")(config_command(SessionServerConfig, serve, extra=_SERVE_EXTRA))

@@ -40,6 +40,7 @@ from typing import Any
 
 import orjson
 
+from rl360_ext.errors import Rl360Error
 from rl360_ext.gate.config import StepGate
 from rl360_ext.gate.evidence import last_step_record, step_evidence
 from rl360_ext.gate.rules import Action, GateState, GateVerdict, decide
@@ -60,7 +61,7 @@ CONVERSION_PARAMETERS = (
 STATE_SUFFIX = ".gate-state.json"
 
 
-class GateStop(RuntimeError):
+class GateStop(Rl360Error, RuntimeError):
     """The gate stopped the run (Miles without patch 0011 has no clean way to stop from the hook)."""
 
     def __init__(self, verdict: GateVerdict) -> None:
@@ -150,8 +151,13 @@ def _record(gate: _Gate, args: Any, rollout_id: Any, verdict: GateVerdict) -> No
     if path is not None:
         append_records(path, [verdict.record(rollout_id)])
     level = logging.INFO if verdict.action is Action.TRAIN else logging.WARNING
-    logger.log(level, "rl360 step gate, rollout %s: %s %s", rollout_id, verdict.action.value,
-               "; ".join(str(r) for r in verdict.reasons))
+    logger.log(
+        level,
+        "rl360 step gate, rollout %s: %s %s",
+        rollout_id,
+        verdict.action.value,
+        "; ".join(str(r) for r in verdict.reasons),
+    )
 
 
 def gated_train_data(
@@ -186,8 +192,12 @@ def gated_train_data(
         custom_reward_post_process_func=post_process,
     )
     if verdict.action is Action.SKIP:
-        _warn(gate, "masked_skip", "rl360 step gate: Miles without patch 0011 cannot drop an update; the "
-              "skipped step trains with zero loss masks (the optimizer still steps)")
+        _warn(
+            gate,
+            "masked_skip",
+            "rl360 step gate: Miles without patch 0011 cannot drop an update; the "
+            "skipped step trains with zero loss masks (the optimizer still steps)",
+        )
         data["loss_masks"] = [[0] * len(mask) for mask in data["loss_masks"]]
         if "rollout_mask_sums" in data:
             data["rollout_mask_sums"] = [0] * len(data["rollout_mask_sums"])

@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from rl360_ext.errors import Rl360Error
+
 
 @dataclass(frozen=True)
 class Reservation:
@@ -40,7 +42,7 @@ class Placement:
     image_group: str
 
 
-class AdmissionRefused(Exception):
+class AdmissionRefused(Rl360Error):
     """The attempt can never be admitted (its reservation exceeds the server's capacity)."""
 
 

@@ -26,6 +26,8 @@ from harbor.models.agent.name import AgentName
 from harbor.models.trial.config import AgentConfig
 from harbor.utils.import_path import import_class
 
+from rl360_ext.errors import Rl360Error
+
 UTILITY_AGENTS = frozenset({AgentName.ORACLE.value, AgentName.NOP.value})
 TERMINUS_2 = AgentName.TERMINUS_2.value
 DEFAULT_AGENTS = (AgentName.ORACLE.value, AgentName.NOP.value, TERMINUS_2)
@@ -41,7 +43,7 @@ HARBOR_AGENT_KWARGS = frozenset(
 )
 
 
-class UnknownAgent(ValueError):
+class UnknownAgent(Rl360Error, ValueError):
     """An `--agent` given at start is neither a Harbor agent name nor an importable agent class."""
 
 
@@ -103,11 +105,17 @@ class AgentTable:
 
 
 @dataclass(frozen=True)
-class ModelSettings:
+class AgentModelConfig:
+    """The model an attempt's agent talks to, from the /run request."""
+
     base_url: str | None
+    """OpenAI-compatible base URL the agent's model calls go to."""
     model: str | None
+    """Model name the agent asks for."""
     sampling_params: dict[str, Any]
+    """SGLang-style sampling parameters (max_new_tokens, top_p, ...)."""
     max_seq_len: int | None
+    """Longest sequence the model takes, in tokens (None: unknown)."""
 
 
 def reserved_kwargs(extra_kwargs: dict[str, Any]) -> list[str]:
@@ -115,7 +123,7 @@ def reserved_kwargs(extra_kwargs: dict[str, Any]) -> list[str]:
     return sorted(key for key in extra_kwargs if key in HARBOR_AGENT_KWARGS)
 
 
-def _terminus_kwargs(settings: ModelSettings, max_turns: int | None) -> dict[str, Any]:
+def _terminus_kwargs(settings: AgentModelConfig, max_turns: int | None) -> dict[str, Any]:
     params = settings.sampling_params
     call_kwargs = {key: params[key] for key in ("top_p", "top_k", "seed") if key in params}
     max_new = params.get("max_new_tokens", params.get("max_tokens"))
@@ -143,7 +151,7 @@ def _terminus_kwargs(settings: ModelSettings, max_turns: int | None) -> dict[str
 
 def agent_config(
     entry: AgentEntry,
-    settings: ModelSettings,
+    settings: AgentModelConfig,
     max_turns: int | None,
     extra_kwargs: dict[str, Any],
     timeout_s: float,

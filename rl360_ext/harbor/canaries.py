@@ -61,6 +61,8 @@ from harbor.models.trial.paths import TrialPaths
 from harbor.utils.env import resolve_env_vars
 from harbor.verifier.factory import VerifierFactory
 
+from rl360_ext.errors import Rl360Error
+
 # The /run agent name and class of each canary (`rl360 tasks audit` starts its server with them).
 CANARY_AGENTS = {
     "rl360-idle": "rl360_ext.harbor.canaries:IdleAgent",
@@ -103,11 +105,11 @@ DEFAULT_REGRADES = 3
 _REWARD_TOLERANCE = 1e-9
 
 
-class VerifierDisagreed(Exception):
+class VerifierDisagreed(Rl360Error):
     """The verifier graded one end state with different rewards (the flaky_verifier finding)."""
 
 
-class CanaryIncomplete(Exception):
+class CanaryIncomplete(Rl360Error):
     """The canary could not do what it tests (no trial layout, a work product it could not
     restore, a grading that failed): its attempt is no evidence either way."""
 

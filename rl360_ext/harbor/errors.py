@@ -2,7 +2,8 @@
 
 Owns how a refused request is described: which request field is at fault and which status the
 HTTP adapter answers with. Everything the server refuses raises a `HarborRequestError`
-subclass; the adapter (`rl360_ext.harbor.app`) turns it into FastAPI's validation-error shape
+subclass (the tree sits under `rl360_ext.errors.Rl360Error`); the adapter
+(`rl360_ext.harbor.app`) turns it into FastAPI's validation-error shape
 `{"detail": [{"loc": ["body", field], "msg": ..., "type": ...}]}` with `status`. Nothing else
 in the server names a status code; `detail` builds that body (the connection guard,
 `rl360_ext.harbor.guard`, answers with it too). It does not own what happens to an accepted
@@ -14,10 +15,11 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import Any, ClassVar
 
+from rl360_ext.errors import Rl360Error
 from rl360_ext.util.text import encodable, shown
 
 
-class HarborRequestError(ValueError):
+class HarborRequestError(Rl360Error, ValueError):
     """A request the server refuses; `field` names the request field at fault."""
 
     status: ClassVar[HTTPStatus] = HTTPStatus.UNPROCESSABLE_ENTITY

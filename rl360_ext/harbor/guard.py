@@ -46,7 +46,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 @dataclass(frozen=True)
 class HttpLimits:
-    """The connection limits of one server (from `rl360_ext.harbor.settings.ServerSettings`)."""
+    """The connection limits of one server (from `rl360_ext.harbor.settings.HarborServerConfig`)."""
 
     max_body_bytes: int = 1 << 20
     """Largest body, declared or counted while it streams (over it: 413)."""

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rl360_ext.harbor.settings import ServerSettings
+from rl360_ext.harbor.settings import HarborServerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class HarborReplica:
 
     def __init__(
         self,
-        settings: ServerSettings,
+        settings: HarborServerConfig,
         host: str | None,
         port: int,
         token: str | None,
@@ -244,7 +244,7 @@ class HarborPool:
 
     def __init__(
         self,
-        settings: ServerSettings,
+        settings: HarborServerConfig,
         replicas: int = 2,
         *,
         placement: str = "spread",

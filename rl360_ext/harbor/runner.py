@@ -68,7 +68,7 @@ from rl360_ext.harbor.envs import bwrap, warm
 from rl360_ext.harbor.envs.bwrap import IMPORT_PATH as BWRAP_IMPORT_PATH
 from rl360_ext.harbor.errors import AgentKwargReserved, AgentNotAllowed, FieldInvalid, ServerShuttingDown
 from rl360_ext.harbor.metrics import RunMetrics
-from rl360_ext.harbor.settings import ServerSettings
+from rl360_ext.harbor.settings import HarborServerConfig
 from rl360_ext.harbor.snapshot import SnapshotStore
 from rl360_ext.harbor.verifier import IMPORT_PATH as VERIFIER_IMPORT_PATH
 from rl360_ext.outcomes.attribution import AttributionRule, Control
@@ -155,7 +155,7 @@ class TrialRunner:
     """Runs /run attempts. `start_gate` replaces the server's own rolling-start gate (a Harbor pool
     passes one that takes slots from the pool-wide limiter)."""
 
-    def __init__(self, settings: ServerSettings, start_gate: Gate | None = None) -> None:
+    def __init__(self, settings: HarborServerConfig, start_gate: Gate | None = None) -> None:
         """Raises ValueError (naming the flag) or FileNotFoundError for settings it cannot run."""
         self.settings = settings
         self.environment = EnvironmentSpec.parse(
@@ -416,7 +416,7 @@ class TrialRunner:
         plan: budget.TrialBudget,
         agent_s: float,
     ) -> TrialConfig:
-        settings = agents.ModelSettings(
+        settings = agents.AgentModelConfig(
             request.base_url, request.model, request.sampling_params, request.max_seq_len
         )
         agent = agents.agent_config(

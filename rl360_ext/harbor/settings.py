@@ -33,7 +33,7 @@ def _min(value: float) -> dict[str, Any]:
 
 
 @dataclass
-class ServerSettings:
+class HarborServerConfig:
     """Everything `rl360 harbor serve` is configured with."""
 
     tasks_root: Path

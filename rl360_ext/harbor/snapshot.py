@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from rl360_ext.errors import Rl360Error
 from rl360_ext.harbor.envs import nofollow
 from rl360_ext.harbor.envs.limits import owner_alive, owner_tag
 
@@ -51,7 +52,7 @@ _CHUNK = 1 << 20
 _OWNER_FILE = "owner"  # its server's host name and `owner_tag` (pid.starttime), for cleaning after a crash
 
 
-class TaskSnapshotRefused(Exception):
+class TaskSnapshotRefused(Rl360Error):
     """The task cannot be snapshotted; `path` is relative to the task ("" for the task itself)."""
 
     def __init__(self, path: str, reason: str) -> None:

@@ -49,7 +49,7 @@ from typing import Any
 import httpx
 
 from rl360_ext.harbor.pool import HarborPool
-from rl360_ext.harbor.settings import ServerSettings
+from rl360_ext.harbor.settings import HarborServerConfig
 from rl360_ext.local.bench.local_ray import init_local_ray
 from rl360_ext.local.demo_plan import DemoConfig
 from rl360_ext.local.fixtures import tasks_root as fixture_tasks_root
@@ -103,7 +103,7 @@ class HarborServer:
     flags: tuple[str, ...] = ()
     """Further `rl360 harbor serve` flags: concurrency, phase budgets, where trial folders go."""
     settings: Mapping[str, Any] = field(default_factory=dict)
-    """`ServerSettings` field values (beyond tasks root, env and agent); the process gets them as
+    """`HarborServerConfig` field values (beyond tasks root, env and agent); the process gets them as
     the flags `rl360 harbor serve` derives from those fields, before `flags` (demo: concurrency,
     budgets, trial folders)."""
 
@@ -111,11 +111,11 @@ class HarborServer:
         """`settings` as `rl360 harbor serve` flags, then `flags`."""
         return (*settings_flags(self.settings), *self.flags)
 
-    def server_settings(self, tasks_root: Path) -> ServerSettings:
-        """The `ServerSettings` a pool replica serves: what the process would get from its flags
+    def server_settings(self, tasks_root: Path) -> HarborServerConfig:
+        """The `HarborServerConfig` a pool replica serves: what the process would get from its flags
         (`settings` only: `flags` are process flags)."""
         values = {"host": LOOPBACK, "env": "bwrap", "agent": (self.agent,), **self.settings}
-        return ServerSettings(tasks_root=tasks_root, **values)
+        return HarborServerConfig(tasks_root=tasks_root, **values)
 
 
 @dataclass(frozen=True)
@@ -135,8 +135,8 @@ class HarborPoolSpec:
 
 
 def settings_flags(values: Mapping[str, Any]) -> tuple[str, ...]:
-    """`ServerSettings` field values as the `rl360 harbor serve` flags that set them."""
-    return field_flags(ServerSettings, values)
+    """`HarborServerConfig` field values as the `rl360 harbor serve` flags that set them."""
+    return field_flags(HarborServerConfig, values)
 
 
 @dataclass(frozen=True)
@@ -625,7 +625,7 @@ def demo_stack_config(config: DemoConfig) -> StackConfig:
     if config.faults > 0:
         gateway_flags += ["--disable-retries", "--disable-circuit-breaker"]
     concurrent = max(8, config.tasks * config.attempts)
-    # the A/B's rl360-list arm: the server's --attribution (ServerSettings.attribution); else its default
+    # the A/B's rl360-list arm: the server's --attribution (HarborServerConfig.attribution); else its default
     attribution: dict[str, Any] = {} if config.attribution is None else {"attribution": config.attribution}
     if config.quarantine_file is not None:  # --audit-tasks: the audit's evidence on each verifier
         attribution["task_health"] = config.quarantine_file.parent / TASK_HEALTH_FILE

@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from rl360_ext.errors import Rl360Error
 from rl360_ext.outcomes.causes import Cause
 
 REWARD_JSON = "reward.json"
@@ -59,7 +60,7 @@ class RewardParse:
     reason: str | None = None
 
 
-class _Invalid(Exception):
+class _Invalid(Rl360Error):
     """Internal: the reason a file is not a reward file."""
 
 

@@ -55,6 +55,7 @@ from typing import Any
 
 import httpx
 
+from rl360_ext.errors import Rl360Error
 from rl360_ext.outcomes.attribution import (
     ATTRIBUTED_TO,
     EVIDENCE,
@@ -81,7 +82,7 @@ EVALUATION_KEY = "evaluation"  # metadata key: True for an eval attempt (Miles' 
 MESSAGE_LIMIT = 2000
 
 
-class AgentConfigError(ValueError):
+class AgentConfigError(Rl360Error, ValueError):
     """The caller's configuration or data is wrong for every attempt alike (no Harbor URL, no task key)."""
 
 

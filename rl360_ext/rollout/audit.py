@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from rl360_ext.errors import Rl360Error
 from rl360_ext.outcomes.provenance import ATTEMPT_CLASS, REWARD_SOURCE, is_valid
 
 
@@ -323,7 +324,7 @@ _SAFE_GLOBALS = {
 }
 
 
-class UnsupportedDumpError(ValueError):
+class UnsupportedDumpError(Rl360Error, ValueError):
     """The dump holds an object the torch-free reader will not build."""
 
 

@@ -187,10 +187,15 @@ class GenerateConfig:
     """Everything the generate hook reads from Miles' args for one attempt."""
 
     agent: AgentConfig
+    """How the agent function reaches the Harbor /run server."""
     pool: SessionPoolConfig
-    max_seq_len: int | None = None  # Miles' --max-seq-len
-    agent_function_path: str | None = None  # Miles' --custom-agent-function-path
+    """The hook's session servers."""
+    max_seq_len: int | None = None
+    """Miles' --max-seq-len."""
+    agent_function_path: str | None = None
+    """Miles' --custom-agent-function-path."""
     on_template_drift: str = TemplateDriftConfig.on_template_drift
+    """`TemplateDriftConfig.on_template_drift`."""
 
     @classmethod
     def from_args(cls, args: Any) -> GenerateConfig:

@@ -170,7 +170,7 @@ _pools_lock = threading.Lock()
 
 def _start_pool(key: SessionPoolConfig) -> PoolHandle:
     from rl360_ext.session.pool import SessionPool
-    from rl360_ext.session.service import ServiceOptions, resolve_routing_shape
+    from rl360_ext.session.service import SessionServerConfig, resolve_routing_shape
 
     options: dict[str, Any] = {"chat_template": key.chat_template} if key.chat_template else {}
     if key.top_logprobs_num:
@@ -178,7 +178,9 @@ def _start_pool(key: SessionPoolConfig) -> PoolHandle:
     shape = None
     if key.r3:
         resolved = resolve_routing_shape(
-            ServiceOptions(backend_url=str(key.session_backend), tokenizer_dir=str(key.tokenizer), r3=True)
+            SessionServerConfig(
+                backend_url=str(key.session_backend), tokenizer_dir=str(key.tokenizer), r3=True
+            )
         )
         assert resolved is not None
         shape = (resolved.layers, resolved.top_k)

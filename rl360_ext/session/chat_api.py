@@ -198,16 +198,14 @@ def _logit_bias(value: Any) -> dict[str, float] | None:
     return {str(token): float(bias) for token, bias in value.items()}
 
 
-def parse_chat_request(
-    body: Any, held: Sequence[Message] = (), max_chars: int | None = None
-) -> ChatRequest:
+def parse_chat_request(body: Any, held: Sequence[Message] = (), max_chars: int | None = None) -> ChatRequest:
     """Validate an agent's chat-completions body; raises RequestError(400) naming the field.
 
     `held`: messages already validated (the session's; the replies it made are valid too); a
     request message equal to the one at its index is not checked again. The answer, and the
     first error, are those of checking every message. `max_chars`: the most characters of new
     text (new messages; on a first prompt the tools too) a turn may tokenize
-    (`ServerConfig.max_text_chars`); more is a RequestError before anything is rendered."""
+    (`SessionCoreConfig.max_text_chars`); more is a RequestError before anything is rendered."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object", param="body")
     n = _integer(body, "n", 1)

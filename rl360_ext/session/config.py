@@ -1,10 +1,12 @@
-"""What one session server's core runs with: `ServerConfig`.
+"""What one session server's core runs with: `SessionCoreConfig`, resolved from `SessionServerConfig`.
 
-Owns the run-time configuration `SessionCore` takes. Every field that is also a server option
-takes its default from `rl360_ext.session.options.ServiceOptions` (the single source of each
-default and of the `rl360 session serve` flags), so nothing is typed twice; the rest (routing
-shape, template facts, the instance id) is what the service finds out at start. It imports
-nothing heavy, so the CLI and the rollout hooks can read the defaults without loading the server.
+Owns the run-time configuration `SessionCore` takes: not a second config of the server but what
+`service.build_core` resolves `rl360_ext.session.options.SessionServerConfig` (the server's one
+config, the source of each default and of the `rl360 session serve` flags) into. Every field
+that is also in `SessionServerConfig` takes its default from there (`default_of`), so nothing is
+typed twice; the rest (routing shape, template facts, the instance id) is what the service finds
+out at start. It imports nothing heavy, so the CLI and the rollout hooks can read the defaults
+without loading the server.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class ServerConfig:
-    """How one session server runs."""
+class SessionCoreConfig:
+    """How one session server's core runs (resolved from its `SessionServerConfig` at start)."""
 
     r3: bool = default_of("r3")
     """Record routing replay (delta R3) rows per turn."""

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from rl360_ext.session.chat_api import ChatRequest, Reply, parse_chat_request
-from rl360_ext.session.config import ServerConfig
+from rl360_ext.session.config import SessionCoreConfig
 from rl360_ext.session.errors import (
     EngineFaultError,
     EngineHTTPError,
@@ -117,10 +117,12 @@ def _append(held: Segment, suffix: list[int], new_messages: int) -> _Plan:
 class SessionCore:
     """All sessions of one server. Async methods run on one event loop."""
 
-    def __init__(self, tito: TitoRenderer, backend: EngineClient, config: ServerConfig | None = None) -> None:
+    def __init__(
+        self, tito: TitoRenderer, backend: EngineClient, config: SessionCoreConfig | None = None
+    ) -> None:
         self.tito = tito
         self.backend = backend
-        self.config = config or ServerConfig()
+        self.config = config or SessionCoreConfig()
         self.metrics = SessionMetrics()
         self.sessions: dict[str, Session] = {}
         self._forgotten: OrderedDict[str, str] = OrderedDict()
@@ -234,7 +236,7 @@ class SessionCore:
         A request identical to one that produced a recorded turn of this session (a client's retry
         after a timeout or a dropped connection, even one delayed past later turns) gets that
         turn's reply again; nothing is generated, recorded or forked. A call cancelled before its
-        turn is recorded leaves the session as it was. New text past `ServerConfig.max_text_chars`
+        turn is recorded leaves the session as it was. New text past `SessionCoreConfig.max_text_chars`
         is refused before anything is rendered; a request with more than INLINE_CHARS of new text is
         hashed, rendered and tokenized on worker threads, so it does not stall the event loop, as are
         a first prompt, a fork and a full render; a small append whose suffix renders after an anchor

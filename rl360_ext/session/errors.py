@@ -19,20 +19,27 @@ Hierarchy (status, default `code` in the OpenAI-style error body)::
     │                                                on 429 and 503, so clients retry)
     ├── EngineFaultError               502 engine_failed        transport failure
     │   └── EngineProtocolError        502 engine_protocol      the engine's answer breaks the protocol
-    └── EngineTimeoutError             504 engine_timeout       no answer within --engine-timeout
+    ├── EngineTimeoutError             504 engine_timeout       no answer within --engine-timeout
+    ├── MergeError                     500 merge_failed         the turns do not merge (a bug;
+    │                                                `samples/merge.py`)
+    └── WireFormatError                500 wire_format          the sample does not encode
+                                                     (`samples/wire.py`; a reader raises it too)
 
-The tree mirrors Miles' `miles/rollout/session/errors.py` (a status per class); the codes are
-rl360's. Owns the classes and the error body; `app.py` turns them into responses, `core.py` and
-`chat_api.py` raise them. Infra faults (`EngineFaultError`, `SessionLostError`) are what the
-generate hook counts as infrastructure, never as a reward.
+The tree sits under `rl360_ext.errors.Rl360Error` and mirrors Miles'
+`miles/rollout/session/errors.py` (a status per class); the codes are rl360's. Owns the classes
+and the error body; `app.py` turns them into responses, `core.py` and `chat_api.py` raise them.
+Infra faults (`EngineFaultError`, `SessionLostError`) are what the generate hook counts as
+infrastructure, never as a reward.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from rl360_ext.errors import Rl360Error
 
-class SessionServerError(Exception):
+
+class SessionServerError(Rl360Error):
     """A request the session server refuses or cannot serve; `status` is the HTTP status."""
 
     status: ClassVar[int] = 500

@@ -1,6 +1,6 @@
 """Miles' session-server flags mapped to rl360's session-server options (pure, imports no Miles).
 
-Owns `service_options(args)`: the `ServiceOptions` (what `rl360 session serve` and the
+Owns `service_options(args)`: the `SessionServerConfig` (what `rl360 session serve` and the
 `SessionPool` take) for the flags Miles' launcher hands its own session servers
 (`--hf-checkpoint`, `--chat-template-path`, `--use-rollout-routing-replay`,
 `--miles-router-timeout`, `--use-session-server v1|v2`, the per-server instance id, the router
@@ -15,14 +15,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from rl360_ext.session.service import ServiceOptions
+from rl360_ext.errors import Rl360Error
+from rl360_ext.session.service import SessionServerConfig
 
 DEFAULT_PICKER = "miles.rollout.session.v2.picker_hub.drop_retries"
 DEFAULT_POSTPROCESSOR = "miles.rollout.session.v2.postprocessor_hub.default_postprocess"
 MILES_DEFAULT_TIMEOUT_S = 600.0  # Miles' session server: getattr(args, "miles_router_timeout", 600.0)
 
 
-class MilesFlagError(ValueError):
+class MilesFlagError(Rl360Error, ValueError):
     """A Miles session-server flag rl360's server cannot honour (the message names it and says why)."""
 
 
@@ -68,7 +69,7 @@ def _refusals(args: Any) -> list[str]:
     return refused
 
 
-def service_options(args: Any, backend_url: str | None = None) -> ServiceOptions:
+def service_options(args: Any, backend_url: str | None = None) -> SessionServerConfig:
     """rl360's options for a session server Miles would start with `args` (raises MilesFlagError).
 
     `backend_url` defaults to Miles' router (`sglang_router_ip`/`sglang_router_port`), which Miles'
@@ -86,7 +87,7 @@ def service_options(args: Any, backend_url: str | None = None) -> ServiceOptions
             raise MilesFlagError("--sglang-router-ip/--sglang-router-port: no backend to call (or pass one)")
         backend_url = f"http://{ip}:{port}"
     version = getattr(args, "use_session_server", False)
-    return ServiceOptions(
+    return SessionServerConfig(
         backend_url=backend_url,
         tokenizer_dir=str(checkpoint),
         r3=bool(getattr(args, "use_rollout_routing_replay", False)),

@@ -1,10 +1,12 @@
-"""The session server's options: one dataclass, the single source of every default and flag help.
+"""The session server's configuration: one dataclass, the single source of every default and flag help.
 
-Owns `ServiceOptions` (what `rl360 session serve`, the Ray pool and the generate hook pass to
-build a server). Each field's docstring is its help text and `field(metadata=...)` names its
-CLI flag when that differs from the field name (`flag`) and its lower bound (`min`);
-`rl360_ext.cli.session` derives the flags from here and `core.ServerConfig` takes its defaults
-from here (`default_of`). It does not own building or serving (`service.py`).
+Owns `SessionServerConfig`, the one config of a session server (what `rl360 session serve`, the
+Ray pool and the generate hook pass to build one). Each field's docstring is its help text and
+`field(metadata=...)` names its CLI flag when that differs from the field name (`flag`) and its
+lower bound (`min`); `rl360_ext.cli.session` derives the flags from here. `service.build_core`
+resolves it (backend probes, template check, routing shape) into the `config.SessionCoreConfig`
+the core runs with, which takes its defaults from here (`default_of`). It does not own building
+or serving (`service.py`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ DEFAULT_MODEL_NAME = "rl360-policy"  # replies' model name when neither the flag
 
 
 @dataclass
-class ServiceOptions:
-    """Options of one session server."""
+class SessionServerConfig:
+    """One session server's configuration, as given (flags, the pool, the generate hook)."""
 
     backend_url: str = field(metadata={"flag": "backend"})
     """SGLang-protocol base URL: an engine or the SMG gateway."""
@@ -115,8 +117,8 @@ class ServiceOptions:
 
 
 def default_of(name: str) -> Any:
-    """The default of one `ServiceOptions` field (so other config classes do not retype it)."""
-    (found,) = (f for f in dataclasses.fields(ServiceOptions) if f.name == name)
+    """The default of one `SessionServerConfig` field (so other config classes do not retype it)."""
+    (found,) = (f for f in dataclasses.fields(SessionServerConfig) if f.name == name)
     if found.default is dataclasses.MISSING:
-        raise KeyError(f"ServiceOptions.{name} has no default")
+        raise KeyError(f"SessionServerConfig.{name} has no default")
     return found.default

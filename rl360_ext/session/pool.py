@@ -30,15 +30,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from rl360_ext.errors import Rl360Error
 from rl360_ext.session.samples import wire
 from rl360_ext.session.samples.merge import MergedSample
-from rl360_ext.session.service import ServiceOptions
+from rl360_ext.session.service import SessionServerConfig
 from rl360_ext.util.owner_thread import OwnerThread, on_lasting_thread
 
 VNODES_PER_SERVER = 64
 
 
-class SessionPoolError(RuntimeError):
+class SessionPoolError(Rl360Error, RuntimeError):
     """A pool operation failed for some sessions; the message names them and says why."""
 
 
@@ -84,7 +85,7 @@ class HashRing:
 class SessionServerActor:
     """One session server inside a Ray actor: uvicorn on the actor's event loop, plus control calls."""
 
-    def __init__(self, options: ServiceOptions, host: str | None, port: int) -> None:
+    def __init__(self, options: SessionServerConfig, host: str | None, port: int) -> None:
         self.options = options
         self.host = host
         self.port = port
@@ -195,7 +196,7 @@ class SessionPool:
         if ports is not None and len(ports) != num_servers:
             raise ValueError(f"ports names {len(ports)} ports for {num_servers} servers (one per server)")
         ensure_ray()
-        self.options = ServiceOptions(
+        self.options = SessionServerConfig(
             backend_url=backend_url, tokenizer_dir=str(tokenizer_dir), r3=r3, **options
         )
         self.ring = HashRing(num_servers)

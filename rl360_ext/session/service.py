@@ -1,6 +1,6 @@
 """Assembling a session server from its options: tokenizer, template check, routing shape, backend.
 
-Owns turning `ServiceOptions` (`options.py`: everything `rl360 session serve` and the Ray pool
+Owns turning `SessionServerConfig` (`options.py`: everything `rl360 session serve` and the Ray pool
 pass) into a running server: resolving the R3 routing shape (explicit options, else the model's
 `config.json` next to the tokenizer, else the backend's model info) and the vocabulary size,
 the startup append-only check of the chat template (refuse to start on a violation unless
@@ -19,9 +19,10 @@ from typing import Any
 
 import httpx
 
-from rl360_ext.session.config import ServerConfig
+from rl360_ext.errors import Rl360Error
+from rl360_ext.session.config import SessionCoreConfig
 from rl360_ext.session.core import SessionCore
-from rl360_ext.session.options import DEFAULT_MODEL_NAME, ServiceOptions
+from rl360_ext.session.options import DEFAULT_MODEL_NAME, SessionServerConfig
 from rl360_ext.session.samples.routing import RoutingShape, shape_from_model_config
 
 log = logging.getLogger("rl360.session")
@@ -31,7 +32,7 @@ TEMPLATE_CHECK_CASES = 200  # generated conversations the startup check replays 
 KEEP_ALIVE_S = 75.0
 
 
-class ServiceStartupError(RuntimeError):
+class ServiceStartupError(Rl360Error, RuntimeError):
     """The server must not start with these options (the message says why and what to pass)."""
 
 
@@ -76,7 +77,7 @@ def served_model_name(card: dict[str, Any], backend_url: str) -> str:
     return DEFAULT_MODEL_NAME
 
 
-def context_tokens(card: dict[str, Any], options: ServiceOptions) -> int | None:
+def context_tokens(card: dict[str, Any], options: SessionServerConfig) -> int | None:
     """--max-context-tokens, else the card's `max_model_len` (SGLang's context length), else None."""
     if options.max_context_tokens is not None:
         return options.max_context_tokens
@@ -84,7 +85,7 @@ def context_tokens(card: dict[str, Any], options: ServiceOptions) -> int | None:
     return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
 
 
-def chars_per_token(tokenizer: Any, options: ServiceOptions) -> int:
+def chars_per_token(tokenizer: Any, options: SessionServerConfig) -> int:
     """--max-chars-per-token, else the longest token of the vocabulary in characters: no token
     covers more, so a text of N characters is at least N / this many tokens."""
     if options.max_chars_per_token is not None:
@@ -114,7 +115,7 @@ def _model_info(backend_url: str) -> dict[str, Any]:
     return {}
 
 
-def resolve_routing_shape(options: ServiceOptions) -> RoutingShape | None:
+def resolve_routing_shape(options: SessionServerConfig) -> RoutingShape | None:
     """The routing shape R3 needs; None without --r3. Raises ServiceStartupError if unknown."""
     if not options.r3:
         return None
@@ -136,7 +137,7 @@ def resolve_routing_shape(options: ServiceOptions) -> RoutingShape | None:
     )
 
 
-def check_template_or_refuse(renderer: Any, options: ServiceOptions) -> dict[str, Any]:
+def check_template_or_refuse(renderer: Any, options: SessionServerConfig) -> dict[str, Any]:
     """Run the append-only checker on the server's template; refuse to start on a violation.
 
     With `allow_non_append_only` the server starts anyway (each new session logs a warning).
@@ -166,7 +167,7 @@ def check_template_or_refuse(renderer: Any, options: ServiceOptions) -> dict[str
     }
 
 
-def build_core(options: ServiceOptions) -> SessionCore:
+def build_core(options: SessionServerConfig) -> SessionCore:
     """Load the tokenizer, check the template, resolve R3 and connect the backend client."""
     from rl360_ext.session.tito import TitoRenderer
     from rl360_ext.sglang.client import EngineClient
@@ -182,7 +183,7 @@ def build_core(options: ServiceOptions) -> SessionCore:
     facts = check_template_or_refuse(renderer, options)
     identity = {} if options.instance_id is None else {"instance_id": options.instance_id}
     card = {} if options.model_name and options.max_context_tokens else model_card(options.backend_url)
-    config = ServerConfig(
+    config = SessionCoreConfig(
         **identity,
         samples_wire=options.samples_wire,  # type: ignore[arg-type]
         top_logprobs_num=options.top_logprobs_num,
@@ -202,7 +203,7 @@ def build_core(options: ServiceOptions) -> SessionCore:
     return SessionCore(TitoRenderer(renderer), backend, config)
 
 
-def resolve_vocab_size(tokenizer: Any, options: ServiceOptions) -> int:
+def resolve_vocab_size(tokenizer: Any, options: SessionServerConfig) -> int:
     """Token ids the engine may return: --vocab-size, else max(len(tokenizer), config.json vocab_size)."""
     if options.vocab_size is not None:
         return options.vocab_size
@@ -216,7 +217,7 @@ def resolve_vocab_size(tokenizer: Any, options: ServiceOptions) -> int:
     return size
 
 
-def app_for(core: SessionCore, options: ServiceOptions) -> Any:
+def app_for(core: SessionCore, options: SessionServerConfig) -> Any:
     """The FastAPI app for `core` with the options' public URL, body limit and bearer token."""
     from rl360_ext.session.app import create_app
 
@@ -229,7 +230,7 @@ def app_for(core: SessionCore, options: ServiceOptions) -> Any:
     )
 
 
-def serve(options: ServiceOptions, host: str, port: int) -> None:
+def serve(options: SessionServerConfig, host: str, port: int) -> None:
     """Build the core and serve it with uvicorn until interrupted.
 
     uvicorn picks uvloop (a dependency) over asyncio's loop by itself; the protocol is httptools

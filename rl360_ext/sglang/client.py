@@ -31,6 +31,7 @@ import numpy as np
 import orjson
 import pybase64
 
+from rl360_ext.errors import Rl360Error
 from rl360_ext.sglang.top_logprobs import (
     OUTPUT_TOP_LOGPROBS,
     TOP_LOGPROBS_NUM,
@@ -46,7 +47,7 @@ KEEPALIVE_S = 4.0  # idle pooled connections close before uvicorn's (SGLang's se
 STALE_RETRIES = 2
 
 
-class EngineError(RuntimeError):
+class EngineError(Rl360Error, RuntimeError):
     """The engine (or gateway) failed: `status` is the HTTP status, None for a transport error."""
 
     def __init__(self, message: str, status: int | None = None, body: str = "") -> None:

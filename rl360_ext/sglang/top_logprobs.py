@@ -18,13 +18,15 @@ from typing import Any
 
 import numpy as np
 
+from rl360_ext.errors import Rl360Error
+
 TOP_LOGPROBS_NUM = "top_logprobs_num"  # GenerateReqInput field (int; 0: none)
 OUTPUT_TOP_LOGPROBS = "output_top_logprobs"  # meta_info field, one entry per output token
 TOP_LOGPROBS_KEY = "rl360_top_logprobs"  # Sample.metadata: {"ids": [[...]], "logprobs": [[...]]}
 NO_TOKEN = -1  # an id slot with no entry (a non-generated position, or an engine's null entry)
 
 
-class TopLogprobsError(ValueError):
+class TopLogprobsError(Rl360Error, ValueError):
     """An `output_top_logprobs` value that breaks the protocol (the message names the entry)."""
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rl360_ext.errors import Rl360Error
 from rl360_ext.outcomes.attribution import Phase
 from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.known_good import VERIFIER_FAILURES
@@ -56,7 +57,7 @@ _CACHE_VERSION = 3
 _REWARD_TOLERANCE = 1e-9
 
 
-class TaskRejected(Exception):
+class TaskRejected(Rl360Error):
     """The server refused to run the task at all (a 4xx naming the task): the lint control's finding."""
 
     def __init__(self, status: int, kind: str, message: str) -> None:
@@ -64,7 +65,7 @@ class TaskRejected(Exception):
         self.status, self.kind, self.message = status, kind, message
 
 
-class RunFailed(Exception):
+class RunFailed(Rl360Error):
     """No `/run` answer came back (connection, protocol): an infrastructure failure, retried."""
 
 

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
+from rl360_ext.errors import Rl360Error
 from rl360_ext.templates.emission import Emission, detect_emission
 from rl360_ext.templates.parse import TOOL_CALL_END, TOOL_CALL_START, ParsedAssistant, parse_assistant
 from rl360_ext.templates.tokenizer import Encoder, fast_encoder
@@ -44,7 +45,7 @@ ANCHOR_USER: Message = {"role": "user", "content": "rl360 anchor"}
 INCREMENTAL_PROBE_CASES = 48
 
 
-class TemplateNotAppendOnlyError(ValueError):
+class TemplateNotAppendOnlyError(Rl360Error, ValueError):
     """The template rendered a history that is not a prefix of the longer conversation's render."""
 
     def __init__(self, history_text: str, full_text: str) -> None:

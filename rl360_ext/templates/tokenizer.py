@@ -22,10 +22,12 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Protocol
 
+from rl360_ext.errors import Rl360Error
+
 GIL_FREE_CHARS = 4096  # a longer text is encoded with `encode_batch_fast`, which releases the GIL
 
 
-class TokenBudgetExceeded(ValueError):
+class TokenBudgetExceeded(Rl360Error, ValueError):
     """A text encodes to more than the `max_tokens` its caller allowed (its ids were never built)."""
 
     def __init__(self, tokens: int, max_tokens: int) -> None:

@@ -27,6 +27,8 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from rl360_ext.errors import Rl360Error
+
 Refusal = Callable[[str, str], bytes]
 """(field, message) -> the JSON body a server answers a refused head with."""
 HEAD_OVERHEAD = 4  # ": " and CRLF around each header field, counted with its name and value
@@ -52,7 +54,7 @@ def default_refusal(field: str, message: str) -> bytes:
     return json.dumps({"error": {**error, "code": int(status)}}).encode()
 
 
-class _HeadRefused(Exception):
+class _HeadRefused(Rl360Error):
     """Raised from a parser callback to stop parsing a head over its limits."""
 
 

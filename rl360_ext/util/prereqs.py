@@ -19,6 +19,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 
+from rl360_ext.errors import Rl360Error
 from rl360_ext.util.procs import find_executable
 
 EXIT_UNAVAILABLE = 2  # the exit status of a command stopped by a missing prerequisite
@@ -42,7 +43,7 @@ _APT_ENV = {"DEBIAN_FRONTEND": "noninteractive"}
 _APT_TIMEOUT_S = 600
 
 
-class Unavailable(RuntimeError):
+class Unavailable(Rl360Error, RuntimeError):
     """A prerequisite is missing on this machine; the message is one line saying what to run."""
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import httpx
 
+from rl360_ext.errors import Rl360Error
 from rl360_ext.util.owner_thread import OwnerThread, on_lasting_thread
 
 LOOPBACK = "127.0.0.1"
@@ -99,7 +100,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class ServiceStartError(RuntimeError):
+class ServiceStartError(Rl360Error, RuntimeError):
     """A service exited or did not become ready in time; carries the tail of its log.
 
     `reason` is the one-line cause and `log_path` the service's log (the CLI prints both on one

@@ -32,6 +32,8 @@ from typing import Any
 
 import httpx
 
+from rl360_ext.errors import Rl360Error
+
 FANOUT_PATH = "smg_fanout:update_weights_from_disk"
 DIRECT_PATH = "direct:update_weights_from_disk"  # one engine, before it joins the gateway
 FIRST, NEW_ENGINES, STALE, RETRY, STEADY = "first", "new_engines", "stale", "retry", "steady"
@@ -43,7 +45,7 @@ MAX_RETRIES = 2  # retries of one push after fencing (bounded)
 VERSION_READ_S = 2.0  # the pre-push version read of each engine (an engine silent that long reads None)
 
 
-class WeightPushError(RuntimeError):
+class WeightPushError(Rl360Error, RuntimeError):
     """The gateway refused the push, or some engine did not end on the new weight version."""
 
 

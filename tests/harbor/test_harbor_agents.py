@@ -18,7 +18,7 @@ def entry(name: str) -> agents.AgentEntry:
     return found
 
 
-SETTINGS = agents.ModelSettings(
+SETTINGS = agents.AgentModelConfig(
     base_url="http://127.0.0.1:9/sessions/abc/v1",
     model="policy",
     sampling_params={"temperature": 0.7, "top_p": 0.9, "top_k": 20, "max_new_tokens": 256},
@@ -51,7 +51,7 @@ def test_import_path_agents_get_the_rl360_kwargs() -> None:
 
 
 def test_model_agents_need_a_url() -> None:
-    missing = agents.ModelSettings(None, "policy", {}, None)
+    missing = agents.AgentModelConfig(None, "policy", {}, None)
     with pytest.raises(ValueError, match="base_url"):
         agents.agent_config(entry("terminus-2"), missing, None, {}, 10, 10)
 
@@ -103,7 +103,7 @@ def test_an_agent_class_that_declares_itself_model_free_runs_like_oracle() -> No
     (name, path), *_ = CANARY_AGENTS.items()
     canary = agents.parse_entry(f"{name}={path}")
     assert canary.model_free and not canary.needs_model
-    no_model = agents.ModelSettings(None, None, {}, None)
+    no_model = agents.AgentModelConfig(None, None, {}, None)
     config = agents.agent_config(canary, no_model, 4, {"reward": 2.0}, timeout_s=30, setup_timeout_s=5)
     assert (config.import_path, config.model_name, config.kwargs) == (path, None, {"reward": 2.0})
     assert agents.parse_entry(f"demo={DEMO_AGENT}").needs_model

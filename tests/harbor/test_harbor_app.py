@@ -16,7 +16,7 @@ from rl360_ext.harbor import runner as runner_module
 from rl360_ext.harbor.admission import Reservation
 from rl360_ext.harbor.app import create_app
 from rl360_ext.harbor.catalog import TaskInfo
-from rl360_ext.harbor.runner import RunRequest, ServerSettings, TrialRunner
+from rl360_ext.harbor.runner import HarborServerConfig, RunRequest, TrialRunner
 from rl360_ext.local.fixtures import tasks_root as example_tasks_root
 
 POLICY = {"env_setup_s": 5, "agent_setup_s": 1, "max_verifier_s": 5, "margin_s": 1, "min_agent_s": 1}
@@ -24,7 +24,7 @@ POLICY = {"env_setup_s": 5, "agent_setup_s": 1, "max_verifier_s": 5, "margin_s":
 
 def make_runner(tmp_path: Path, max_concurrent: int = 4, **settings: object) -> TrialRunner:
     return TrialRunner(
-        ServerSettings(
+        HarborServerConfig(
             tasks_root=settings.pop("tasks_root", example_tasks_root()),  # type: ignore[arg-type]
             trials_dir=tmp_path / "trials",
             env_kwarg=(f"sandbox_root={tmp_path / 'sandboxes'}",),

@@ -9,12 +9,12 @@ import pytest
 
 from rl360_ext.harbor.envs.bwrap import environment
 from rl360_ext.harbor.runner import TrialRunner
-from rl360_ext.harbor.settings import ServerSettings
+from rl360_ext.harbor.settings import HarborServerConfig
 
 
 def runner(tmp_path: Path, *env_kwarg: str) -> TrialRunner:
     root = tmp_path / "sandboxes"
-    settings = ServerSettings(
+    settings = HarborServerConfig(
         tasks_root=tmp_path,
         trials_dir=tmp_path / "trials",
         env_kwarg=(f"sandbox_root={root}", *env_kwarg),

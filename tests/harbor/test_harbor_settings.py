@@ -14,7 +14,7 @@ import typer.main
 from rl360_ext.cli.harbor import app
 from rl360_ext.harbor.envs import bwrap
 from rl360_ext.harbor.envs.limits import owner_alive, owner_tag
-from rl360_ext.harbor.settings import ServerSettings
+from rl360_ext.harbor.settings import HarborServerConfig
 from rl360_ext.util.fielddocs import field_docs
 
 FLAGS_BEFORE = (
@@ -52,9 +52,9 @@ def serve_command() -> Any:
 
 def test_every_field_is_a_flag_with_its_docstring_as_help() -> None:
     options = {param.name: param for param in serve_command().params if param.param_type_name == "option"}
-    names = [item.name for item in dataclasses.fields(ServerSettings)]
+    names = [item.name for item in dataclasses.fields(HarborServerConfig)]
     assert sorted(options) == sorted(names)
-    docs = field_docs(ServerSettings)
+    docs = field_docs(HarborServerConfig)
     for name in names:
         assert options[name].help == docs[name] and len(docs[name]) > 5
     flags = {flag.removeprefix("--") for option in options.values() for flag in option.opts}
@@ -63,8 +63,8 @@ def test_every_field_is_a_flag_with_its_docstring_as_help() -> None:
     assert options["token"].envvar == "RL360_HARBOR_TOKEN"
 
 
-def settings(tmp_path: Path, **values: object) -> ServerSettings:
-    return ServerSettings(tasks_root=tmp_path, trials_dir=tmp_path / "trials", **values)  # type: ignore[arg-type]
+def settings(tmp_path: Path, **values: object) -> HarborServerConfig:
+    return HarborServerConfig(tasks_root=tmp_path, trials_dir=tmp_path / "trials", **values)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

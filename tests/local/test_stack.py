@@ -67,7 +67,7 @@ def test_demo_config_with_replicas_serves_harbor_from_a_ray_pool(tmp_path: Path)
     assert settings.trials_dir == tmp_path / "trials" and settings.agent == (QUIZ_AGENT,)
     assert (
         settings.budget
-        == stack_module.ServerSettings(
+        == stack_module.HarborServerConfig(
             tasks_root=tmp_path, trials_dir=tmp_path, **stack_module.DEMO_HARBOR_BUDGET
         ).budget
     )
@@ -86,14 +86,14 @@ def test_settings_flags_parse_back_to_the_same_settings(tmp_path: Path) -> None:
     def capture(parsed: dict[str, object]) -> None:
         seen.update(parsed)
 
-    command = fields_command(stack_module.ServerSettings, capture, optional=("tasks_root", "trials_dir"))
+    command = fields_command(stack_module.HarborServerConfig, capture, optional=("tasks_root", "trials_dir"))
 
     app = typer.Typer()
     app.command()(command)
     result = CliRunner().invoke(app, list(flags))
     assert result.exit_code == 0, result.output
     assert {k: seen[k] for k in values} == values and Path(str(seen["trials_dir"])) == tmp_path
-    with pytest.raises(ValueError, match="not a ServerSettings field"):
+    with pytest.raises(ValueError, match="not a HarborServerConfig field"):
         stack_module.settings_flags({"max_concurency": 3})
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from rl360_ext.reference.engine.tokenizer import load_tiny_tokenizer
-from rl360_ext.session.core import ServerConfig, SessionCore
+from rl360_ext.session.core import SessionCore, SessionCoreConfig
 from rl360_ext.session.samples.routing import RoutingShape
 from rl360_ext.session.tito import TitoRenderer
 from rl360_ext.sglang.client import EngineError, GenerateResult
@@ -107,6 +107,6 @@ def make_core(renderer: ChatRenderer) -> Callable[..., tuple[SessionCore, Script
         config.setdefault("r3", True)
         if config["r3"]:
             config.setdefault("routing_shape", SHAPE)
-        return SessionCore(TitoRenderer(renderer), backend, ServerConfig(**config)), backend
+        return SessionCore(TitoRenderer(renderer), backend, SessionCoreConfig(**config)), backend
 
     return make

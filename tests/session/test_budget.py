@@ -11,9 +11,9 @@ import pytest
 
 from rl360_ext.session import core as core_module
 from rl360_ext.session.chat_api import parse_chat_request
-from rl360_ext.session.config import ServerConfig
+from rl360_ext.session.config import SessionCoreConfig
 from rl360_ext.session.errors import RequestError
-from rl360_ext.session.options import ServiceOptions
+from rl360_ext.session.options import SessionServerConfig
 from rl360_ext.session.service import chars_per_token
 
 SYSTEM = {"role": "system", "content": "s" * 10}
@@ -43,13 +43,13 @@ def test_held_messages_are_not_counted_and_tools_count_on_a_first_prompt() -> No
 
 def test_the_default_bound_is_the_longest_token(renderer) -> None:
     tokenizer = renderer.tokenizer
-    options = ServiceOptions("http://engine", "dir")
+    options = SessionServerConfig("http://engine", "dir")
     longest = max(len(token) for token in tokenizer.get_vocab())
     assert chars_per_token(tokenizer, options) == longest
     text = "the quick brown fox " * 200  # no token covers more characters than the longest
     assert len(renderer.encode(text)) >= len(text) / longest
-    assert ServerConfig(max_context_tokens=100, max_chars_per_token=7).max_text_chars == 700
-    assert ServerConfig(max_chars_per_token=7).max_text_chars is None
+    assert SessionCoreConfig(max_context_tokens=100, max_chars_per_token=7).max_text_chars == 700
+    assert SessionCoreConfig(max_chars_per_token=7).max_text_chars is None
 
 
 async def test_over_the_budget_or_the_context_nothing_reaches_the_engine(make_core) -> None:

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from rl360_ext.session.core import ServerConfig, SessionCore
+from rl360_ext.session.core import SessionCore, SessionCoreConfig
 from rl360_ext.session.errors import EngineHTTPError, RequestError, SessionServerError
 from rl360_ext.session.tito import TitoRenderer
 from rl360_ext.sglang.client import EngineError
@@ -274,7 +274,7 @@ def test_bad_session_creation_input_names_the_field(make_core) -> None:
 
 async def test_a_template_that_cannot_render_the_messages_is_a_400(renderer) -> None:
     strict = ChatRenderer(renderer.tokenizer, "{{ raise_exception('this template refuses tool messages') }}")
-    core = SessionCore(TitoRenderer(strict), ScriptedBackend(strict), ServerConfig())
+    core = SessionCore(TitoRenderer(strict), ScriptedBackend(strict), SessionCoreConfig())
     with pytest.raises(RequestError, match=r"cannot render them: .*refuses tool messages") as err:
         await core.chat(core.create().id, {"messages": [USER]})
     assert err.value.status == 400

@@ -18,7 +18,7 @@ from rl360_ext.session import errors
 from rl360_ext.session.app import create_app
 from rl360_ext.session.core import SessionCore
 from rl360_ext.session.identity import mint_session_id, minted_by
-from rl360_ext.session.options import ServiceOptions
+from rl360_ext.session.options import SessionServerConfig
 from rl360_ext.session.schemas import ChatCompletionRequest
 from rl360_ext.sglang.client import EngineError, EngineTimeoutError
 
@@ -280,9 +280,9 @@ async def test_the_bearer_token_guards_every_route_but_health_and_metrics(make_c
 def test_the_token_can_come_from_a_file(tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text("from-file\n")
-    options = ServiceOptions(backend_url="u", tokenizer_dir="t", api_key="flag", api_key_file=str(path))
+    options = SessionServerConfig(backend_url="u", tokenizer_dir="t", api_key="flag", api_key_file=str(path))
     assert options.bearer_token() == "from-file" and "flag" not in repr(options)
-    assert ServiceOptions(backend_url="u", tokenizer_dir="t").bearer_token() is None
+    assert SessionServerConfig(backend_url="u", tokenizer_dir="t").bearer_token() is None
 
 
 async def test_every_body_route_has_a_schema_in_openapi(make_core) -> None:
@@ -343,12 +343,14 @@ CHAT_BODY = st.fixed_dictionaries(
 def fuzz_http(renderer):
     from starlette.testclient import TestClient
 
-    from rl360_ext.session.core import ServerConfig
+    from rl360_ext.session.core import SessionCoreConfig
     from rl360_ext.session.tito import TitoRenderer
 
     from .conftest import ScriptedBackend
 
-    core = SessionCore(TitoRenderer(renderer), ScriptedBackend(renderer), ServerConfig(max_sessions=100_000))
+    core = SessionCore(
+        TitoRenderer(renderer), ScriptedBackend(renderer), SessionCoreConfig(max_sessions=100_000)
+    )
     return core, TestClient(create_app(core))
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from rl360_ext.session import core as session_core
-from rl360_ext.session.core import ServerConfig, SessionCore
+from rl360_ext.session.core import SessionCore, SessionCoreConfig
 from rl360_ext.session.tito import TitoRenderer
 from rl360_ext.templates.render import ChatRenderer
 
@@ -31,7 +31,7 @@ async def _conversation(
 
     monkeypatch.setattr(session_core, "_BACKGROUND", Counting(max_workers=1))
     backend = ScriptedBackend(renderer)
-    core = SessionCore(TitoRenderer(renderer), backend, ServerConfig())
+    core = SessionCore(TitoRenderer(renderer), backend, SessionCoreConfig())
     backend.push(*(Step(f"reply {k}<|im_end|>") for k in range(turns)))
     sid = core.create().id
     messages = [SYSTEM, USER]

@@ -1,4 +1,4 @@
-"""Miles' session-server flags -> rl360's ServiceOptions (`rl360_ext.session.miles_args`)."""
+"""Miles' session-server flags -> rl360's SessionServerConfig (`rl360_ext.session.miles_args`)."""
 
 from __future__ import annotations
 

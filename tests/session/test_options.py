@@ -1,4 +1,4 @@
-"""`ServiceOptions` is the single source of the session server's flags, defaults and help."""
+"""`SessionServerConfig` is the single source of the session server's flags, defaults and help."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from rl360_ext.cli import session as cli
 from rl360_ext.reference.engine.tokenizer import load_tiny_tokenizer
 from rl360_ext.session import service
-from rl360_ext.session.core import ServerConfig
-from rl360_ext.session.options import ServiceOptions, default_of
+from rl360_ext.session.core import SessionCoreConfig
+from rl360_ext.session.options import SessionServerConfig, default_of
 from rl360_ext.util.fielddocs import field_docs, field_flags
 
 OLD_FLAGS = [
@@ -29,7 +29,7 @@ OLD_FLAGS = [
 def _serve(monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[Any, dict[str, Any]]:
     seen: dict[str, Any] = {}
 
-    def fake_serve(options: ServiceOptions, host: str, port: int) -> None:
+    def fake_serve(options: SessionServerConfig, host: str, port: int) -> None:
         seen.update(options=options, host=host, port=port)
 
     monkeypatch.setattr(service, "serve", fake_serve)
@@ -38,15 +38,15 @@ def _serve(monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[Any, dict[str, 
 
 
 def test_every_field_has_a_docstring_and_a_flag() -> None:
-    docs = field_docs(ServiceOptions)
-    assert set(docs) == {f.name for f in dataclasses.fields(ServiceOptions)}
+    docs = field_docs(SessionServerConfig)
+    assert set(docs) == {f.name for f in dataclasses.fields(SessionServerConfig)}
     assert all(docs.values())
 
 
 def test_flags_keep_their_names_and_take_defaults_from_the_dataclass(monkeypatch) -> None:
     result, seen = _serve(monkeypatch, "--backend", "http://e:1", "--tokenizer", "/tok")
     assert result.exit_code == 0, result.output
-    assert seen["options"] == ServiceOptions(backend_url="http://e:1", tokenizer_dir="/tok")
+    assert seen["options"] == SessionServerConfig(backend_url="http://e:1", tokenizer_dir="/tok")
     assert (seen["host"], seen["port"]) == ("127.0.0.1", 8100)
     helped = CliRunner().invoke(cli.app, ["--help"], env={"COLUMNS": "200"}).output
     for flag in [*OLD_FLAGS, "--engine-timeout", "--max-request-bytes", "--api-key", "--api-key-file"]:
@@ -73,7 +73,7 @@ def test_bad_flag_values_are_usage_errors(monkeypatch) -> None:
 
 
 def test_the_core_config_takes_its_defaults_from_the_options() -> None:
-    config = ServerConfig()
+    config = SessionCoreConfig()
     for name in ("max_sessions", "idle_ttl_s", "history_mismatch", "r3", "samples_wire"):
         assert getattr(config, name) == default_of(name)
     assert default_of("engine_timeout_s") == 3600.0
@@ -81,7 +81,7 @@ def test_the_core_config_takes_its_defaults_from_the_options() -> None:
 
 def test_the_vocabulary_is_the_larger_of_tokenizer_and_config(tmp_path: Path) -> None:
     tokenizer = load_tiny_tokenizer()
-    options = ServiceOptions(backend_url="u", tokenizer_dir=str(tmp_path))
+    options = SessionServerConfig(backend_url="u", tokenizer_dir=str(tmp_path))
     assert service.resolve_vocab_size(tokenizer, options) == len(tokenizer)
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": len(tokenizer) + 64}))
     assert service.resolve_vocab_size(tokenizer, options) == len(tokenizer) + 64
@@ -106,14 +106,14 @@ def test_the_vocabulary_is_the_larger_of_tokenizer_and_config(tmp_path: Path) ->
     )
 )
 def test_field_flags_parse_back_to_the_same_options(monkeypatch, values: dict[str, Any]) -> None:
-    result, seen = _serve(monkeypatch, *field_flags(ServiceOptions, values))
+    result, seen = _serve(monkeypatch, *field_flags(SessionServerConfig, values))
     assert result.exit_code == 0, result.output
-    assert seen["options"] == ServiceOptions(**values)
+    assert seen["options"] == SessionServerConfig(**values)
 
 
 def test_field_flags_refuse_what_no_flag_says() -> None:
-    with pytest.raises(ValueError, match="'max_sesions' is not a ServiceOptions field"):
-        field_flags(ServiceOptions, {"max_sesions": 3})
+    with pytest.raises(ValueError, match="'max_sesions' is not a SessionServerConfig field"):
+        field_flags(SessionServerConfig, {"max_sesions": 3})
 
     @dataclasses.dataclass
     class Switches:

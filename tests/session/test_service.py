@@ -10,7 +10,12 @@ import pytest
 
 from rl360_ext.reference.engine.tokenizer import chat_template, default_tokenizer_dir, write_tokenizer_dir
 from rl360_ext.session.samples.routing import RoutingShape
-from rl360_ext.session.service import ServiceOptions, ServiceStartupError, build_core, resolve_routing_shape
+from rl360_ext.session.service import (
+    ServiceStartupError,
+    SessionServerConfig,
+    build_core,
+    resolve_routing_shape,
+)
 
 UNREACHABLE = "http://127.0.0.1:9"
 
@@ -30,7 +35,9 @@ def newline_after_end_token(directory: Path) -> Path:
 
 
 def test_the_reference_template_passes_and_its_facts_are_recorded() -> None:
-    core = build_core(ServiceOptions(backend_url=UNREACHABLE, tokenizer_dir=str(default_tokenizer_dir())))
+    core = build_core(
+        SessionServerConfig(backend_url=UNREACHABLE, tokenizer_dir=str(default_tokenizer_dir()))
+    )
     facts = core.config.template_facts
     assert facts["append_only"] is True and facts["end_token"] == "<|im_end|>" and facts["violations"] == []
     assert facts["incremental_suffix"] is True and core.tito.renderer.incremental  # decided at start
@@ -50,7 +57,9 @@ def test_the_incremental_probe_runs_once_at_start_and_the_check_reports_it(monke
         return probe(renderer, *args, **kwargs)
 
     monkeypatch.setattr(render, "incremental_probe", counted)
-    core = build_core(ServiceOptions(backend_url=UNREACHABLE, tokenizer_dir=str(default_tokenizer_dir())))
+    core = build_core(
+        SessionServerConfig(backend_url=UNREACHABLE, tokenizer_dir=str(default_tokenizer_dir()))
+    )
     assert calls == [core.tito.renderer]  # the checker used the server's renderer: one probe
     assert core.config.template_facts["incremental_suffix"] is core.tito.renderer.incremental is True
 
@@ -58,10 +67,10 @@ def test_the_incremental_probe_runs_once_at_start_and_the_check_reports_it(monke
 def test_a_template_the_checker_rejects_stops_the_server_unless_allowed(tmp_path, caplog) -> None:
     directory = str(newline_after_end_token(tmp_path / "tok"))
     with pytest.raises(ServiceStartupError, match="text-after-end-token") as refused:
-        build_core(ServiceOptions(backend_url=UNREACHABLE, tokenizer_dir=directory))
+        build_core(SessionServerConfig(backend_url=UNREACHABLE, tokenizer_dir=directory))
     assert "--allow-non-append-only" in str(refused.value)
     core = build_core(
-        ServiceOptions(backend_url=UNREACHABLE, tokenizer_dir=directory, allow_non_append_only=True)
+        SessionServerConfig(backend_url=UNREACHABLE, tokenizer_dir=directory, allow_non_append_only=True)
     )
     assert core.config.template_append_only is False
     with caplog.at_level(logging.WARNING, logger="rl360.session"):
@@ -71,12 +80,12 @@ def test_a_template_the_checker_rejects_stops_the_server_unless_allowed(tmp_path
 
 def test_routing_shape_from_options_config_json_or_a_clear_error(tmp_path) -> None:
     base = {"backend_url": UNREACHABLE, "tokenizer_dir": str(tmp_path), "r3": True}
-    assert resolve_routing_shape(ServiceOptions(**{**base, "r3": False})) is None
+    assert resolve_routing_shape(SessionServerConfig(**{**base, "r3": False})) is None
     explicit = {"routing_layers": 61, "routing_top_k": 8, "routing_experts": 384}
-    assert resolve_routing_shape(ServiceOptions(**base, **explicit)) == RoutingShape(61, 8, 384)
+    assert resolve_routing_shape(SessionServerConfig(**base, **explicit)) == RoutingShape(61, 8, 384)
     with pytest.raises(ServiceStartupError, match="--r3-layers"):
-        resolve_routing_shape(ServiceOptions(**base))
+        resolve_routing_shape(SessionServerConfig(**base))
     (tmp_path / "config.json").write_text(
         json.dumps({"num_hidden_layers": 4, "num_experts_per_tok": 2, "num_experts": 8})
     )
-    assert resolve_routing_shape(ServiceOptions(**base, routing_top_k=1)) == RoutingShape(4, 1, 8)
+    assert resolve_routing_shape(SessionServerConfig(**base, routing_top_k=1)) == RoutingShape(4, 1, 8)

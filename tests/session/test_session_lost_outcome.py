@@ -7,7 +7,7 @@ from typing import Any
 
 from rl360_ext.outcomes.causes import Cause
 from rl360_ext.rollout import generate
-from rl360_ext.session.options import ServiceOptions
+from rl360_ext.session.options import SessionServerConfig
 from rl360_ext.session.pool import SessionPool, SessionServerActor
 
 
@@ -26,7 +26,7 @@ async def test_a_session_lost_in_a_restart_is_an_infra_attempt_even_with_a_verif
     before, _ = make_core()
     after, _ = make_core()
     session_id = before.create().id
-    actor = SessionServerActor(ServiceOptions(backend_url="u", tokenizer_dir="t"), None, 0)
+    actor = SessionServerActor(SessionServerConfig(backend_url="u", tokenizer_dir="t"), None, 0)
     actor.core = after
     handle = SimpleNamespace(pool=_RestartedPool(actor))
     merged, problem = await generate._collect(handle, session_id)  # type: ignore[arg-type]

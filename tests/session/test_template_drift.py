@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rl360_ext.session.core import ServerConfig, SessionCore
+from rl360_ext.session.core import SessionCore, SessionCoreConfig
 from rl360_ext.session.tito import TitoRenderer
 from rl360_ext.templates.drift import DRIFT_KEY
 from rl360_ext.templates.render import ChatRenderer
@@ -42,7 +42,7 @@ async def test_append_only_template_merges_without_drift(make_core) -> None:
 async def test_drift_is_recorded_with_position_and_kind_and_counted(renderer) -> None:
     drifting = ChatRenderer(renderer.tokenizer, RESERIALIZES)
     backend = ScriptedBackend(drifting)
-    core = SessionCore(TitoRenderer(drifting), backend, ServerConfig())
+    core = SessionCore(TitoRenderer(drifting), backend, SessionCoreConfig())
     backend.push(Step(CALL), Step("done<|im_end|>"))
     sid = core.create().id
     reply = await core.chat(sid, {"messages": [USER], "tools": TOOLS})
@@ -72,7 +72,7 @@ async def test_a_cut_last_turn_is_compared_up_to_its_output(make_core) -> None:
 async def test_a_cut_last_turn_still_shows_drift_before_it(renderer) -> None:
     drifting = ChatRenderer(renderer.tokenizer, RESERIALIZES)
     backend = ScriptedBackend(drifting)
-    core = SessionCore(TitoRenderer(drifting), backend, ServerConfig())
+    core = SessionCore(TitoRenderer(drifting), backend, SessionCoreConfig())
     backend.push(Step(CALL), Step("trunc", finish={"type": "length"}))
     sid = core.create().id
     reply = await core.chat(sid, {"messages": [USER], "tools": TOOLS})
@@ -114,7 +114,7 @@ async def test_glm_turn_ends_at_the_role_token_it_sampled_and_holds_it_once() ->
 
     glm = ChatRenderer(real_tokenizer("glm-4.6"), fixed_template("glm4"))
     backend = ScriptedBackend(glm)
-    core = SessionCore(TitoRenderer(glm), backend, ServerConfig())
+    core = SessionCore(TitoRenderer(glm), backend, SessionCoreConfig())
     vocab = glm.tokenizer.get_vocab()
     assert {vocab["<|user|>"], vocab["<|observation|>"]} <= set(core.tito.stop_token_ids)
     call = (
@@ -162,7 +162,7 @@ async def test_a_mis_rendered_incremental_suffix_is_caught_at_merge(renderer, pi
     numbered = ChatRenderer(renderer.tokenizer, NUMBERED, incremental=pinned)
     assert numbered.incremental is bool(pinned)
     backend = ScriptedBackend(numbered)
-    core = SessionCore(TitoRenderer(numbered), backend, ServerConfig())
+    core = SessionCore(TitoRenderer(numbered), backend, SessionCoreConfig())
     backend.push(Step("a<|im_end|>"), Step("b<|im_end|>"), Step("c<|im_end|>"))
     record = await _three_turns(core)
     if pinned:

@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from rl360_ext.errors import Rl360Error
+
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -34,15 +36,15 @@ _CREATE_ATTEMPTS = 8
 Owner = tuple[int, int]
 
 
-class UnsafePath(PermissionError):
+class UnsafePath(Rl360Error, PermissionError):
     """A path component is a link or not the kind of file expected; nothing was followed."""
 
 
-class TooLarge(ValueError):
+class TooLarge(Rl360Error, ValueError):
     """A file is larger than the cap it is read with."""
 
 
-class SandboxTreeError(RuntimeError):
+class SandboxTreeError(Rl360Error, RuntimeError):
     """A tree a sandbox left cannot be walked within the host's caps (more entries or levels than
     allowed, or one that moved under the walk): the doing of the sandbox phase that left it."""
 
@@ -372,7 +374,7 @@ def write_bytes(
     _write_from(dir_fd, name, writer, mode, owner)
 
 
-class OutOfTime(TimeoutError):
+class OutOfTime(Rl360Error, TimeoutError):
     """A copy ran past its time budget."""
 
 

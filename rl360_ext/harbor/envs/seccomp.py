@@ -26,6 +26,8 @@ import shutil
 import struct
 from typing import Any
 
+from rl360_ext.errors import Rl360Error
+
 # classic BPF opcodes (linux/filter.h) and seccomp return values (linux/seccomp.h)
 _LD_W_ABS = 0x20
 _JEQ_K = 0x15
@@ -54,7 +56,7 @@ _ARCHES: dict[str, list[tuple[int, tuple[int, ...]]]] = {
 REFUSED = ("bpf", "perf_event_open", "io_uring_setup", "io_uring_enter", "io_uring_register")
 
 
-class SeccompUnsupported(RuntimeError):
+class SeccompUnsupported(Rl360Error, RuntimeError):
     """This machine's architecture has no syscall table here."""
 
 

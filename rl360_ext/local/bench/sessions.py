@@ -64,7 +64,7 @@ import orjson
 
 from rl360_ext.local.bench.local_ray import local_ray
 from rl360_ext.local.services import start_engine
-from rl360_ext.session.options import ServiceOptions
+from rl360_ext.session.options import SessionServerConfig
 from rl360_ext.util.fielddocs import field_flags
 from rl360_ext.util.proc_stat import SYSTEM_TICKS, USER_TICKS, stat_fields
 from rl360_ext.util.procs import LOOPBACK, Service, free_port, rl360_argv, running, start_service
@@ -170,7 +170,7 @@ def _backend(case: Case, logs: Path) -> Service:
 
 
 def _server_options(case: Case, backend: Service, tokenizer: str) -> dict[str, Any]:
-    """The `ServiceOptions` values every rl360 server of a case serves with, process or actor alike."""
+    """The `SessionServerConfig` values every rl360 server of a case serves with, process or actor alike."""
     options: dict[str, Any] = {
         "backend_url": backend.url, "tokenizer_dir": tokenizer, "r3": case.r3, "max_sessions": MAX_SESSIONS,
     }  # fmt: skip
@@ -182,7 +182,7 @@ def _server_options(case: Case, backend: Service, tokenizer: str) -> dict[str, A
 
 def _server(options: dict[str, Any], logs: Path, number: int) -> Service:
     port = free_port()
-    flags = field_flags(ServiceOptions, options)
+    flags = field_flags(SessionServerConfig, options)
     argv = rl360_argv("session", "serve", "--host", LOOPBACK, "--port", str(port), *flags)
     return start_service(f"session{number}", argv, port, logs, repick_port=True)
 
@@ -502,7 +502,7 @@ def run_stall(tokenizer: str, logs: Path, seconds: float) -> list[StallResult]:
     case = Case(sessions=STALL_SESSIONS, turns=STALL_TURNS, r3=False, servers=1, backend="instant")
     backend = _backend(case, logs)
     options = _server_options(case, backend, tokenizer) | {"max_context_tokens": STALL_CONTEXT}
-    per_token = chars_per_token(load_hf_tokenizer(tokenizer), ServiceOptions(backend.url, tokenizer))
+    per_token = chars_per_token(load_hf_tokenizer(tokenizer), SessionServerConfig(backend.url, tokenizer))
     text = _largest_text(STALL_CONTEXT * per_token - STALL_MARGIN_CHARS)
     with running(backend), running(_server(options, logs, 0)) as (server,):
         idle = asyncio.run(_stall_phase(server.url, seconds, None))

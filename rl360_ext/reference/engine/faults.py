@@ -51,11 +51,18 @@ class FaultKey(StrEnum):
 
 @dataclass(frozen=True)
 class FaultConfig:
-    error_rate: float = 0.0  # fraction of /generate calls answered 503
-    latency_s: float = 0.0  # seconds added before each /generate call runs
-    abort_rate: float = 0.0  # fraction of /generate calls aborted part-way (finish_reason abort)
+    """The faults the engine injects (`/rl360/faults`); a bad value is a `FaultConfigError` naming it."""
+
+    error_rate: float = 0.0
+    """Fraction of /generate calls answered 503."""
+    latency_s: float = 0.0
+    """Seconds added before each /generate call runs."""
+    abort_rate: float = 0.0
+    """Fraction of /generate calls aborted part-way (finish_reason abort)."""
     seed: int = 0
-    draw_by: FaultKey = FaultKey.REQUEST  # what each draw is a function of (FaultKey)
+    """Seed of the draws."""
+    draw_by: FaultKey = FaultKey.REQUEST
+    """What each draw is a function of (`FaultKey`)."""
 
     def __post_init__(self) -> None:
         try:

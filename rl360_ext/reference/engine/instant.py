@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
+from rl360_ext.reference.engine.errors import EngineError, RequestError
 from rl360_ext.reference.engine.tokenizer import build_tokenizer
 from rl360_ext.templates.markup import TURN_END
 
@@ -153,6 +154,11 @@ class InstantBackend:
 def create_app(config: InstantConfig | None = None) -> FastAPI:
     backend = InstantBackend(config or InstantConfig())
     app = FastAPI(title="rl360 instant SGLang stand-in")
+
+    @app.exception_handler(EngineError)
+    async def refused(_: Request, err: EngineError) -> Response:
+        return Response(orjson.dumps(err.to_json()), status_code=err.status, media_type="application/json")
+
     info = {
         "model_path": MODEL_NAME,
         "is_generation": True,
@@ -192,7 +198,7 @@ def create_app(config: InstantConfig | None = None) -> FastAPI:
                 raise ValueError("the body must be a JSON object")
             return Response(orjson.dumps(backend.generate(body)), media_type="application/json")
         except ValueError as exc:
-            return JSONResponse({"error": {"message": str(exc), "type": "invalid_request"}}, status_code=400)
+            raise RequestError("body", str(exc)) from exc
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -202,6 +208,6 @@ def create_app(config: InstantConfig | None = None) -> FastAPI:
                 raise ValueError("the body must be a JSON object")
             return Response(orjson.dumps(backend.chat_completion(body)), media_type="application/json")
         except ValueError as exc:
-            return JSONResponse({"error": {"message": str(exc), "type": "invalid_request"}}, status_code=400)
+            raise RequestError("body", str(exc)) from exc
 
     return app

@@ -26,15 +26,25 @@ class ModelConfig:
     """Sizes of the tiny MoE transformer. Defaults keep a 60-turn, 8K-token chat fast on 2 cores."""
 
     vocab_size: int
+    """Token ids the model embeds and scores."""
     layers: int = 4
+    """Transformer layers (each an MoE layer)."""
     experts: int = 8
+    """Experts per layer."""
     top_k: int = 2
+    """Experts each token is routed to."""
     d_model: int = 64
+    """Hidden size."""
     heads: int = 4
+    """Attention heads."""
     head_dim: int = 16
+    """Size of one attention head."""
     expert_hidden: int = 64
+    """Hidden size of one expert's MLP."""
     rope_theta: float = 10000.0
+    """RoPE base."""
     norm_eps: float = 1e-6
+    """RMSNorm epsilon."""
 
     def __post_init__(self) -> None:
         for name in (

@@ -10,13 +10,14 @@ from typing import Any
 
 import numpy as np
 
+from rl360_ext.errors import Rl360Error
 from rl360_ext.reference.engine.model import KVState
 from rl360_ext.reference.engine.protocol import GenerateRequest, encode_routed_experts
 
 Decode = Callable[..., str]  # the engine's `decode(ids, skip_special_tokens=...)`
 
 
-class Aborted(Exception):
+class Aborted(Rl360Error):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message

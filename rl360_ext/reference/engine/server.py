@@ -29,7 +29,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rl360_ext.reference.engine.engine import ENGINE_VERSION, TinyEngine
-from rl360_ext.reference.engine.errors import EngineError, RequestError, Unauthorized
+from rl360_ext.reference.engine.errors import CacheBusy, EngineError, RequestError, Unauthorized
 from rl360_ext.reference.engine.faults import FaultConfig
 from rl360_ext.reference.engine.protocol import parse_generate_request
 from rl360_ext.reference.engine.schemas import (
@@ -74,8 +74,7 @@ def guarded_protocol(limits: HeadLimits = HeadLimits()) -> type[GuardedHttpProto
 
 
 def error_response(error: EngineError) -> Response:
-    body = {"message": str(error), "type": error.kind, "param": error.field, "code": error.status}
-    return json_response({"error": body}, error.status)
+    return json_response(error.to_json(), error.status)
 
 
 def validation_error(err: RequestValidationError, model: type[BaseModel] | None) -> RequestError:
@@ -227,10 +226,7 @@ def create_app(engine: TinyEngine) -> FastAPI:
     @app.post("/flush_cache")
     async def flush_cache() -> Response:
         if not await anyio.to_thread.run_sync(engine.flush_cache):
-            return json_response(
-                {"success": False, "message": "Cache not flushed: requests are running or queued."},
-                400,
-            )
+            raise CacheBusy("Cache not flushed: requests are running or queued.")
         return json_response({"success": True, "message": "Cache flushed."})
 
     @app.post("/abort_request")

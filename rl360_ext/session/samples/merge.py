@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from rl360_ext.session.errors import SessionServerError
 from rl360_ext.session.samples.policy_versions import TurnVersions, VersionArrays, version_arrays
 from rl360_ext.sglang.versions import UNVERSIONED, RoutingSource
 
@@ -34,8 +35,11 @@ MERGE_KEY = "merge"  # metadata key of the merge's own facts
 _STATUS_OF_FINISH = {"stop": COMPLETED, "length": TRUNCATED, "abort": ABORTED}
 
 
-class MergeError(ValueError):
-    """The turns do not form one append-only sequence (a bug upstream of the merge)."""
+class MergeError(SessionServerError, ValueError):
+    """The turns do not form one append-only sequence (a bug upstream of the merge): the session
+    server answers the export with a 500, never a client's 4xx."""
+
+    default_code = "merge_failed"
 
 
 @dataclass

@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from rl360_ext.session.errors import SessionServerError
 from rl360_ext.session.samples.merge import MergedSample
 from rl360_ext.sglang.versions import TURN_CACHED_TOKENS, TURN_OUTPUT_START, RoutingSource
 
@@ -70,8 +71,11 @@ _ROUTING_CODES = {dtype: code for code, dtype in _ROUTING_DTYPES.items()}
 _ZEROS = bytes(ALIGN)
 
 
-class WireFormatError(ValueError):
-    """The buffer is not a merged sample this version of the codec can read."""
+class WireFormatError(SessionServerError, ValueError):
+    """The sample cannot be written in the asked version, or the buffer is not a merged sample this
+    version of the codec can read. Raised while the server answers an export, it is a 500."""
+
+    default_code = "wire_format"
 
 
 _PER_TURN = ("turn_first_version", TURN_OUTPUT_START, TURN_CACHED_TOKENS)  # version-2+ metadata lists

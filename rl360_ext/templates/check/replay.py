@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rl360_ext.errors import Rl360Error
 from rl360_ext.templates.check.classify import (
     GENERATION,
     GENERATION_PROMPT,
@@ -80,7 +81,7 @@ def _echo(parsed: ParsedAssistant, original: Message) -> Message:
     return message
 
 
-class _RenderFailed(Exception):
+class _RenderFailed(Rl360Error):
     """The template raised while rendering (the cause is chained)."""
 
 

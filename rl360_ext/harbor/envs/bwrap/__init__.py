@@ -12,7 +12,7 @@ from rl360_ext.harbor.envs.bwrap.capture import HeadTail, read_handshake
 from rl360_ext.harbor.envs.bwrap.environment import BwrapEnvironment, MemoryLimitExceededError
 from rl360_ext.harbor.envs.bwrap.layout import FILES_DIR, OWNER_FILE, SANDBOX_PATH
 from rl360_ext.harbor.envs.bwrap.network import slirp4netns_executable
-from rl360_ext.harbor.envs.bwrap.options import BwrapOptions
+from rl360_ext.harbor.envs.bwrap.options import BwrapConfig
 from rl360_ext.harbor.envs.bwrap.stale import clean_stale
 from rl360_ext.harbor.envs.bwrap.tracer import EXIT_TAG, reported_exit
 
@@ -24,8 +24,8 @@ __all__ = [
     "IMPORT_PATH",
     "OWNER_FILE",
     "SANDBOX_PATH",
+    "BwrapConfig",
     "BwrapEnvironment",
-    "BwrapOptions",
     "HeadTail",
     "MemoryLimitExceededError",
     "clean_stale",

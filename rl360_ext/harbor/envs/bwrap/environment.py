@@ -22,12 +22,13 @@ from harbor.environments.capabilities import EnvironmentCapabilities, Environmen
 from harbor.environments.options import EnvironmentOptions
 from harbor.models.task.config import NetworkMode
 
+from rl360_ext.errors import Rl360Error
 from rl360_ext.harbor.envs import nofollow, seccomp, warm
 from rl360_ext.harbor.envs.bwrap.capture import _Capture
 from rl360_ext.harbor.envs.bwrap.files import SandboxFiles
 from rl360_ext.harbor.envs.bwrap.layout import _GRADED_DIRS, SANDBOX_PATH, SCRATCH_DIR
 from rl360_ext.harbor.envs.bwrap.network import slirp4netns_executable
-from rl360_ext.harbor.envs.bwrap.options import BwrapOptions
+from rl360_ext.harbor.envs.bwrap.options import BwrapConfig
 from rl360_ext.harbor.envs.bwrap.sandbox import WarmSpare, bwrap_executable
 from rl360_ext.harbor.envs.bwrap.tracer import _PYTHON, _TRACER, EXIT_TAG, reported_exit
 from rl360_ext.harbor.envs.limits import remount_tmpfs, rlimit_argv
@@ -44,7 +45,7 @@ _ENV_LOADER = (
 _SETUP_SCRIPT_CAP = 1 << 20
 
 
-class MemoryLimitExceededError(RuntimeError):
+class MemoryLimitExceededError(Rl360Error, RuntimeError):
     """A process of the current phase hit the sandbox's memory reservation (raised by every
     command of that phase once it happened; a later phase starts clean). The name matches
     Harbor's own: its error policy is keyed by exception type name (retry: yes, grade: no,
@@ -52,8 +53,8 @@ class MemoryLimitExceededError(RuntimeError):
 
 
 class BwrapEnvironment(SandboxFiles, BaseEnvironment):
-    options_model: ClassVar[type[EnvironmentOptions]] = BwrapOptions
-    options: BwrapOptions
+    options_model: ClassVar[type[EnvironmentOptions]] = BwrapConfig
+    options: BwrapConfig
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._stopped = False
@@ -78,7 +79,7 @@ class BwrapEnvironment(SandboxFiles, BaseEnvironment):
         """Refuse, when a server starts, options no trial could run with: a ValueError naming
         the option (a bad value, or network allowed where slirp4netns is missing)."""
         options = cls.parse_options(kwargs)
-        if isinstance(options, BwrapOptions) and options.allow_network and slirp4netns_executable() is None:
+        if isinstance(options, BwrapConfig) and options.allow_network and slirp4netns_executable() is None:
             raise ValueError(
                 "--env-kwarg allow_network=true needs slirp4netns (apt-get install slirp4netns): "
                 "the bwrap environment never gives a sandbox the host's network namespace"

@@ -11,7 +11,7 @@ from pydantic import Field
 from rl360_ext.harbor.envs.bwrap.layout import DEFAULT_HOST_UID
 
 
-class BwrapOptions(EnvironmentOptions):
+class BwrapConfig(EnvironmentOptions):
     sandbox_root: str | None = Field(default=None, description="Host dir for per-trial sandbox dirs.")
     allow_network: bool = Field(default=False, description="Give 'public' network tasks the host network.")
     node_label: str | None = Field(default=None, description="Placement label (logged; one local node).")

@@ -33,7 +33,7 @@ from rl360_ext.harbor.envs.bwrap.layout import (
     default_sandbox_root,
 )
 from rl360_ext.harbor.envs.bwrap.network import Slirp
-from rl360_ext.harbor.envs.bwrap.options import BwrapOptions
+from rl360_ext.harbor.envs.bwrap.options import BwrapConfig
 from rl360_ext.harbor.envs.limits import (
     SandboxLimits,
     make_limits,
@@ -71,7 +71,6 @@ _log = logging.getLogger(__name__)
 
 def bwrap_executable() -> str | None:
     return shutil.which("bwrap")
-
 
 
 @functools.cache
@@ -127,12 +126,12 @@ class _Sandbox:
         "_pidns",
         "_pidns_fd",
     )
-    options: BwrapOptions
+    options: BwrapConfig
     session_id: str
     workdir: str
     logger: logging.Logger | logging.LoggerAdapter[logging.Logger]
 
-    def _init_sandbox(self, options: BwrapOptions, session_id: str, workdir: str) -> None:
+    def _init_sandbox(self, options: BwrapConfig, session_id: str, workdir: str) -> None:
         self.options = options
         self.session_id = session_id
         self.workdir = workdir
@@ -329,7 +328,6 @@ class _Sandbox:
             self.options.node_label,
         )
 
-
     def _pin_pidns(self) -> None:
         """Hold the new sandbox's PID namespace open, then let go of the previous one's.
 
@@ -399,14 +397,14 @@ class WarmSpare(_Sandbox):
     """A started sandbox no trial has taken yet (`rl360_ext.harbor.envs.warm` keeps it): its
     tmpfs with the empty writable directories, its cgroup and its holder, nothing else run."""
 
-    def __init__(self, options: BwrapOptions, workdir: str) -> None:
+    def __init__(self, options: BwrapConfig, workdir: str) -> None:
         self.logger = _log
         self._handed = False
         self._init_sandbox(options, f"warm-{uuid.uuid4().hex[:12]}", workdir)
 
     @classmethod
     async def started(
-        cls, options: BwrapOptions, workdir: str, cpus: float | None, memory_mb: int | None
+        cls, options: BwrapConfig, workdir: str, cpus: float | None, memory_mb: int | None
     ) -> WarmSpare:
         """A spare of this shape, started; a start that fails or is cancelled leaves nothing."""
         spare = cls(options, workdir)
