@@ -33,7 +33,8 @@ The stall case (`stall_s` > 0) asks whether one request can stall everyone else:
 every HEALTH_EVERY_S, first idle, then while one more client keeps sending the largest request the
 caps allow (a second turn whose new message has `max_context_tokens x max_chars_per_token` characters
 less STALL_MARGIN_CHARS: about the most the server tokenizes, after which its context check refuses
-the prompt unsent), in the same run.
+the prompt unsent), in the same run. One such request goes first, unmeasured: the server starts
+its tokenizer worker process on the first long text (seconds, at the lowest priority).
 It reports /health and the other sessions' turn latency (p50/p99) in both phases and their ratio
 (the goal is a p99 within 2x of idle), and the server's own event-loop lag over each phase (its
 `rl360_session_loop_lag_seconds` histogram, read from /metrics before and after): the p99 bucket
@@ -412,24 +413,36 @@ async def _keep_talking(http: aiohttp.ClientSession, url: str, until: float, out
         out.extend(x for per_turn in latencies for x in per_turn)
 
 
+async def _one_largest(http: aiohttp.ClientSession, url: str, text: str) -> tuple[int, float]:
+    """A new session whose second turn appends a message of `text`: its status and seconds."""
+    small = [SYSTEM, {"role": "user", "content": "The test suite fails; fix it."}]
+    async with http.post(f"{url}/sessions", json={}) as created:
+        session_id = (await created.json())["session_id"]
+    chat = f"{url}/sessions/{session_id}/v1/chat/completions"
+    async with http.post(chat, json={"messages": small, "max_tokens": 16}) as first:
+        reply = (await first.json())["choices"][0]["message"]
+    messages = [*small, {"role": "assistant", "content": reply.get("content") or ""}]
+    body = orjson.dumps({"messages": [*messages, {"role": "user", "content": text}], "max_tokens": 16})
+    started = time.perf_counter()
+    async with http.post(chat, data=body, headers=JSON_HEADERS) as response:
+        await response.read()
+    return response.status, time.perf_counter() - started
+
+
 async def _send_largest(
     http: aiohttp.ClientSession, url: str, until: float, text: str, statuses: list[int], seconds: list[float]
 ) -> None:
-    """New sessions whose second turn appends a message of `text`, until `until`."""
-    small = [SYSTEM, {"role": "user", "content": "The test suite fails; fix it."}]
+    """Largest requests one after another until `until`."""
     while time.perf_counter() < until:
-        async with http.post(f"{url}/sessions", json={}) as created:
-            session_id = (await created.json())["session_id"]
-        chat = f"{url}/sessions/{session_id}/v1/chat/completions"
-        async with http.post(chat, json={"messages": small, "max_tokens": 16}) as first:
-            reply = (await first.json())["choices"][0]["message"]
-        messages = [*small, {"role": "assistant", "content": reply.get("content") or ""}]
-        body = orjson.dumps({"messages": [*messages, {"role": "user", "content": text}], "max_tokens": 16})
-        started = time.perf_counter()
-        async with http.post(chat, data=body, headers=JSON_HEADERS) as response:
-            await response.read()
-            statuses.append(response.status)
-        seconds.append(time.perf_counter() - started)
+        status, took = await _one_largest(http, url, text)
+        statuses.append(status)
+        seconds.append(took)
+
+
+async def _warm_up(url: str, text: str) -> None:
+    """One largest request before the phases: the server starts its tokenizer worker on the first."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)) as http:
+        await _one_largest(http, url, text)
 
 
 async def _loop_lag(http: aiohttp.ClientSession, url: str) -> dict[float, float]:
@@ -505,6 +518,7 @@ def run_stall(tokenizer: str, logs: Path, seconds: float) -> list[StallResult]:
     per_token = chars_per_token(load_hf_tokenizer(tokenizer), SessionServerConfig(backend.url, tokenizer))
     text = _largest_text(STALL_CONTEXT * per_token - STALL_MARGIN_CHARS)
     with running(backend), running(_server(options, logs, 0)) as (server,):
+        asyncio.run(_warm_up(server.url, text))
         idle = asyncio.run(_stall_phase(server.url, seconds, None))
         return [idle, asyncio.run(_stall_phase(server.url, seconds, text))]
 
