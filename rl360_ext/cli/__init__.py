@@ -26,6 +26,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from rl360_ext.cli.ab import command as ab_command
+from rl360_ext.cli.containers import app as containers_app
 from rl360_ext.cli.engine import app as engine_app
 from rl360_ext.cli.harbor import app as harbor_app
 from rl360_ext.cli.session import app as session_app
@@ -78,6 +79,7 @@ app.add_typer(session_app, name="session")
 app.add_typer(template_app, name="template")
 app.add_typer(harbor_app, name="harbor")
 app.add_typer(tasks_app, name="tasks")
+app.add_typer(containers_app, name="containers")
 app.command("ab")(ab_command)
 bench_app = typer.Typer(
     help="Benchmarks: each prints a table and compares against its baseline in the same run."
