@@ -13,10 +13,14 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-_STATE = typer.Option(None, "--state-dir", help="The stack's state directory (default $RL360_CONTAINERS_DIR or /var/tmp/rl360-containers).")
+_STATE = typer.Option(
+    None,
+    "--state-dir",
+    help="The stack's state directory (default $RL360_CONTAINERS_DIR or /var/tmp/rl360-containers).",
+)
 
 
-def _paths(state_dir: Path | None):  # noqa: ANN202 (StackPaths, imported lazily)
+def _paths(state_dir: Path | None):
     from rl360_ext.containers import StackPaths
 
     return StackPaths(state_dir) if state_dir is not None else StackPaths.default()
@@ -25,7 +29,9 @@ def _paths(state_dir: Path | None):  # noqa: ANN202 (StackPaths, imported lazily
 @app.command()
 def up(
     state_dir: Path | None = _STATE,
-    no_base_image: bool = typer.Option(False, "--no-base-image", help="Start the engine and the registry only."),
+    no_base_image: bool = typer.Option(
+        False, "--no-base-image", help="Start the engine and the registry only."
+    ),
 ) -> None:
     """Start dockerd (own data root, socket, no bridge, no NAT) and the loopback registry, and serve
     the base image under the library names tasks use. Idempotent."""
@@ -39,7 +45,9 @@ def up(
 @app.command()
 def down(
     state_dir: Path | None = _STATE,
-    purge: bool = typer.Option(False, "--purge", help="Remove the state directory too (engine data, registry, image cache)."),
+    purge: bool = typer.Option(
+        False, "--purge", help="Remove the state directory too (engine data, registry, image cache)."
+    ),
 ) -> None:
     """Remove every container, then stop exactly the dockerd and registry `up` started (by PID)."""
     from rl360_ext.containers import stack
@@ -59,4 +67,7 @@ def status(state_dir: Path | None = _STATE) -> None:
 def env(state_dir: Path | None = _STATE) -> None:
     """Print the shell exports that point the docker CLI at the stack."""
     paths = _paths(state_dir)
-    typer.echo(f"export DOCKER_HOST={shlex.quote(paths.docker_host)} DOCKER_CONFIG={shlex.quote(str(paths.docker_config))}")
+    typer.echo(
+        f"export DOCKER_HOST={shlex.quote(paths.docker_host)} "
+        f"DOCKER_CONFIG={shlex.quote(str(paths.docker_config))}"
+    )

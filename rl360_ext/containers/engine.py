@@ -72,7 +72,9 @@ def docker(host: str, *args: str, timeout_s: float = _TIMEOUT_S, check: bool = T
         check=False,
     )
     if check and done.returncode != 0:
-        raise RuntimeError(f"docker {' '.join(args[:3])} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+        raise RuntimeError(
+            f"docker {' '.join(args[:3])} failed ({done.returncode}): {done.stderr.strip()[-500:]}"
+        )
     return done.stdout
 
 
@@ -93,19 +95,27 @@ def _ids(host: str, kind: str, label: str) -> list[str]:
     return docker(host, *listing, "--quiet", "--filter", f"label={label}").split()
 
 
-def remove(host: str, containers: Sequence[str], projects: Sequence[str], owners: Sequence[str] = ()) -> list[str]:
+def remove(
+    host: str, containers: Sequence[str], projects: Sequence[str], owners: Sequence[str] = ()
+) -> list[str]:
     """Remove `containers`, then every network, volume and image of `projects` (and images
     labelled with one of `owners`); what was removed, as `kind:id` entries."""
     removed: list[str] = []
     if containers:
         docker(host, "rm", "--force", "--volumes", *containers, check=False)
         removed += [f"container:{cid[:12]}" for cid in containers]
-    labels = [f"{PROJECT_LABEL}={project}" for project in projects] + [f"{OWNER_LABEL}={owner}" for owner in owners]
+    labels = [f"{PROJECT_LABEL}={project}" for project in projects] + [
+        f"{OWNER_LABEL}={owner}" for owner in owners
+    ]
     for kind in ("network", "volume", "image"):
         for label in labels:
             ids = _ids(host, kind, label)
             if ids:
-                verb = {"network": ("network", "rm"), "volume": ("volume", "rm", "--force"), "image": ("rmi", "--force")}
+                verb = {
+                    "network": ("network", "rm"),
+                    "volume": ("volume", "rm", "--force"),
+                    "image": ("rmi", "--force"),
+                }
                 docker(host, *verb[kind], *ids, check=False)
                 removed += [f"{kind}:{i[:19]}" for i in ids]
     return removed
@@ -124,6 +134,10 @@ def remove_stale(host: str, alive: Callable[[str], bool]) -> list[str]:
 def counts(host: str) -> dict[str, int]:
     """How many containers, networks (besides the engine's own three) and volumes the engine holds."""
     containers = docker(host, "ps", "--all", "--quiet").split()
-    networks = [n for n in docker(host, "network", "ls", "--format", "{{.Name}}").split() if n not in {"bridge", "host", "none"}]
+    networks = [
+        n
+        for n in docker(host, "network", "ls", "--format", "{{.Name}}").split()
+        if n not in {"bridge", "host", "none"}
+    ]
     volumes = docker(host, "volume", "ls", "--quiet").split()
     return {"containers": len(containers), "networks": len(networks), "volumes": len(volumes)}

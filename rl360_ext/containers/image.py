@@ -26,9 +26,21 @@ from rl360_ext.util.prereqs import Unavailable
 SUITE = "bookworm"
 PACKAGES = ("python3", "git", "procps")
 # The names a task's FROM may use; each resolves to the base image through the registry mirror.
-LIBRARY_NAMES = ("python:3.12-slim", "python:3.12", "python:3.11-slim", "debian:bookworm-slim", "debian:bookworm")
+LIBRARY_NAMES = (
+    "python:3.12-slim",
+    "python:3.12",
+    "python:3.11-slim",
+    "debian:bookworm-slim",
+    "debian:bookworm",
+)
 # Left out of the tarball: package caches, documentation and locales (about 100 MB).
-_EXCLUDES = ("./var/cache/apt/archives/*.deb", "./var/lib/apt/lists/*", "./usr/share/doc/*", "./usr/share/man/*", "./usr/share/locale/*")
+_EXCLUDES = (
+    "./var/cache/apt/archives/*.deb",
+    "./var/lib/apt/lists/*",
+    "./usr/share/doc/*",
+    "./usr/share/man/*",
+    "./usr/share/locale/*",
+)
 _SOURCES = (Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt/sources.list"))
 
 
@@ -52,7 +64,9 @@ def debian_mirror(sources: tuple[Path, ...] = _SOURCES) -> str:
             match = re.match(r"^URIs:\s*(\S+)", line) or re.match(r"^deb\s+(?:\[[^\]]*\]\s+)?(\S+)", line)
             if match and not match.group(1).rstrip("/").endswith("-security"):
                 return match.group(1)
-    raise Unavailable("no Debian archive in apt's sources (/etc/apt/sources.list.d/debian.sources): debootstrap needs one")
+    raise Unavailable(
+        "no Debian archive in apt's sources (/etc/apt/sources.list.d/debian.sources): debootstrap needs one"
+    )
 
 
 def _sha256(path: Path) -> str:
@@ -77,17 +91,28 @@ def build_rootfs(cache: Path, say: Callable[[str], None]) -> tuple[Path, str]:
     with tempfile.TemporaryDirectory(dir=cache, prefix="rootfs-") as scratch:
         rootfs = Path(scratch) / "root"
         done = subprocess.run(
-            ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(rootfs), mirror],
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(PACKAGES)}",
+                SUITE,
+                str(rootfs),
+                mirror,
+            ],
             capture_output=True,
             text=True,
             timeout=900,
             check=False,
         )
         if done.returncode != 0:
-            raise RuntimeError(f"debootstrap failed ({done.returncode}): {(done.stdout + done.stderr)[-800:]}")
+            raise RuntimeError(
+                f"debootstrap failed ({done.returncode}): {(done.stdout + done.stderr)[-800:]}"
+            )
         partial = tarball.with_suffix(".partial")
         excludes = [f"--exclude={pattern}" for pattern in _EXCLUDES]
-        subprocess.run(["tar", "-C", str(rootfs), *excludes, "-cf", str(partial), "."], check=True, timeout=600)
+        subprocess.run(
+            ["tar", "-C", str(rootfs), *excludes, "-cf", str(partial), "."], check=True, timeout=600
+        )
     digest = _sha256(partial)
     partial.replace(tarball)
     digest_file.write_text(digest + "\n")

@@ -53,17 +53,28 @@ def problems(proc_filesystems: Path = Path("/proc/filesystems")) -> list[str]:
     found: list[str] = []
     if os.geteuid() != 0:
         found.append("rl360 containers up runs as root (dockerd needs it): run it with sudo")
-    missing = [pkg for pkg, exe in zip(PACKAGES, ("dockerd", "docker-registry", "debootstrap"), strict=True) if shutil.which(exe) is None]
+    missing = [
+        pkg
+        for pkg, exe in zip(PACKAGES, ("dockerd", "docker-registry", "debootstrap"), strict=True)
+        if shutil.which(exe) is None
+    ]
     if missing:
-        found.append(f"no container engine package ({', '.join(missing)}): apt-get install {' '.join(PACKAGES)}")
+        found.append(
+            f"no container engine package ({', '.join(missing)}): apt-get install {' '.join(PACKAGES)}"
+        )
     try:
         filesystems = proc_filesystems.read_text()
     except OSError:
         filesystems = ""
     if not any(line.split()[-1:] == ["overlay"] for line in filesystems.splitlines()):
-        found.append("this kernel has no overlay file system (dockerd's overlay2 storage): modprobe overlay, or use a kernel with it")
+        found.append(
+            "this kernel has no overlay file system (dockerd's overlay2 storage): "
+            "modprobe overlay, or use a kernel with it"
+        )
     if compose_binary() is None:
-        found.append("no Docker Compose v2 (Harbor drives docker through it): pip install 'rl360-ext[docker]'")
+        found.append(
+            "no Docker Compose v2 (Harbor drives docker through it): pip install 'rl360-ext[docker]'"
+        )
     return found
 
 
@@ -91,7 +102,9 @@ def _registry_config(paths: StackPaths, port: int) -> str:
 
 def _spawn(argv: list[str], log: Path) -> Process:
     with log.open("ab") as out:
-        child = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        child = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     process = Process.of(child.pid)
     if process is None:
         raise RuntimeError(f"{argv[0]} exited at once (log: {log})")
@@ -122,7 +135,7 @@ def _registry_answers(port: int) -> bool:
     import urllib.request
 
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2) as response:  # noqa: S310 (loopback)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2) as response:
             return response.status == 200
     except OSError:
         return False
@@ -139,17 +152,26 @@ def _install_compose_plugin(paths: StackPaths) -> None:
         link.unlink()
     link.symlink_to(binary)
     paths.docker_config.mkdir(parents=True, exist_ok=True)
-    (paths.docker_config / "config.json").write_text(json.dumps({"cliPluginsExtraDirs": [str(paths.plugins)]}))
+    (paths.docker_config / "config.json").write_text(
+        json.dumps({"cliPluginsExtraDirs": [str(paths.plugins)]})
+    )
 
 
-def up(paths: StackPaths | None = None, *, base_image: bool = True, say: Callable[[str], None] = _say) -> StackRecord:
+def up(
+    paths: StackPaths | None = None, *, base_image: bool = True, say: Callable[[str], None] = _say
+) -> StackRecord:
     """Start the stack (or find it running) and make sure the base image is served."""
     paths = paths or StackPaths.default()
     found = problems()
     if found:
         raise Unavailable(found[0])
     record = paths.read()
-    if record is not None and record.dockerd is not None and record.dockerd.alive() and _engine_answers(paths):
+    if (
+        record is not None
+        and record.dockerd is not None
+        and record.dockerd.alive()
+        and _engine_answers(paths)
+    ):
         say(f"the stack already runs (dockerd pid {record.dockerd.pid})")
     else:
         if record is not None:
@@ -161,7 +183,9 @@ def up(paths: StackPaths | None = None, *, base_image: bool = True, say: Callabl
         paths.write(record)
     _install_compose_plugin(paths)
     if base_image:
-        record.images = image.ensure_base(paths.docker_host, f"127.0.0.1:{record.registry_port}", paths.image_cache, say)
+        record.images = image.ensure_base(
+            paths.docker_host, f"127.0.0.1:{record.registry_port}", paths.image_cache, say
+        )
         paths.write(record)
     return record
 
@@ -197,7 +221,10 @@ def _start(paths: StackPaths, say: Callable[[str], None]) -> StackRecord:
     record.dockerd = _spawn(argv, paths.dockerd_log)
     paths.write(record)
     _wait(lambda: _engine_answers(paths), "dockerd", record.dockerd, paths.dockerd_log)
-    say(f"dockerd pid {record.dockerd.pid} on {paths.docker_host}; registry pid {record.registry.pid} on {registry}")
+    say(
+        f"dockerd pid {record.dockerd.pid} on {paths.docker_host}; "
+        f"registry pid {record.registry.pid} on {registry}"
+    )
     return record
 
 
