@@ -21,6 +21,7 @@ from rl360_ext.harbor.envs.docker import (
     cgroup_files,
     compose_override,
     empty_command,
+    pull_refused,
     resolve_host,
     setup_command,
 )
@@ -194,3 +195,17 @@ def test_up_refuses_with_the_first_problem(monkeypatch: pytest.MonkeyPatch, tmp_
     monkeypatch.setattr(stack, "problems", lambda: ["no container engine package: apt-get install docker.io"])
     with pytest.raises(stack.Unavailable, match=r"apt-get install docker\.io"):
         stack.up(StackPaths(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("message", "refused"),
+    [
+        ("failed to register layer: toomanyrequests: slow down", True),
+        ("error pulling image configuration: received unexpected HTTP status: 503 Service Unavailable", True),
+        ("unexpected EOF", True),
+        ("The command '/bin/sh -c exit 3' returned a non-zero code: 3", False),
+        ("manifest for sha256:4290aa not found", False),
+    ],
+)
+def test_only_a_refused_pull_is_retried(message: str, refused: bool) -> None:
+    assert pull_refused(message) is refused

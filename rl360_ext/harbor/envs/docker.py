@@ -29,7 +29,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
+import random
 import shlex
 import tempfile
 from collections.abc import Sequence
@@ -54,6 +56,19 @@ IMPORT_PATH = "rl360_ext.harbor.envs.docker:RlDockerEnvironment"
 _USER_DIRS = ("/logs", "/tests", "/solution")  # with the work dir and /tmp: the user's, as under bwrap
 _GRADED_DIRS = ("/tests", "/logs")
 _SETUP_SCRIPT_CAP = 1 << 20
+_PULL_BACKOFF_S = 1.0
+_PULL_BACKOFF_MAX_S = 8.0
+# What the docker CLI and Compose print for a pull the registry refused or cut off.
+_PULL_REFUSALS = (
+    "toomanyrequests",
+    "too many requests",
+    "429 too many",
+    "503 service unavailable",
+    "service unavailable",
+    "unexpected eof",
+    "connection reset by peer",
+)
+_log = logging.getLogger(__name__)
 _PUBLIC_REFUSED = (
     "network_mode 'public' is refused under --env docker here: the local container stack routes "
     "nothing off this machine (no bridge, no NAT). On a cluster whose engine has egress, run "
@@ -75,6 +90,9 @@ class RlDockerOptions(DockerOptions):
     node_label: str | None = Field(
         default=None, description="Placement label: picks an engine from node_hosts."
     )
+    pull_retries: int = Field(
+        default=6, ge=0, description="Starts again after a refused image pull (429/503)."
+    )
     node_hosts: dict[str, str] = Field(
         default_factory=dict, description="Engine per placement label (label=unix://...): pinning by node."
     )
@@ -91,6 +109,13 @@ def resolve_host(options: RlDockerOptions) -> str:
             "--env-kwarg docker_host=unix:///path/to/docker.sock"
         )
     return host
+
+
+def pull_refused(message: str) -> bool:
+    """Whether a failed build or `up` failed on a pull the registry refused or dropped (an
+    overloaded registry: worth another try), not on the task's own Dockerfile."""
+    lowered = message.lower()
+    return any(marker in lowered for marker in _PULL_REFUSALS)
 
 
 def compose_override(
@@ -167,6 +192,7 @@ class RlDockerEnvironment(DockerEnvironment):
         self._workdir = "/app"
         self._override_dir: tempfile.TemporaryDirectory[str] | None = None
         self._override_path: Path | None = None
+        self.pull_retries = 0
         super().__init__(*args, **kwargs)  # Harbor parses every kwarg with RlDockerOptions
         self._host = resolve_host(self.options)
 
@@ -223,13 +249,36 @@ class RlDockerEnvironment(DockerEnvironment):
         )
         self._override_path.write_text(json.dumps(override))
         try:
-            await super().start(force_build)
+            await self._start_pulling(force_build)
             await self._prepare()
         except BaseException:
             with contextlib.suppress(Exception):
                 await self.stop(delete=True)
             raise
         self._enter_phase(Phase.AGENT)
+
+    async def _start_pulling(self, force_build: bool) -> None:
+        """Harbor's start, again after a pull the registry refused (429, 503: an overloaded
+        registry), with backoff, `pull_retries` times at most; Harbor's start timeout (the
+        attempt's deadline) bounds it all. A pull still refused is `SandboxBuildFailedError`
+        (no_sandbox: infrastructure)."""
+        for attempt in range(self.options.pull_retries + 1):
+            try:
+                await super().start(force_build)
+                return
+            except RuntimeError as exc:
+                if not pull_refused(str(exc)):
+                    raise
+                if attempt == self.options.pull_retries:
+                    raise SandboxBuildFailedError(
+                        f"the image pull was refused {attempt + 1} times: {exc}"
+                    ) from exc
+                self.pull_retries += 1
+                delay = min(_PULL_BACKOFF_S * 2**attempt, _PULL_BACKOFF_MAX_S) * (0.5 + random.random())
+                _log.warning(
+                    "trial %s: image pull refused, retry %d in %.1f s", self.session_id, attempt + 1, delay
+                )
+                await asyncio.sleep(delay)
 
     async def _prepare(self) -> None:
         workdir = self.task_env_config.workdir or await self._container_workdir()
