@@ -207,6 +207,19 @@ def _start(paths: StackPaths, say: Callable[[str], None]) -> StackRecord:
     record = StackRecord(port)
     record.registry = _start_registry(paths, port)
     registry = f"127.0.0.1:{port}"
+    record.dockerd = start_dockerd(paths, registry)
+    paths.write(record)
+    say(
+        f"dockerd pid {record.dockerd.pid} on {paths.docker_host}; "
+        f"registry pid {record.registry.pid} on {registry}"
+    )
+    return record
+
+
+def start_dockerd(paths: StackPaths, registry: str) -> Process:
+    """dockerd with its data root, exec root, socket and pidfile under `paths`, `registry`
+    (`127.0.0.1:PORT`) its pull-through mirror; returns once it answers."""
+    paths.root.mkdir(parents=True, exist_ok=True)
     paths.daemon_config.write_text(json.dumps(_daemon_config(registry), indent=2))
     with contextlib.suppress(FileNotFoundError):
         paths.socket.unlink()
@@ -218,17 +231,13 @@ def _start(paths: StackPaths, say: Callable[[str], None]) -> StackRecord:
         "--host", paths.docker_host,
         "--pidfile", str(paths.pidfile),
     ]  # fmt: skip
-    record.dockerd = _spawn(argv, paths.dockerd_log)
-    paths.write(record)
-    _wait(lambda: _engine_answers(paths), "dockerd", record.dockerd, paths.dockerd_log)
-    say(
-        f"dockerd pid {record.dockerd.pid} on {paths.docker_host}; "
-        f"registry pid {record.registry.pid} on {registry}"
-    )
-    return record
+    process = _spawn(argv, paths.dockerd_log)
+    _wait(lambda: _engine_answers(paths), "dockerd", process, paths.dockerd_log)
+    return process
 
 
-def _terminate(process: Process | None, what: str, say: Callable[[str], None]) -> None:
+def stop_process(process: Process | None, what: str, say: Callable[[str], None] = _say) -> None:
+    """SIGTERM `process` if it is still the one started (pid and start time), SIGKILL after 30 s."""
     if process is None or not process.alive():
         return
     os.kill(process.pid, signal.SIGTERM)
@@ -241,8 +250,8 @@ def _terminate(process: Process | None, what: str, say: Callable[[str], None]) -
 
 
 def _stop(record: StackRecord, say: Callable[[str], None]) -> None:
-    _terminate(record.dockerd, "dockerd", say)
-    _terminate(record.registry, "the registry", say)
+    stop_process(record.dockerd, "dockerd", say)
+    stop_process(record.registry, "the registry", say)
 
 
 def down(paths: StackPaths | None = None, *, purge: bool = False, say: Callable[[str], None] = _say) -> None:
