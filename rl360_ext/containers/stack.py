@@ -246,6 +246,8 @@ def stop_process(process: Process | None, what: str, say: Callable[[str], None] 
         time.sleep(0.2)
     if process.alive():
         os.kill(process.pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):  # reap it when this process started it
+        os.waitpid(process.pid, os.WNOHANG)
     say(f"stopped {what} (pid {process.pid})")
 
 
