@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -55,7 +56,7 @@ class WavesModel:
     blob_limit: int = 2
     wave_size: int = 4
     wave_interval_s: float = 3.0
-    deadline_s: float = 240.0
+    deadline_s: float = 600.0
 
 
 @dataclass
@@ -134,8 +135,10 @@ class BlobLimiter:
 
     def __exit__(self, *exc: object) -> None:
         asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        asyncio.run_coroutine_threadsafe(self._loop.shutdown_default_executor(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        self._loop.close()
 
 
 def _stack() -> tuple[StackPaths, str]:
@@ -262,12 +265,9 @@ def run_arm(
         if r.get("failure_cause"):
             arm.causes[r["failure_cause"]] = arm.causes.get(r["failure_cause"], 0) + 1
             arm.failed_starts += r.get("phase_timings", {}).get("agent") is None
-    pulled = {
-        (r["placement"]["node_label"], int(r["task"][1:]) % model.groups)
-        for r in results
-        if r.get("placement")
-    }
-    arm.cache_hits = max(0, len([r for r in results if r.get("placement")]) - len(pulled))
+    ran = [r for r in results if r.get("placement") and r.get("timeline", {}).get("sandbox_started_at")]
+    pulled = {(r["placement"]["node_label"], int(r["task"][1:]) % model.groups) for r in ran}
+    arm.cache_hits = len(ran) - len(pulled)
     return arm
 
 
@@ -291,6 +291,7 @@ def waves_and_pinning(model: WavesModel) -> list[Arm]:
                         )
                     )
                     arms[-1].name = name
+                    print(json.dumps(asdict(arms[-1])), file=sys.stderr, flush=True)  # progress
     return arms
 
 
