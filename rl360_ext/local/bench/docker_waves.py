@@ -253,8 +253,8 @@ def run_arm(
             (logs / f"harbor-{name}.log").read_text(errors="replace").count("image pull refused")
         )
     arm.refused_blobs, arm.served_blobs = proxy.refused, proxy.served
-    running = [
-        r["timeline"]["sandbox_started_at"] - started
+    running = [  # when each sandbox was up: its start plus its environment setup
+        r["timeline"]["sandbox_started_at"] + (r["phase_timings"].get("environment_setup") or 0.0) - started
         for r in results
         if r.get("timeline", {}).get("sandbox_started_at")
     ]
