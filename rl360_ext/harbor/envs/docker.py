@@ -193,6 +193,7 @@ class RlDockerEnvironment(DockerEnvironment):
         self._override_dir: tempfile.TemporaryDirectory[str] | None = None
         self._override_path: Path | None = None
         self.pull_retries = 0
+        self._running = False
         super().__init__(*args, **kwargs)  # Harbor parses every kwarg with RlDockerOptions
         self._host = resolve_host(self.options)
 
@@ -256,6 +257,7 @@ class RlDockerEnvironment(DockerEnvironment):
                 await self.stop(delete=True)
             raise
         self._enter_phase(Phase.AGENT)
+        self._running = True
 
     async def _start_pulling(self, force_build: bool) -> None:
         """Harbor's start, again after a pull the registry refused (429, 503: an overloaded
@@ -340,6 +342,7 @@ class RlDockerEnvironment(DockerEnvironment):
 
     async def stop(self, delete: bool) -> None:
         self._observe()
+        self._running = False
         try:
             await super().stop(delete=True)
         finally:
@@ -379,7 +382,10 @@ class RlDockerEnvironment(DockerEnvironment):
     async def end_phase(self, clear: Sequence[str] = (), *, grading: bool = False) -> None:
         """Kill every process of the sandbox user, empty `clear`; with `grading` (the verifier is
         next) empty HOME and tmp (but a work dir inside tmp) and give the work dir, /tests and /logs
-        back to the user, and every later command runs with PYTHONNOUSERSITE=1."""
+        back to the user, and every later command runs with PYTHONNOUSERSITE=1. Nothing to do
+        before the container started or after it stopped."""
+        if not self._running:
+            return
         await super().exec("kill -KILL -1 2>/dev/null; true", user=self.options.sandbox_uid)
         self._observe()
         if grading and not self._grading:
