@@ -1,8 +1,8 @@
 """Running the docker CLI against one engine, the labels rl360 puts on what it starts, and cleanup.
 
-Owns the labels on every container, network, volume and image a trial starts (`OWNER_LABEL`: the
-owning server's `pid.starttime`, `TRIAL_LABEL`: the trial's session id; Compose adds its project
-label), the choice of what a server that is gone left behind (`stale`, pure: containers whose
+Owns the labels on a trial's container (`OWNER_LABEL`: the owning server's `pid.starttime`,
+`TRIAL_LABEL`: the trial's session id; Compose adds its project label, also on the project's
+networks and volumes), the choice of what a server that is gone left behind (`stale`, pure: containers whose
 owner no longer runs, and their Compose projects), and removing it (`remove_stale`: containers,
 then the projects' networks, volumes and images). Every call names the engine (`--host`), so
 nothing here depends on the caller's DOCKER_HOST.

@@ -18,9 +18,11 @@ the same verdict here as under `--env bwrap`:
   public network is refused here (the local stack has no route off this machine: docs/harbor.md
   says how an operator enables egress on a real cluster); Harbor's egress-control sidecar (an
   image from Docker Hub) is never used;
-- cleanup: every container, network, volume and image a trial starts carries the server's owner
-  tag (`pid.starttime`); `clean_stale` (a server starting) removes what a server that is gone
-  left, and `stop` removes the trial's own.
+- cleanup: a trial's container carries the server's owner tag (`pid.starttime`) and the trial's
+  id, its network and volumes its Compose project; `stop` is Harbor's `down --rmi local
+  --volumes` and then removes anything left with the trial's label; `clean_stale` (a server
+  starting) removes the containers of servers that are gone and their projects' networks,
+  volumes and images.
 The engine is `docker_host`, else $DOCKER_HOST, else the engine `rl360 containers up` started.
 """
 
@@ -126,8 +128,9 @@ def compose_override(
     max_pids: int,
     memory_mb: int | None,
 ) -> dict[str, Any]:
-    """The Compose file rl360 adds last for the main service: owner labels (on the container and
-    the image it builds), no network, the pids limit, and swap held to the memory limit."""
+    """The Compose file rl360 adds last for the main service: owner labels on its container (Compose
+    labels its network and volumes with the project), no network, the pids limit, an init process
+    and swap held to the memory limit."""
     labels = {engine.OWNER_LABEL: owner, engine.TRIAL_LABEL: trial}
     main: dict[str, Any] = {"labels": labels, "pids_limit": max_pids, "init": True}
     if no_network:
