@@ -95,18 +95,14 @@ def _ids(host: str, kind: str, label: str) -> list[str]:
     return docker(host, *listing, "--quiet", "--filter", f"label={label}").split()
 
 
-def remove(
-    host: str, containers: Sequence[str], projects: Sequence[str], owners: Sequence[str] = ()
-) -> list[str]:
-    """Remove `containers`, then every network, volume and image of `projects` (and images
-    labelled with one of `owners`); what was removed, as `kind:id` entries."""
+def remove(host: str, containers: Sequence[str], projects: Sequence[str]) -> list[str]:
+    """Remove `containers`, then every network, volume and image labelled with one of `projects`
+    (Compose labels a trial's built image with its project too); what was removed, as `kind:id`."""
     removed: list[str] = []
     if containers:
         docker(host, "rm", "--force", "--volumes", *containers, check=False)
         removed += [f"container:{cid[:12]}" for cid in containers]
-    labels = [f"{PROJECT_LABEL}={project}" for project in projects] + [
-        f"{OWNER_LABEL}={owner}" for owner in owners
-    ]
+    labels = [f"{PROJECT_LABEL}={project}" for project in projects]
     for kind in ("network", "volume", "image"):
         for label in labels:
             ids = _ids(host, kind, label)
@@ -123,12 +119,8 @@ def remove(
 
 def remove_stale(host: str, alive: Callable[[str], bool]) -> list[str]:
     """Remove what servers that are gone left on the engine at `host` (see `stale`)."""
-    rows = labelled(host)
-    selected = stale(rows, alive)
-    owners = sorted({row.owner for row in rows if not alive(row.owner)})
-    if not selected:
-        return []
-    return remove(host, selected.containers, selected.projects, owners)
+    selected = stale(labelled(host), alive)
+    return remove(host, selected.containers, selected.projects) if selected else []
 
 
 def counts(host: str) -> dict[str, int]:
