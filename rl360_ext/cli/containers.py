@@ -8,6 +8,8 @@ from pathlib import Path
 
 import typer
 
+from rl360_ext.containers.paths import StackPaths
+
 app = typer.Typer(
     help="A Docker engine and an image registry on this machine for `rl360 harbor serve --env docker`.",
     no_args_is_help=True,
@@ -20,9 +22,7 @@ _STATE = typer.Option(
 )
 
 
-def _paths(state_dir: Path | None):
-    from rl360_ext.containers import StackPaths
-
+def _paths(state_dir: Path | None) -> StackPaths:
     return StackPaths(state_dir) if state_dir is not None else StackPaths.default()
 
 
@@ -38,7 +38,11 @@ def up(
     from rl360_ext.containers import stack
 
     paths = _paths(state_dir)
-    stack.up(paths, base_image=not no_base_image)
+    try:
+        stack.up(paths, base_image=not no_base_image)
+    except RuntimeError as exc:  # a process that exited or never answered: its log is named
+        typer.echo(f"rl360 containers up: {str(exc).splitlines()[0]}", err=True)
+        raise typer.Exit(1) from None
     typer.echo(f"export DOCKER_HOST={paths.docker_host} DOCKER_CONFIG={paths.docker_config}")
 
 
