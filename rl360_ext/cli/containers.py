@@ -40,6 +40,8 @@ def up(
     paths = _paths(state_dir)
     try:
         stack.up(paths, base_image=not no_base_image)
+    except stack.Unavailable:
+        raise  # one line and exit status 2 (rl360_ext.cli.PrerequisiteGroup)
     except RuntimeError as exc:  # a process that exited or never answered: its log is named
         typer.echo(f"rl360 containers up: {str(exc).splitlines()[0]}", err=True)
         raise typer.Exit(1) from None
