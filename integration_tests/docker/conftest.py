@@ -24,7 +24,7 @@ def containers() -> Iterator[StackPaths]:
         pytest.skip(f"no container engine can start here: {problems[0]}")
     paths = StackPaths.default()
     paths.root.mkdir(parents=True, exist_ok=True)
-    with paths.root.with_suffix(".lock").open("w") as lock:
+    with (paths.root / "up.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one `up` at a time across test workers
         was_running = stack.status(paths).get("running", False)
         try:
