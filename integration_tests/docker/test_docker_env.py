@@ -118,6 +118,19 @@ async def test_nothing_is_left_after_the_server_is_stopped(
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         _wait_for_container(containers)
+        (container,) = docker(
+            containers.docker_host, "ps", "--quiet", "--filter", f"label={OWNER_LABEL}"
+        ).split()
+        limits = "{{.HostConfig.NetworkMode}} {{.HostConfig.PidsLimit}} {{.HostConfig.Memory}} "
+        limits += "{{.HostConfig.MemorySwap}} {{.HostConfig.NanoCpus}}"
+        # the task's reservation (1 cpu, 512 MB, no swap), the pids limit and no network, by the engine
+        assert docker(containers.docker_host, "inspect", "--format", limits, container).split() == [
+            "none",
+            "1024",
+            str(512 * 2**20),
+            str(512 * 2**20),
+            str(10**9),
+        ]
         os.kill(first.pid, stop)
         first.process.wait(timeout=60)
         client.wait(timeout=60)
