@@ -29,9 +29,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
 fi
 if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ] || [ "$ROOT/constraints.txt" -nt "$STAMP" ]; then
-  echo "rl360: installing rl360-ext[harbor,dev] into $VENV (first run takes a few minutes)" >&2
+  echo "rl360: installing rl360-ext[harbor,docker,dev] into $VENV (first run takes a few minutes)" >&2
   # --no-compile: byte-compiling all ~140 distributions up front is most of the install's CPU time
   # (measured: 93 s -> 37 s user+sys); Python compiles what a command imports on first use instead.
-  "$VENV/bin/python" -m pip install --quiet --no-compile -c "$ROOT/constraints.txt" -e "$ROOT[harbor,dev]"
+  "$VENV/bin/python" -m pip install --quiet --no-compile -c "$ROOT/constraints.txt" -e "$ROOT[harbor,docker,dev]"
   touch "$STAMP"
 fi

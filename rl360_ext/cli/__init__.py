@@ -26,6 +26,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from rl360_ext.cli.ab import command as ab_command
+from rl360_ext.cli.containers import app as containers_app
 from rl360_ext.cli.engine import app as engine_app
 from rl360_ext.cli.harbor import app as harbor_app
 from rl360_ext.cli.session import app as session_app
@@ -78,6 +79,7 @@ app.add_typer(session_app, name="session")
 app.add_typer(template_app, name="template")
 app.add_typer(harbor_app, name="harbor")
 app.add_typer(tasks_app, name="tasks")
+app.add_typer(containers_app, name="containers")
 app.command("ab")(ab_command)
 bench_app = typer.Typer(
     help="Benchmarks: each prints a table and compares against its baseline in the same run."
@@ -353,11 +355,6 @@ BENCHES: dict[str, tuple[str, Callable[[], None] | None]] = {
         "Fault matrix: every injected infra failure, its class, and proof its reward enters no mean.",
         _faults_needs,
     ),
-    "harbor": (
-        "One Harbor /run replica (process and Ray actor) at max_concurrent 8/16: attempts/s, starts/s, "
-        "CPU per attempt, RSS, memory per live sandbox.",
-        _harbor_needs,
-    ),
 }  # name -> (help, check or install what it needs first)
 
 
@@ -374,6 +371,23 @@ def _bench_command(name: str, needs: Callable[[], None] | None) -> Callable[[boo
 
 for _name, (_help, _needs) in BENCHES.items():
     bench_app.command(_name, help=_help)(_bench_command(_name, _needs))
+
+
+@bench_app.command("harbor")
+def bench_harbor(
+    env: str = typer.Option(
+        "bwrap", "--env", help="bwrap: one replica's throughput; docker: waves and pinning on real pulls."
+    ),
+    json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """One Harbor /run replica (process and Ray actor) at max_concurrent 8/16: attempts/s, starts/s,
+    CPU per attempt, RSS, memory per live sandbox. With --env docker: launch waves vs all at once and
+    image pinning vs anywhere on two real engines behind an overloaded registry, and reservations
+    beside a heavy build (needs `rl360 containers up`)."""
+    if env not in ("bwrap", "docker"):
+        raise typer.BadParameter(f"--env must be bwrap or docker, got {env!r}")
+    name = "harbor" if env == "bwrap" else "docker_waves"
+    _bench_command(name, _harbor_needs if env == "bwrap" else None)(json)
 
 
 @bench_app.command("trainer")

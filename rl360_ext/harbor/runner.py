@@ -64,8 +64,7 @@ from rl360_ext.harbor.admission import (
     StartGate,
 )
 from rl360_ext.harbor.catalog import TaskCatalog, TaskInfo
-from rl360_ext.harbor.envs import bwrap, warm
-from rl360_ext.harbor.envs.bwrap import IMPORT_PATH as BWRAP_IMPORT_PATH
+from rl360_ext.harbor.envs import choice, warm
 from rl360_ext.harbor.errors import AgentKwargReserved, AgentNotAllowed, FieldInvalid, ServerShuttingDown
 from rl360_ext.harbor.metrics import RunMetrics
 from rl360_ext.harbor.settings import HarborServerConfig
@@ -97,7 +96,7 @@ _Worked = tuple[outcome.Outcome, Placement | None, str | None]  # an attempt's o
 
 @dataclass(frozen=True)
 class EnvironmentSpec:
-    """`--env`: bwrap, a Harbor environment type (docker, daytona, ...), or module.path:Class."""
+    """`--env`: bwrap, docker (rl360's, over Harbor's), a Harbor environment type, or module.path:Class."""
 
     name: str
     kwargs: dict[str, Any] = field(default_factory=dict)
@@ -107,7 +106,7 @@ class EnvironmentSpec:
     def parse(
         cls, spec: str, kwargs: dict[str, Any] | None = None, placement_kwarg: str | None = None
     ) -> EnvironmentSpec:
-        if spec == "bwrap":
+        if spec in choice.IMPORT_PATHS:
             return cls(spec, dict(kwargs or {}), placement_kwarg or "node_label")
         if ":" not in spec and spec not in {t.value for t in EnvironmentType}:
             raise ValueError(
@@ -120,8 +119,8 @@ class EnvironmentSpec:
         if self.placement_kwarg:
             kwargs[self.placement_kwarg] = placement.node_label
         target: dict[str, Any]
-        if self.name == "bwrap":
-            target = {"import_path": BWRAP_IMPORT_PATH}
+        if self.name in choice.IMPORT_PATHS:
+            target = {"import_path": choice.IMPORT_PATHS[self.name]}
         elif ":" in self.name:
             target = {"import_path": self.name}
         else:
@@ -187,17 +186,13 @@ class TrialRunner:
         self.peak_running = 0
         self.shutting_down = False
         self._inflight: dict[str, set[asyncio.Task[_Worked]]] = defaultdict(set)
-        if self.environment.name == "bwrap":
-            bwrap.BwrapEnvironment.check_server_options(self.environment.kwargs)
+        choice.check_server_options(self.environment.name, self.environment.kwargs)
         settings.trials_dir.mkdir(parents=True, exist_ok=True)
         self.cleaned_at_start = self._clean_stale()
 
     def _clean_stale(self) -> list[str]:
         """What a killed server (SIGKILL: no teardown) left of its sandboxes and cgroups."""
-        if self.environment.name != "bwrap":
-            return []
-        root = self.environment.kwargs.get("sandbox_root")
-        removed = bwrap.clean_stale(Path(root) if root else None)
+        removed = choice.clean_stale(self.environment.name, self.environment.kwargs)
         if removed:
             _log.warning(
                 "removed %d sandbox leftovers of a server that is gone: %s", len(removed), removed[:10]
