@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from rl360_ext.local.demo_plan import DemoConfig, plan_step
+from rl360_ext.local.demo.plan import DemoConfig, plan_step
 from rl360_ext.local.fixtures import quiz_task_names
 from rl360_ext.rollout.metrics import read_metrics, read_records
 from rl360_ext.util.procs import rl360_argv

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rl360_ext.local.demo_plan import DemoConfig
+from rl360_ext.local.demo.plan import DemoConfig
 from rl360_ext.weights.churn import HANG, KILL, ChurnEvent, format_churn, parse_churn
 
 

@@ -59,7 +59,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from rl360_ext.local.bench.local_ray import local_ray
+from rl360_ext.local.local_ray import local_ray
 from rl360_ext.local.services import start_engine
 from rl360_ext.session.options import ServiceOptions
 from rl360_ext.util.fielddocs import field_flags
