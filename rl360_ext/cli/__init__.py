@@ -218,9 +218,9 @@ def demo(
 
     On a first run as root with apt-get, missing bubblewrap and tmux are installed (said on stderr);
     any other missing prerequisite ends it with one line saying what to run, exit status 2."""
-    from rl360_ext.local.demo.driver import run_demo
     from rl360_ext.local.demo.faults import parse_injections
     from rl360_ext.local.demo.plan import DemoConfig
+    from rl360_ext.local.demo.run import run_demo
     from rl360_ext.local.demo.stack import demo_stack_config
     from rl360_ext.local.stack import preflight
 
@@ -271,7 +271,7 @@ def demo(
     if audit_tasks:
         _audit_demo_tasks(out)
     if compare == "schedules":
-        from rl360_ext.local.demo.driver import compare_schedules
+        from rl360_ext.local.demo.schedules import compare_schedules
 
         figures = compare_schedules(
             steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out, **settings

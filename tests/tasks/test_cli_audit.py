@@ -16,7 +16,7 @@ from rl360_ext.tasks.verdicts import TaskVerdict
 
 @pytest.fixture
 def demo_calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    import rl360_ext.local.demo.driver as demo
+    import rl360_ext.local.demo.run as demo
     import rl360_ext.local.stack as stack
 
     calls: list[dict[str, Any]] = []
@@ -73,7 +73,7 @@ def test_a_quarantined_quiz_task_stops_the_demo(
 
 
 def test_the_demo_hands_its_quarantine_file_to_the_hooks(tmp_path: Path) -> None:
-    from rl360_ext.local.demo.driver import build_args
+    from rl360_ext.local.demo.miles_args import build_args
     from rl360_ext.local.demo.plan import DemoConfig
     from rl360_ext.rollout.config import AgentConfig
 

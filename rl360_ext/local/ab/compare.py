@@ -61,9 +61,9 @@ from rich.console import Console
 from rl360_ext.local.ab.page import RunFolder, write_compare
 from rl360_ext.local.ab.stats import results_table
 from rl360_ext.local.demo.arms import RL360_RULES, UPSTREAM_RULES
-from rl360_ext.local.demo.driver import DemoResult, run_demo
 from rl360_ext.local.demo.modes import CRASH_MODES, GOAL, LIVE_FAULT_MODES, LIVE_SEEDS, UNIFORM
 from rl360_ext.local.demo.plan import TRAIN_GREEDY, DemoConfig
+from rl360_ext.local.demo.run import DemoResult, run_demo
 from rl360_ext.outcomes.attribution import AttributionRule
 from rl360_ext.util.console import make_console, print_table
 

@@ -1,7 +1,7 @@
 """`rl360 ab`: the fault A/B offline, repeated over seeds, with intervals (issue 29 item 3).
 
 Owns running the demo's learning problem in this process, many times: the same policy (the
-demo's warm-started tiny model, `rl360_ext.local.demo.driver.demo_policy` at `init_seed`), the same
+demo's warm-started tiny model, `rl360_ext.local.demo.policy.demo_policy` at `init_seed`), the same
 reference trainer and its settings (`Trainer`, the demo's `TrainerConfig`: the recipe's clip
 ranges, the decoupled head learning rate, `--keep-old-actor`, one optimizer step per rollout),
 the same task plan (`demo.plan.plan_step`: which quiz each group asks, Miles' group and sample
@@ -265,7 +265,7 @@ class Problem:
         if mode not in CRASH_MODES:
             return self.weights
         if self._crash_weights is None:
-            from rl360_ext.local.demo.driver import crash_action_head
+            from rl360_ext.local.demo.policy import crash_action_head
 
             tokenizer = self.renderer.tokenizer
             weights = copy.deepcopy(self.weights)
@@ -296,8 +296,8 @@ class Problem:
 
 def read_quizzes(renderer: ChatRenderer) -> dict[str, Quiz]:
     """The demo's quiz tasks: instruction, options (what the probe prints), expected letter."""
-    from rl360_ext.local.demo.driver import QUIZ_OPTIONS
     from rl360_ext.local.fixtures import quiz_task_names, tasks_root
+    from rl360_ext.local.fixtures.quiz_agent import QUIZ_OPTIONS
 
     root = tasks_root()
     quizzes = {}
@@ -326,7 +326,7 @@ def quiz_problem(
 
 def demo_problem(config: OfflineConfig) -> Problem:
     """The demo's first policy (`demo_policy`: both warm starts at `init_seed`) and trainer settings."""
-    from rl360_ext.local.demo.driver import demo_policy
+    from rl360_ext.local.demo.policy import demo_policy
 
     demo = DemoConfig(
         steps=config.steps,

@@ -32,7 +32,7 @@ from rl360_ext.local.demo.arms import (
     arm_rules,
     upstream_advantages,
 )
-from rl360_ext.local.demo.driver import build_args
+from rl360_ext.local.demo.miles_args import build_args
 from rl360_ext.local.demo.modes import CRASH_MODES, FAULT_MODES
 from rl360_ext.local.demo.plan import SAMPLING_SEED_LIMIT, DemoConfig, attempt_sampling_seed, plan_step
 from rl360_ext.reference.trainer.trainer import Trainer, TrainerConfig

@@ -256,7 +256,7 @@ def test_defaults_are_the_cli_defaults() -> None:
 def test_infra_table_lists_every_cause_per_step() -> None:
     from rich.console import Console
 
-    from rl360_ext.local.demo.driver import infra_table
+    from rl360_ext.local.demo.console import infra_table
 
     clean = summarize_step(0, [[_sample(0, 0, "valid", 1.0, ["0"])]], [False], expected_version="0")
     assert infra_table([clean]) is None

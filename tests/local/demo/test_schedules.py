@@ -97,7 +97,9 @@ def _summary(step: int, versions: dict[str, float] | None) -> StepSummary:
 
 
 def test_step_figures_are_the_trainers_staleness_metrics_pooled_over_steps() -> None:
-    from rl360_ext.local.demo.driver import DemoResult, schedule_figures, version_metrics, versions_line
+    from rl360_ext.local.demo.console import version_metrics, versions_line
+    from rl360_ext.local.demo.run import DemoResult
+    from rl360_ext.local.demo.schedules import schedule_figures
 
     u = UNVERSIONED
     # prompt of 2, turn 0 outputs on versions 1,2 ; tool token; turn 1 outputs on 2
@@ -121,7 +123,7 @@ def test_step_figures_are_the_trainers_staleness_metrics_pooled_over_steps() -> 
 
 
 def test_engine_idle_share() -> None:
-    from rl360_ext.local.demo.driver import engine_idle_share
+    from rl360_ext.local.demo.run import engine_idle_share
 
     assert engine_idle_share({"a": 1.0, "b": 2.0}, {"a": 3.0, "b": 2.0}, 4.0) == pytest.approx(0.75)
     assert engine_idle_share({"a": -1.0}, {"a": 3.0}, 4.0) is None  # an engine could not be read
