@@ -14,20 +14,51 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from rl360_ext.local.ab import offline as ab
 from rl360_ext.local.ab.config import OfflineConfig
+from rl360_ext.local.ab.offline import merge_runs
+from rl360_ext.local.ab.problem import (
+    OFFLINE_ARMS,
+    Problem,
+    Sampler,
+    make_sample,
+    miles_args,
+    quiz_problem,
+    run_attempt,
+)
+from rl360_ext.local.ab.runs import (
+    RunResult,
+    StepRecord,
+    jobs_for,
+    rollout_step,
+    run_figures,
+    run_one,
+    with_clean_everywhere,
+)
 from rl360_ext.local.ab.stats import METRICS
-from rl360_ext.local.demo.modes import CRASH_MODES, EXPLOITABLE, FAULT_MODES, UNIFORM
+from rl360_ext.local.demo.modes import (
+    BURST,
+    CLEAN,
+    CRASH_MODES,
+    DENOMINATOR,
+    EXPLOITABLE,
+    FAULT_MODES,
+    RL360,
+    UNIFORM,
+    UPSTREAM,
+    ZERO_SCORED,
+)
+from rl360_ext.local.demo.plan import SANDBOX_START
 from rl360_ext.outcomes.provenance import is_valid
 from rl360_ext.reference.engine.model import ModelConfig, init_weights
 from rl360_ext.reference.trainer.trainer import TrainerConfig
 from rl360_ext.rollout.rewards import valid_group_advantages
+from rl360_ext.util.dotted import load_function
 
 SMALL = {"steps": 3, "tasks": 2, "attempts": 3, "seeds": 1}
 
 
 @pytest.fixture(scope="module")
-def problem() -> ab.Problem:
+def problem() -> Problem:
     model = ModelConfig(
         vocab_size=580, layers=1, experts=2, top_k=1, d_model=16, heads=2, head_dim=8, expert_hidden=16
     )
@@ -40,7 +71,7 @@ def problem() -> ab.Problem:
         use_dynamic_global_batch_size=True,
         max_token_age=1,
     )
-    return ab.quiz_problem(model, init_weights(model, 3), trainer)
+    return quiz_problem(model, init_weights(model, 3), trainer)
 
 
 def _tokens(groups: list[list[object]]) -> list[list[int]]:
@@ -48,84 +79,84 @@ def _tokens(groups: list[list[object]]) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("mode", FAULT_MODES)
-def test_arms_share_tasks_faults_and_tokens_on_the_same_weights(problem: ab.Problem, mode: str) -> None:
+def test_arms_share_tasks_faults_and_tokens_on_the_same_weights(problem: Problem, mode: str) -> None:
     config = OfflineConfig(**SMALL, faults=0.5)
-    sampler = ab.Sampler(problem, problem.weights, config.temperature)
-    step = config.steps // 2 if mode == ab.BURST else 0
+    sampler = Sampler(problem, problem.weights, config.temperature)
+    step = config.steps // 2 if mode == BURST else 0
     seen = {
-        arm: ab.rollout_step(problem, config, sampler, mode, arm, 4, step, 0)
-        for arm in (ab.RL360, ab.UPSTREAM, ab.ZERO_SCORED, ab.CLEAN)
+        arm: rollout_step(problem, config, sampler, mode, arm, 4, step, 0)
+        for arm in (RL360, UPSTREAM, ZERO_SCORED, CLEAN)
     }
-    rl360_groups, rl360_faulted, _, rl360_tasks = seen[ab.RL360]
+    rl360_groups, rl360_faulted, _, rl360_tasks = seen[RL360]
     assert rl360_faulted, "the seed and rate are chosen so that some attempt faults"
     for arm, (groups, faulted, _, tasks) in seen.items():
         assert tasks == rl360_tasks
         assert _tokens(groups) == _tokens(rl360_groups)  # same draws, same weights: same tokens
-        assert faulted == ([] if arm == ab.CLEAN else rl360_faulted)
-    assert all(is_valid(s) for g in seen[ab.CLEAN][0] for s in g)
+        assert faulted == ([] if arm == CLEAN else rl360_faulted)
+    assert all(is_valid(s) for g in seen[CLEAN][0] for s in g)
 
 
-def test_whole_runs_are_paired_and_deterministic(problem: ab.Problem) -> None:
+def test_whole_runs_are_paired_and_deterministic(problem: Problem) -> None:
     config = OfflineConfig(**SMALL, faults=0.4)
-    rl360 = ab.run_one(problem, config, UNIFORM, ab.RL360, 1)
-    upstream = ab.run_one(problem, config, UNIFORM, ab.UPSTREAM, 1)
+    rl360 = run_one(problem, config, UNIFORM, RL360, 1)
+    upstream = run_one(problem, config, UNIFORM, UPSTREAM, 1)
     assert rl360.tasks == upstream.tasks
     assert rl360.faulted == upstream.faulted  # uniform faults come from the plan: never from the weights
     # steps 0 and 1 sample on the first weights in every arm (one-step-off): same rewards
     assert [s.unfiltered_mean for s in rl360.steps[:2]] == [s.unfiltered_mean for s in upstream.steps[:2]]
-    again = ab.run_one(problem, config, UNIFORM, ab.RL360, 1)
+    again = run_one(problem, config, UNIFORM, RL360, 1)
     assert [s.unfiltered_mean for s in again.steps] == [s.unfiltered_mean for s in rl360.steps]
     assert again.eval_pass == rl360.eval_pass
     assert all(s.advantage_shift in (None, pytest.approx(0.0, abs=1e-12)) for s in rl360.steps)
     assert all(s.loss_scale in (None, pytest.approx(1.0)) for s in rl360.steps)
 
 
-def test_an_infra_attempt_never_enters_the_rl360_baseline(problem: ab.Problem) -> None:
-    sampler = ab.Sampler(problem, problem.weights, 1.0)
+def test_an_infra_attempt_never_enters_the_rl360_baseline(problem: Problem) -> None:
+    sampler = Sampler(problem, problem.weights, 1.0)
     task = problem.task_names[0]
-    attempts = [ab.run_attempt(problem, sampler, task, [0.5, u, 0.5], 2) for u in (0.1, 0.4, 0.7, 0.95)]
+    attempts = [run_attempt(problem, sampler, task, [0.5, u, 0.5], 2) for u in (0.1, 0.4, 0.7, 0.95)]
     rewards = [1.0, 0.0, 0.0, 1.0]  # set by hand: the rule, not the tiny model's luck, is tested
     for attempt, reward in zip(attempts, rewards, strict=True):
         attempt.reward = reward
-    faults = [None, None, None, ab.SANDBOX_START]
-    samples = [ab.make_sample(a, 0, i, 0, f) for i, (a, f) in enumerate(zip(attempts, faults, strict=True))]
+    faults = [None, None, None, SANDBOX_START]
+    samples = [make_sample(a, 0, i, 0, f) for i, (a, f) in enumerate(zip(attempts, faults, strict=True))]
     infra = samples[3]
     assert not is_valid(infra) and infra.reward is None and set(infra.loss_mask) == {0}
-    args = ab.miles_args(OfflineConfig(**SMALL))
+    args = miles_args(OfflineConfig(**SMALL))
     raw, advantages = valid_group_advantages(args, samples)
     _, without = valid_group_advantages(args, samples[:3])
     assert advantages[:3] == pytest.approx(without)  # the infra attempt's 1.0 never counted
     assert advantages[3] == 0.0 and math.isnan(raw[3])
-    upstream = ab.load_function(ab.OFFLINE_ARMS[ab.UPSTREAM].reward_post_process_path)
+    upstream = load_function(OFFLINE_ARMS[UPSTREAM].reward_post_process_path)
     up_raw, _ = upstream(args, samples)
     assert up_raw[3] == 0.0  # upstream scores the failure 0 instead
 
 
 def test_figures_censor_a_run_that_never_reaches_the_goal() -> None:
     steps = [
-        ab.StepRecord(i, 4, 4, 0, 1, m, 1.0, 0.0, 1.0) for i, m in enumerate([0.2, 0.5, 0.7, 0.6, None, 0.75])
+        StepRecord(i, 4, 4, 0, 1, m, 1.0, 0.0, 1.0) for i, m in enumerate([0.2, 0.5, 0.7, 0.6, None, 0.75])
     ]
-    run = ab.RunResult(UNIFORM, ab.RL360, 0, steps, 0.5, [], [], 1.0)
-    figures = ab.run_figures(run, 6, 0.8)
+    run = RunResult(UNIFORM, RL360, 0, steps, 0.5, [], [], 1.0)
+    figures = run_figures(run, 6, 0.8)
     assert figures["steps_to_goal"] == 6 and figures["censored"] == 1
     assert figures["auc"] == pytest.approx(np.mean([0.2, 0.5, 0.7, 0.6, 0.75]))
     assert figures["final_mean"] == pytest.approx(0.75)  # the last third: steps 4 (no valid attempt) and 5
-    reached = ab.run_figures(run, 6, 0.7)
+    reached = run_figures(run, 6, 0.7)
     assert reached["steps_to_goal"] == 2 and reached["censored"] == 0
 
 
 def test_jobs_run_clean_once_per_seed_and_ablations_only_where_asked() -> None:
     config = OfflineConfig(seeds=2, arms="rl360,upstream,clean,denominator", ablation_modes="uniform")
-    jobs = ab.jobs_for(config)
+    jobs = jobs_for(config)
     # once per seed without the crash tool, once in each mode with it
-    assert [j for j in jobs if j[1] == ab.CLEAN] == [
-        (UNIFORM, ab.CLEAN, 0), (EXPLOITABLE, ab.CLEAN, 0), (UNIFORM, ab.CLEAN, 1), (EXPLOITABLE, ab.CLEAN, 1)
+    assert [j for j in jobs if j[1] == CLEAN] == [
+        (UNIFORM, CLEAN, 0), (EXPLOITABLE, CLEAN, 0), (UNIFORM, CLEAN, 1), (EXPLOITABLE, CLEAN, 1)
     ]  # fmt: skip
-    assert {j[0] for j in jobs if j[1] == ab.DENOMINATOR} == {UNIFORM}
-    assert len([j for j in jobs if j[1] == ab.RL360]) == 2 * len(FAULT_MODES)
+    assert {j[0] for j in jobs if j[1] == DENOMINATOR} == {UNIFORM}
+    assert len([j for j in jobs if j[1] == RL360]) == 2 * len(FAULT_MODES)
     assert [j[2] for j in jobs] == sorted(j[2] for j in jobs)  # seed by seed
-    run = ab.RunResult(UNIFORM, ab.CLEAN, 0, [], 0.0, [], [], 0.0)
-    copies = ab.with_clean_everywhere([run], FAULT_MODES)
+    run = RunResult(UNIFORM, CLEAN, 0, [], 0.0, [], [], 0.0)
+    copies = with_clean_everywhere([run], FAULT_MODES)
     assert sorted(r.mode for r in copies) == sorted(m for m in FAULT_MODES if m not in CRASH_MODES)
 
 
@@ -166,7 +197,7 @@ def test_merge_runs_summarizes_seed_ranges_and_repeats_clean(tmp_path: Path) -> 
         path = tmp_path / f"{name}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in records))
         paths.append(path)
-    document = ab.merge_runs(OfflineConfig(fault_mode="uniform,burst"), paths)
+    document = merge_runs(OfflineConfig(fault_mode="uniform,burst"), paths)
     table = document["table"]
     assert table["uniform"]["upstream"]["seeds"] == 2
     assert table["uniform"]["upstream"]["final_mean_minus_rl360"]["mean"] == pytest.approx(0.25)
