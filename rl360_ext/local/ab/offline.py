@@ -7,7 +7,7 @@ ranges, the decoupled head learning rate, `--keep-old-actor`, one optimizer step
 the same task plan (`demo.plan.plan_step`: which quiz each group asks, Miles' group and sample
 numbering), the same hooks in the same order (rl360's dynamic filter on every group, then the
 arm's reward post-process on the kept samples, `arms.advantage_metrics`, then the train step),
-and the demo's default schedule, one-step-off (`demo.plan.expected_weight_version`: steps 0 and
+and the demo's default schedule, one-step-off (`demo.versions.expected_weight_version`: steps 0 and
 1 sample on the initial weights, step k on the weights step k-2 produced; the trainer scores
 each token with the version that sampled it). What replaces the engines, SMG, the session
 server and Harbor is an in-process sampler: the tiny engine's own model

@@ -29,6 +29,7 @@ from rl360_ext.local.demo.modes import (
     CLEAN,
     CRASH_MODES,
     DENOMINATOR,
+    ONE_STEP_OFF,
     RL360,
     RL360_LIST,
     UPSTREAM,
@@ -38,7 +39,6 @@ from rl360_ext.local.demo.modes import (
 from rl360_ext.local.demo.plan import (
     CLIENT_DEADLINE,
     ENGINE_503,
-    ONE_STEP_OFF,
     SANDBOX_LOST,
     SANDBOX_START,
     VERIFIER_CRASH,

@@ -36,17 +36,12 @@ from rl360_ext.local.demo.modes import (
     ABLATION_ARMS,
     CLEAN,
     CRASH_MODES,
+    ONE_STEP_OFF,
     PLANNED_FAULT_MODES,
     RL360_LIST,
 )
-from rl360_ext.local.demo.plan import (
-    ONE_STEP_OFF,
-    DemoConfig,
-    attempt_fault,
-    expected_weight_version,
-    fault_uniforms,
-    plan_step,
-)
+from rl360_ext.local.demo.plan import DemoConfig, attempt_fault, fault_uniforms, plan_step
+from rl360_ext.local.demo.versions import expected_weight_version
 from rl360_ext.outcomes.provenance import is_valid
 from rl360_ext.reference.engine.threads import single_blas_thread
 from rl360_ext.reference.trainer.trainer import Trainer

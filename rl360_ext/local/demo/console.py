@@ -10,11 +10,9 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rl360_ext.local.demo.plan import (
-    AGE_BUCKETS,
-    StepSummary,
-)
+from rl360_ext.local.demo.summary import StepSummary
 from rl360_ext.local.demo.trainer import CHANCE_LEVEL
+from rl360_ext.local.demo.versions import AGE_BUCKETS
 
 TRUST_METRICS = ("train/logprob_abs_diff_mean", "train/tis_clipfrac")
 

@@ -31,31 +31,31 @@ from rl360_ext.local.demo.churn import EngineChurn
 from rl360_ext.local.demo.console import TRUST_METRICS, push_line, train_line, version_metrics, versions_line
 from rl360_ext.local.demo.gate import DemoGate, Injector
 from rl360_ext.local.demo.miles_args import METRICS_FILE, DemoState, build_args
+from rl360_ext.local.demo.modes import IN_FLIGHT
 from rl360_ext.local.demo.plan import (
     CLIENT_DEADLINE,
-    IN_FLIGHT,
-    INITIAL_WEIGHT_VERSION,
-    START,
-    TRAIN,
-    WAIT,
     AttemptPlan,
     DemoConfig,
     EvalAttempt,
-    StepSummary,
-    allowed_weight_versions,
-    attach_push,
     attempt_sampling_seed,
     correlated_fault,
     eval_notes,
     plan_eval,
     plan_step,
-    pushed_version,
-    schedule_events,
     should_evaluate,
     split_eval_tasks,
-    summarize_step,
 )
+from rl360_ext.local.demo.summary import StepSummary, attach_push, summarize_step
 from rl360_ext.local.demo.trainer import CHANCE_LEVEL, DemoTrainer
+from rl360_ext.local.demo.versions import (
+    INITIAL_WEIGHT_VERSION,
+    START,
+    TRAIN,
+    WAIT,
+    allowed_weight_versions,
+    pushed_version,
+    schedule_events,
+)
 from rl360_ext.local.engines import engine_client, engine_requests
 from rl360_ext.local.fixtures import quiz_task_names
 from rl360_ext.local.fixtures import tasks_root as demo_tasks_root
@@ -153,7 +153,7 @@ class DemoDriver:
     # ---- the one-step-off loop (train_async.py) ---------------------------------------------------
 
     async def run(self) -> list[StepSummary]:
-        """Carry out the schedule (`demo.plan.schedule_events`): rollouts as tasks, training and
+        """Carry out the schedule (`demo.versions.schedule_events`): rollouts as tasks, training and
         pushes in between."""
         await self._start_session_pool()
         if self.config.eval_interval is not None:

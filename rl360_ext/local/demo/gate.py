@@ -35,7 +35,8 @@ from rl360_ext.gate.config import StepGate
 from rl360_ext.gate.evidence import last_step_record, step_evidence
 from rl360_ext.gate.rules import Action, GateState, GateVerdict, decide
 from rl360_ext.local.demo.faults import BAD_PUSH, TEMPLATE_DRIFT, injected
-from rl360_ext.local.demo.plan import PUSH, START, DemoConfig, schedule_events
+from rl360_ext.local.demo.plan import DemoConfig
+from rl360_ext.local.demo.versions import PUSH, START, schedule_events
 from rl360_ext.reference.engine.model import ModelConfig, load_weights, save_weights
 from rl360_ext.rollout.metrics import append_records, attempt_summary
 

@@ -8,9 +8,7 @@ import argparse
 from dataclasses import dataclass
 
 from rl360_ext.local.demo.arms import RL360_REWARD_POST_PROCESS, arm_rules
-from rl360_ext.local.demo.plan import (
-    DemoConfig,
-)
+from rl360_ext.local.demo.plan import DemoConfig
 from rl360_ext.local.stack import LocalStack
 from rl360_ext.util.procs import LOOPBACK
 

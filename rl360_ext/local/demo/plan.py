@@ -1,11 +1,10 @@
-"""The pure parts of `rl360 demo`: its settings, the task and fault plan, the weight schedules
-(one-step-off, in-flight), the per-step version figures, and the per-step summary.
+"""The pure parts of `rl360 demo` before it runs: its settings (`DemoConfig`), the task and fault
+plan, and the eval plan (the weight schedules are `rl360_ext.local.demo.versions`, the per-step
+summary `rl360_ext.local.demo.summary`).
 
 Owns deciding, before anything runs, which quiz task each group of a step asks and which attempts
-get an injected infrastructure fault (seeded, so a run can be repeated); which weight version each
-step's turns must carry under Miles' one-step-off schedule (`train_async.py`); checking the
-versions the samples actually carry; and reducing one step's samples, filter decisions and weight
-push to the row of the summary table. It runs no process and no I/O (the driver is
+get an injected infrastructure fault (seeded, so a run can be repeated); which held-out tasks the
+evals ask. It runs no process and no I/O (the driver is
 `rl360_ext.local.demo.driver`). Validity comes only from `rl360_ext.outcomes.provenance`.
 
 Faults (`--faults RATE`): each attempt independently gets a fault with probability
@@ -29,15 +28,6 @@ uniform mode's faults and offers the quiz agent a crash tool (`quiz_agent.CRASH_
 that picks it runs a command that allocates past the sandbox's memory limit), so the policy can
 fail in a way the list rule (`attribution`: `--attribution list` on the Harbor server) masks as
 infrastructure.
-
-Schedules (`--schedule`): `one-step-off` is Miles' `train_async.py` (weights pushed only once no
-rollout generates). `in-flight` pushes the weights step k's training produced as soon as they are
-written, while rollout k+1 keeps generating: the engines pause (`--pause-mode in_place` keeps the
-KV; `retract` recomputes it on the new weights), update and continue, so a trajectory's tokens
-come from up to two policy versions and the trainer's TIS corrects for the hybrid behaviour
-policy through the per-token `rollout_log_probs`. The version figures the comparison reports
-(token age, mixed-version share, stale-KV share, R3 provenance) are the trainer's own metrics
-(`rl360_ext.train.staleness`); this module only names the age buckets they use.
 """
 
 from __future__ import annotations
@@ -45,11 +35,9 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -62,7 +50,6 @@ from rl360_ext.local.demo.modes import (
     CORRELATED,
     CRASH_MODES,
     FAULT_MODES,
-    IN_FLIGHT,
     ONE_STEP_OFF,
     PLANNED_FAULT_MODES,
     SCHEDULES,
@@ -71,28 +58,44 @@ from rl360_ext.local.demo.modes import (
 from rl360_ext.local.fixtures.quiz_agent import extract_answer
 from rl360_ext.outcomes.attribution import AttributionRule
 from rl360_ext.outcomes.causes import Cause
-from rl360_ext.outcomes.provenance import VALID, attempt_class, infra_cause
-from rl360_ext.rollout.rewards import reward_value
 from rl360_ext.templates.markup import TURN_START
-from rl360_ext.train.staleness import AGE_BUCKETS as STALENESS_AGE_BUCKETS
 from rl360_ext.weights.churn import ChurnEvent, parse_churn
 
 # Fault kinds; the two that are causes are named by the cause they produce.
 SANDBOX_START = "sandbox_start"
+
+
 VERIFIER_CRASH = Cause.VERIFIER_CRASH.value
+
+
 CLIENT_DEADLINE = Cause.CLIENT_DEADLINE.value
+
+
 ENGINE_503 = "engine_503"
+
+
 FAULT_KINDS = (SANDBOX_START, VERIFIER_CRASH, CLIENT_DEADLINE, ENGINE_503)
+
+
 ATTEMPT_FAULT_KINDS = (SANDBOX_START, VERIFIER_CRASH, CLIENT_DEADLINE)  # aimed at single attempts
+
+
 FAULT_TASKS = {SANDBOX_START: "fault-sandbox-start", VERIFIER_CRASH: "fault-verifier-crash"}
+
+
 SANDBOX_LOST = Cause.SANDBOX_LOST.value  # the correlated mode's fault: a sandbox call that failed
+
+
 CORRELATED_TYPICAL_CALLS = 3  # probe, answer write, verifier: an attempt that writes an answer
 
+
 ATTRIBUTION_RULES = tuple(rule.value for rule in AttributionRule)
+
+
 SAMPLING_SEED_LIMIT = 2**63  # an OpenAI `seed` is a non-negative integer; SGLang's sampling_seed is int64
-INITIAL_WEIGHT_VERSION = "0"  # pushed before step 0, as Miles' train_async updates weights first
+
+
 PAUSE_MODES = ("in_place", "retract")
-AGE_BUCKETS = STALENESS_AGE_BUCKETS  # staleness/token_age_hist/<bucket>
 
 
 @dataclass(frozen=True)
@@ -211,9 +214,6 @@ class DemoConfig:
     def crash_tool(self) -> bool:
         """Whether the quiz agent offers the crash tool (the exploitable mode)."""
         return self.fault_mode in CRASH_MODES
-
-
-# ---- fault modes (shared with the offline A/B, rl360_ext.local.ab.offline) --------------------------
 
 
 def keyed_uniforms(key: str, n: int) -> list[float]:
@@ -335,10 +335,12 @@ def plan_step(step: int, config: DemoConfig, task_names: Sequence[str]) -> list[
     return groups
 
 
-# ---- eval (Miles' --eval-interval) ---------------------------------------------------------------
-
 TRAIN_GREEDY, TRAIN_SAMPLED = "train_greedy", "train_sampled"
+
+
 HELD_OUT_GREEDY, HELD_OUT_SAMPLED = "held_out_greedy", "held_out_sampled"
+
+
 HELD_OUT_NOTE = (
     "quiz tasks never trained on: each quiz's answer is an arbitrary letter, so nothing learned on "
     "the training quizzes can transfer, and the held-out pass rate is expected to stay at chance"
@@ -434,244 +436,3 @@ def attempt_sampling_seed(seed: int, attempt_index: int) -> int:
     weights are the same, whatever order the requests reach the engines in."""
     digest = hashlib.sha256(f"rl360-demo-sampling:{seed}:{attempt_index}".encode()).digest()
     return int.from_bytes(digest[:8], "big") % SAMPLING_SEED_LIMIT
-
-
-# ---- one-step-off weight schedule ---------------------------------------------------------------
-
-START, WAIT, TRAIN, PUSH = "start_rollout", "wait_rollout", "train", "push_weights"
-
-
-@dataclass(frozen=True)
-class Event:
-    """One action of the driver: `step` is the rollout step (None for the initial push)."""
-
-    action: str
-    step: int | None
-
-
-def one_step_off_schedule(steps: int) -> list[Event]:
-    """The driver's actions in order, as Miles' train_async.py orders them (update interval 1).
-
-    Push the initial weights; start rollout 0; for each step k: wait for rollout k (unless the
-    previous iteration already did), start rollout k+1, train on step k, wait for rollout k+1
-    ("sync generate before update weights"), push the weights step k's training produced.
-    """
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    events = [Event(PUSH, None), Event(START, 0)]
-    waited: set[int] = set()
-    for step in range(steps):
-        if step not in waited:
-            events.append(Event(WAIT, step))
-            waited.add(step)
-        if step + 1 < steps:
-            events.append(Event(START, step + 1))
-        events.append(Event(TRAIN, step))
-        if step + 1 < steps:
-            events.append(Event(WAIT, step + 1))
-            waited.add(step + 1)
-        events.append(Event(PUSH, step))
-    return events
-
-
-def in_flight_schedule(steps: int) -> list[Event]:
-    """The in-flight driver's actions: push the initial weights; start rollout 0; for each step k:
-    wait for rollout k, start rollout k+1, train on step k, push at once (rollout k+1 is still
-    generating: the push pauses the engines, updates and continues them)."""
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    events = [Event(PUSH, None), Event(START, 0)]
-    for step in range(steps):
-        events.append(Event(WAIT, step))
-        if step + 1 < steps:
-            events.append(Event(START, step + 1))
-        events.append(Event(TRAIN, step))
-        events.append(Event(PUSH, step))
-    return events
-
-
-def schedule_events(schedule: str, steps: int) -> list[Event]:
-    """The driver's actions for `schedule` (SCHEDULES)."""
-    if schedule == ONE_STEP_OFF:
-        return one_step_off_schedule(steps)
-    if schedule == IN_FLIGHT:
-        return in_flight_schedule(steps)
-    raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
-
-
-def versions_per_rollout(schedule: list[Event]) -> dict[int, list[str]]:
-    """The versions each rollout may generate on: the last push before it started, then every push
-    while it was in flight (in order). Under one-step-off each list has one entry."""
-    current: str | None = None
-    in_flight: set[int] = set()
-    versions: dict[int, list[str]] = {}
-    for event in schedule:
-        if event.action == START:
-            if current is None:
-                raise ValueError(f"rollout {event.step} starts before any weights were pushed")
-            versions[event.step] = [current]  # type: ignore[index]
-            in_flight.add(event.step)  # type: ignore[arg-type]
-        elif event.action == WAIT:
-            in_flight.discard(event.step)  # type: ignore[arg-type]
-        elif event.action == PUSH:
-            current = pushed_version(event.step)
-            for step in in_flight:
-                versions[step].append(current)
-    return versions
-
-
-def max_token_age(schedule: str, steps: int) -> int:
-    """The oldest token age a train step sees under `schedule` over `steps` steps: step k trains
-    from the weights pushed as `pushed_version(k - 1)` (version k) on tokens of its rollout's
-    versions (`versions_per_rollout`)."""
-    per_rollout = versions_per_rollout(schedule_events(schedule, steps))
-    return max(
-        (step - min(int(v) for v in versions) for step, versions in per_rollout.items() if step < steps),
-        default=0,
-    )
-
-
-def allowed_weight_versions(schedule: str, step: int, steps: int) -> list[str]:
-    """The versions `step`'s turns may carry under `schedule` (one under one-step-off)."""
-    return versions_per_rollout(schedule_events(schedule, max(steps, step + 1)))[step]
-
-
-def pushed_version(after_step: int | None) -> str:
-    """The weight version pushed after step `after_step`'s update (None: the initial push)."""
-    return INITIAL_WEIGHT_VERSION if after_step is None else str(after_step + 1)
-
-
-def weights_per_rollout(schedule: list[Event]) -> dict[int, str]:
-    """The version each rollout generates on: the last push before it started. Raises ValueError
-    if the schedule pushes while a rollout is in flight (Miles never does)."""
-    current: str | None = None
-    in_flight: set[int] = set()
-    versions: dict[int, str] = {}
-    for event in schedule:
-        if event.action == START:
-            if current is None:
-                raise ValueError(f"rollout {event.step} starts before any weights were pushed")
-            versions[event.step] = current  # type: ignore[index]
-            in_flight.add(event.step)  # type: ignore[arg-type]
-        elif event.action == WAIT:
-            in_flight.discard(event.step)  # type: ignore[arg-type]
-        elif event.action == PUSH:
-            if in_flight:
-                raise ValueError(f"weights pushed while rollout(s) {sorted(in_flight)} generate")
-            current = pushed_version(event.step)
-    return versions
-
-
-def expected_weight_version(step: int) -> str:
-    """The version every turn of `step` must carry under Miles' one-step-off schedule.
-
-    Step k+1 starts generating as soon as step k's rollout is done, so it overlaps step k's
-    update; the push after step k's update waits for step k+1's rollout. Step k+2 therefore
-    generates on step k's weights: steps 0 and 1 carry the initial version, step k >= 2 carries
-    `pushed_version(k - 2)` (what `weights_per_rollout(one_step_off_schedule(n))` computes).
-    """
-    if step < 0:
-        raise ValueError(f"step must be >= 0, got {step}")
-    return INITIAL_WEIGHT_VERSION if step < 2 else pushed_version(step - 2)
-
-
-def version_mismatches(samples: Sequence[Any], expected: str | Sequence[str]) -> list[str]:
-    """One message per sample with a turn on a weight version outside `expected` (one or several)."""
-    allowed = {expected} if isinstance(expected, str) else set(expected)
-    expected = ",".join(sorted(allowed))
-    problems = []
-    for sample in samples:
-        versions = [str(v) for v in getattr(sample, "weight_versions", None) or []]
-        wrong = sorted({v for v in versions if v not in allowed})
-        if wrong:
-            problems.append(
-                f"group {sample.group_index} attempt {sample.index}: turns on weight version(s) "
-                f"{', '.join(wrong)}, expected {expected}"
-            )
-    return problems
-
-
-# ---- the summary table ---------------------------------------------------------------------------
-
-
-@dataclass
-class StepSummary:
-    """One row of the end-of-run table."""
-
-    step: int
-    attempts: int
-    valid: int
-    infra_by_cause: dict[str, int]
-    groups: int
-    kept_groups: int
-    unfiltered_mean: float | None
-    kept_mean: float | None
-    expected_version: str
-    versions_seen: list[str]
-    version_problems: list[str] = field(default_factory=list)
-    versions: dict[str, float] | None = None  # the train step's staleness/kv/r3 metrics
-    trust: dict[str, float] | None = None  # the train step's |delta log p| and TIS clip fraction
-    rollout_time_s: float | None = None
-    train_time_s: float | None = None
-    push_version: str | None = None
-    push_duration_s: float | None = None
-    push_complete: bool | None = None
-    gate: str | None = None  # the step gate's verdict (`demo.gate.verdict_cell`), None: gate off
-
-    @property
-    def infra(self) -> int:
-        return sum(self.infra_by_cause.values())
-
-
-def _mean(values: Sequence[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
-def summarize_step(
-    step: int,
-    groups: Sequence[Sequence[Any]],
-    kept: Sequence[bool],
-    expected_version: str | Sequence[str],
-    rollout_time_s: float | None = None,
-) -> StepSummary:
-    """The step's row from its samples (per group) and the filter's keep decision per group.
-
-    unfiltered mean: valid rewards of every group; kept mean: valid rewards of kept groups. Infra
-    attempts count in neither, whatever reward field they carry.
-    """
-    if len(groups) != len(kept):
-        raise ValueError(f"{len(groups)} groups but {len(kept)} filter decisions")
-    samples = [s for group in groups for s in group]
-    causes = Counter(c for s in samples if (c := infra_cause(s)) is not None)
-    valid_rewards = [reward_value(s) for s in samples if attempt_class(s) == VALID]
-    kept_rewards = [
-        reward_value(s)
-        for group, keep in zip(groups, kept, strict=True)
-        if keep
-        for s in group
-        if attempt_class(s) == VALID
-    ]
-    versions = sorted({str(v) for s in samples for v in (getattr(s, "weight_versions", None) or [])})
-    return StepSummary(
-        step=step,
-        attempts=len(samples),
-        valid=len(valid_rewards),
-        infra_by_cause=dict(sorted(causes.items())),
-        groups=len(groups),
-        kept_groups=sum(1 for keep in kept if keep),
-        unfiltered_mean=_mean(valid_rewards),
-        kept_mean=_mean(kept_rewards),
-        expected_version=(
-            expected_version if isinstance(expected_version, str) else ",".join(expected_version)
-        ),
-        versions_seen=versions,
-        version_problems=version_mismatches(samples, expected_version),
-        rollout_time_s=rollout_time_s,
-    )
-
-
-def attach_push(summary: StepSummary, push: Mapping[str, Any]) -> None:
-    """Record the weight push that followed the step's update (a WeightPush.to_dict())."""
-    summary.push_version = push.get("weight_version")
-    summary.push_duration_s = push.get("duration_s")
-    summary.push_complete = push.get("complete")

@@ -10,11 +10,9 @@ import numpy as np
 
 from rl360_ext.local.demo.arms import arm_rules
 from rl360_ext.local.demo.miles_args import RECIPE_LOSS
-from rl360_ext.local.demo.plan import (
-    DemoConfig,
-    max_token_age,
-)
+from rl360_ext.local.demo.plan import DemoConfig
 from rl360_ext.local.demo.trainer import DemoTrainer
+from rl360_ext.local.demo.versions import max_token_age
 from rl360_ext.local.fixtures import quiz_task_names
 from rl360_ext.local.fixtures import tasks_root as demo_tasks_root
 from rl360_ext.local.fixtures.quiz_agent import CRASH_LETTER, LETTERS, QUIZ_OPTIONS

@@ -31,12 +31,10 @@ from rl360_ext.local.demo.console import (
 )
 from rl360_ext.local.demo.driver import DemoDriver
 from rl360_ext.local.demo.miles_args import METRICS_FILE
-from rl360_ext.local.demo.plan import (
-    DemoConfig,
-    StepSummary,
-)
+from rl360_ext.local.demo.plan import DemoConfig
 from rl360_ext.local.demo.policy import demo_policy
 from rl360_ext.local.demo.stack import demo_stack
+from rl360_ext.local.demo.summary import StepSummary
 from rl360_ext.local.engines import engine_busy_seconds, engine_fault_counts
 from rl360_ext.util.console import make_console, print_table
 

@@ -14,14 +14,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rl360_ext.local.demo.plan import (
-    AGE_BUCKETS,
-    IN_FLIGHT,
-    ONE_STEP_OFF,
-    PAUSE_MODES,
-    StepSummary,
-)
+from rl360_ext.local.demo.modes import IN_FLIGHT, ONE_STEP_OFF
+from rl360_ext.local.demo.plan import PAUSE_MODES
 from rl360_ext.local.demo.run import DemoResult, run_demo
+from rl360_ext.local.demo.summary import StepSummary
+from rl360_ext.local.demo.versions import AGE_BUCKETS
 from rl360_ext.util.console import make_console, print_table
 
 COMPARE_FILE = "compare.json"

@@ -22,8 +22,8 @@ from rl360_ext.local.demo.faults import (
     parse_injections,
 )
 from rl360_ext.local.demo.gate import DemoGate, bad_push_target, drift_template, perturbed_weights
-from rl360_ext.local.demo.modes import BURST_RATE
-from rl360_ext.local.demo.plan import IN_FLIGHT, ONE_STEP_OFF, SANDBOX_START, DemoConfig, plan_step
+from rl360_ext.local.demo.modes import BURST_RATE, IN_FLIGHT, ONE_STEP_OFF
+from rl360_ext.local.demo.plan import SANDBOX_START, DemoConfig, plan_step
 from rl360_ext.reference.trainer.trainer import Trainer, TrainerConfig
 from rl360_ext.rollout.metrics import append_records, read_records
 from tests.reference.trainer.helpers import SMALL, sample, small_weights

@@ -11,23 +11,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl360_ext.local.demo.plan import (
-    ATTEMPT_FAULT_KINDS,
-    CLIENT_DEADLINE,
-    FAULT_TASKS,
+from rl360_ext.local.demo.plan import ATTEMPT_FAULT_KINDS, CLIENT_DEADLINE, FAULT_TASKS, DemoConfig, plan_step
+from rl360_ext.local.demo.summary import attach_push, summarize_step
+from rl360_ext.local.demo.versions import (
     INITIAL_WEIGHT_VERSION,
     PUSH,
     START,
     TRAIN,
     WAIT,
-    DemoConfig,
     Event,
-    attach_push,
     expected_weight_version,
     one_step_off_schedule,
-    plan_step,
     pushed_version,
-    summarize_step,
     version_mismatches,
     weights_per_rollout,
 )

@@ -9,14 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rl360_ext.local.demo.plan import (
-    IN_FLIGHT,
-    ONE_STEP_OFF,
+from rl360_ext.local.demo.modes import IN_FLIGHT, ONE_STEP_OFF
+from rl360_ext.local.demo.plan import DemoConfig
+from rl360_ext.local.demo.summary import StepSummary
+from rl360_ext.local.demo.versions import (
     PUSH,
     START,
     WAIT,
-    DemoConfig,
-    StepSummary,
     allowed_weight_versions,
     expected_weight_version,
     in_flight_schedule,

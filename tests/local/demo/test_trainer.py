@@ -10,7 +10,7 @@ import pytest
 
 from rl360_ext.diagnostics.report_data import TRAIN_KIND
 from rl360_ext.local.demo.console import learning_line, train_line
-from rl360_ext.local.demo.plan import StepSummary
+from rl360_ext.local.demo.summary import StepSummary
 from rl360_ext.local.demo.trainer import (
     CHANCE_LEVEL,
     WARM_START_CACHE,
