@@ -464,7 +464,9 @@ def bench_sessions(
 
     With a Miles checkout, Miles' own session server runs beside rl360's on every case.
     """
-    from rl360_ext.local.bench.sessions import MILES_MODES, Hosting, MilesUnavailable, main
+    from rl360_ext.local.bench.miles_sessions import MILES_MODES, MilesUnavailable
+    from rl360_ext.local.bench.session_case import Hosting
+    from rl360_ext.local.bench.sessions import main
 
     flags = {"off": False, "on": True}
     modes = _choices(r3, tuple(flags), "--r3")

@@ -8,19 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rl360_ext.local.bench.sessions import (
-    RL360,
-    Case,
-    CaseResult,
-    Hosting,
-    Miles,
-    MilesUnavailable,
-    _median,
-    cases,
-    contenders,
-    find_miles,
-    ratios,
-)
+from rl360_ext.local.bench.miles_sessions import Miles, MilesUnavailable, find_miles
+from rl360_ext.local.bench.session_case import RL360, Case, CaseResult, Hosting
+from rl360_ext.local.bench.sessions import _median, cases, contenders, ratios
 
 CASE = Case(sessions=4, turns=3, r3=True, servers=1, backend="instant")
 MILES = Miles(Path("/nowhere"), sys.executable)
