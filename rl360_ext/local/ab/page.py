@@ -44,8 +44,9 @@ from typing import Any
 
 from rl360_ext.diagnostics import page
 from rl360_ext.diagnostics.charts import FULL_WIDTH, HALF_WIDTH, Series, legend, line_chart
-from rl360_ext.diagnostics.report import CSS, STEP_AXIS
-from rl360_ext.diagnostics.report_data import chance_level, load_run
+from rl360_ext.diagnostics.report_data import load_run
+from rl360_ext.diagnostics.report_series import chance_level
+from rl360_ext.diagnostics.report_style import CSS, STEP_AXIS
 from rl360_ext.local.ab.stats import (
     INTERVAL_NOTE,
     TABLE_COLUMNS,
