@@ -273,17 +273,13 @@ def demo(
     if compare == "schedules":
         from rl360_ext.local.demo.schedules import compare_schedules
 
-        figures = compare_schedules(
-            steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out, **settings
-        )
+        figures = compare_schedules(config)
         raise typer.Exit(1 if any(side["problems"] for side in figures.values()) else 0)
     if arms is not None:
         from rl360_ext.local.ab.compare import run_compare
 
         raise typer.Exit(1 if run_compare(config, arms, modes, ab_seeds).problems else 0)
-    result = run_demo(
-        steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out, **settings
-    )
+    result = run_demo(config)
     raise typer.Exit(1 if result.problems else 0)
 
 

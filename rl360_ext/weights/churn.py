@@ -53,8 +53,3 @@ def parse_churn(spec: str | None, steps: int | None = None) -> tuple[ChurnEvent,
             )
         events[step] = ChurnEvent(kind, step)
     return tuple(events[step] for step in sorted(events))
-
-
-def format_churn(events: tuple[ChurnEvent, ...]) -> str:
-    """The SPEC that `parse_churn` reads back as `events`."""
-    return ",".join(str(event) for event in events)

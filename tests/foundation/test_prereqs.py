@@ -180,7 +180,7 @@ def test_python_too_old_for_harbor_is_one_line(tmp_path: Path, monkeypatch: pyte
 def test_a_service_that_cannot_start_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import rl360_ext.local.demo.run as demo
 
-    def fail(**kwargs: object) -> None:
+    def fail(config: object) -> None:
         raise ServiceStartError("engine0 exited with 1 before it was ready", tmp_path / "engine0.log", "a\nb")
 
     monkeypatch.setattr(stack_module, "preflight", lambda *args, **kwargs: None)

@@ -226,8 +226,7 @@ def run_compare(
             f"run {number}/{len(runs)}: seed {run.seed}, {mode}, {run.arm} (rules {config.rules}, "
             f"faults {config.faults:g}), {time.monotonic() - started:.0f} s in"
         )
-        fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-        results[(run.mode, run.arm, run.seed)] = run_demo(console=console, **fields)
+        results[(run.mode, run.arm, run.seed)] = run_demo(config, console)
     eval_dataset = TRAIN_GREEDY if base.eval_interval is not None else None
     report, numbers, document = write_compare(
         base.out, report_folders(runs, modes), base.steps, GOAL, eval_dataset

@@ -59,7 +59,7 @@ from rl360_ext.local.demo.arms import ADVANTAGE_KIND
 from rl360_ext.outcomes.attribution import EVIDENCE, Resource
 from rl360_ext.outcomes.causes import Cause
 from rl360_ext.outcomes.provenance import VALID
-from rl360_ext.rollout.metrics import records_by_kind
+from rl360_ext.rollout.metrics import read_records
 
 COMPARE_HTML = "compare.html"
 COMPARE_JSON = "compare.json"
@@ -131,7 +131,7 @@ def load_arm(name: str, run_dir: Path, eval_dataset: str | None = None) -> ArmCu
     run = load_run(run_dir)
     steps = run.step_ids
     shift: dict[int, float | None] = {step: None for step in steps}
-    for record in records_by_kind(run.source).get(ADVANTAGE_KIND, []):
+    for record in read_records(run.source, ADVANTAGE_KIND):
         rollout_id, metrics = record.get("rollout_id"), record.get("metrics")
         if not isinstance(rollout_id, int) or not isinstance(metrics, dict):
             raise ValueError(
@@ -152,7 +152,7 @@ def load_arm(name: str, run_dir: Path, eval_dataset: str | None = None) -> ArmCu
 
     trained = train_metric(VALID_SAMPLES)
     scales = {s: v if trained[s] else None for s, v in train_metric(LOSS_SCALE).items()}
-    crash, passed = crash_series(records_by_kind(run.source).get("attempt", []), steps)
+    crash, passed = crash_series(read_records(run.source, "attempt"), steps)
     return ArmCurves(
         name=name,
         run_dir=str(run_dir),

@@ -144,33 +144,11 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def run_demo(
-    steps: int = 20,
-    tasks: int = 8,
-    attempts: int = 4,
-    faults: float = 0.0,
-    engines: int = 2,
-    out: Path = Path("runs/demo"),
-    *,
-    seed: int = 0,
-    console: Console | None = None,
-    **options: Any,
-) -> DemoResult:
-    """Start the stack, run `steps` rollout steps in Miles' order, stop everything, write the report.
-
-    `options` are further `DemoConfig` fields (lr, steps_per_rollout, engine_dtype, ...)."""
+def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
+    """Start the stack, run `config.steps` rollout steps in Miles' order, stop everything, write
+    the report."""
     from rl360_ext.diagnostics.report import main as write_report
 
-    config = DemoConfig(
-        steps=steps,
-        tasks=tasks,
-        attempts=attempts,
-        faults=faults,
-        engines=engines,
-        out=Path(out),
-        seed=seed,
-        **options,
-    )
     console = console or make_console()
     _fresh_output(config.out)
     _import_transformers_quietly()

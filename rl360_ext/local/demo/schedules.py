@@ -4,18 +4,18 @@ under each pause mode), same seed and settings, then the trainer's version figur
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from rl360_ext.local.demo.modes import IN_FLIGHT, ONE_STEP_OFF
-from rl360_ext.local.demo.plan import PAUSE_MODES
+from rl360_ext.local.demo.plan import PAUSE_MODES, DemoConfig
 from rl360_ext.local.demo.run import DemoResult, run_demo
 from rl360_ext.local.demo.summary import StepSummary
 from rl360_ext.local.demo.versions import AGE_BUCKETS
@@ -114,21 +114,17 @@ def schedule_sides() -> list[tuple[str, str, str]]:
     return sides
 
 
-def compare_schedules(
-    out: Path = Path("runs/demo"), console: Console | None = None, **options: Any
-) -> dict[str, dict[str, Any]]:
+def compare_schedules(config: DemoConfig, console: Console | None = None) -> dict[str, dict[str, Any]]:
     """`rl360 demo --compare schedules`: the demo once per side of `schedule_sides`
     (OUT/<schedule>[-<pause mode>]), same seed and settings, then the figures side by side
     (printed, and written to OUT/compare.json)."""
     console = console or make_console()
-    options.pop("schedule", None)
-    options.pop("pause_mode", None)
     figures: dict[str, dict[str, Any]] = {}
     for side, schedule, mode in schedule_sides():
-        folder = Path(out) / side.replace(" ", "-")
-        result = run_demo(out=folder, console=console, schedule=schedule, pause_mode=mode, **options)
-        figures[side] = schedule_figures(result)
+        folder = config.out / side.replace(" ", "-")
+        side_config = dataclasses.replace(config, out=folder, schedule=schedule, pause_mode=mode)
+        figures[side] = schedule_figures(run_demo(side_config, console))
     print_table(console, compare_table(figures))
-    Path(out).mkdir(parents=True, exist_ok=True)
-    (Path(out) / COMPARE_FILE).write_text(json.dumps(figures, indent=2) + "\n")
+    config.out.mkdir(parents=True, exist_ok=True)
+    (config.out / COMPARE_FILE).write_text(json.dumps(figures, indent=2) + "\n")
     return figures

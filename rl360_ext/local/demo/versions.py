@@ -130,34 +130,13 @@ def pushed_version(after_step: int | None) -> str:
     return INITIAL_WEIGHT_VERSION if after_step is None else str(after_step + 1)
 
 
-def weights_per_rollout(schedule: list[Event]) -> dict[int, str]:
-    """The version each rollout generates on: the last push before it started. Raises ValueError
-    if the schedule pushes while a rollout is in flight (Miles never does)."""
-    current: str | None = None
-    in_flight: set[int] = set()
-    versions: dict[int, str] = {}
-    for event in schedule:
-        if event.action == START:
-            if current is None:
-                raise ValueError(f"rollout {event.step} starts before any weights were pushed")
-            versions[event.step] = current  # type: ignore[index]
-            in_flight.add(event.step)  # type: ignore[arg-type]
-        elif event.action == WAIT:
-            in_flight.discard(event.step)  # type: ignore[arg-type]
-        elif event.action == PUSH:
-            if in_flight:
-                raise ValueError(f"weights pushed while rollout(s) {sorted(in_flight)} generate")
-            current = pushed_version(event.step)
-    return versions
-
-
 def expected_weight_version(step: int) -> str:
     """The version every turn of `step` must carry under Miles' one-step-off schedule.
 
     Step k+1 starts generating as soon as step k's rollout is done, so it overlaps step k's
     update; the push after step k's update waits for step k+1's rollout. Step k+2 therefore
     generates on step k's weights: steps 0 and 1 carry the initial version, step k >= 2 carries
-    `pushed_version(k - 2)` (what `weights_per_rollout(one_step_off_schedule(n))` computes).
+    `pushed_version(k - 2)` (`versions_per_rollout(one_step_off_schedule(n))`: one version each).
     """
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")

@@ -23,7 +23,6 @@ from rl360_ext.local.demo.versions import (
     schedule_events,
     version_mismatches,
     versions_per_rollout,
-    weights_per_rollout,
 )
 from rl360_ext.sglang.versions import TURN_CACHED_TOKENS, TURN_OUTPUT_START, UNVERSIONED, VERSIONS_KEY
 from rl360_ext.train.staleness import sample_staleness_metrics
@@ -38,8 +37,6 @@ def test_one_step_off_allows_exactly_miles_version(steps: int) -> None:
 @given(st.integers(2, 30))
 def test_in_flight_pushes_while_the_next_rollout_generates(steps: int) -> None:
     events = in_flight_schedule(steps)
-    with pytest.raises(ValueError, match="weights pushed while rollout"):
-        weights_per_rollout(events)  # the one-step-off check refuses exactly this
     versions = versions_per_rollout(events)
     assert versions[0] == ["0"]
     for step in range(1, steps):
