@@ -61,18 +61,24 @@ from rich.console import Console
 from rl360_ext.local.ab.page import RunFolder, write_compare
 from rl360_ext.local.ab.stats import results_table
 from rl360_ext.local.demo.arms import RL360_RULES, UPSTREAM_RULES
-from rl360_ext.local.demo.modes import CRASH_MODES, GOAL, LIVE_FAULT_MODES, LIVE_SEEDS, UNIFORM
+from rl360_ext.local.demo.modes import (
+    CLEAN,
+    CRASH_MODES,
+    GOAL,
+    LIVE_FAULT_MODES,
+    LIVE_SEEDS,
+    RL360,
+    RL360_LIST,
+    UNIFORM,
+    UPSTREAM,
+)
 from rl360_ext.local.demo.plan import TRAIN_GREEDY, DemoConfig
 from rl360_ext.local.demo.run import DemoResult, run_demo
 from rl360_ext.outcomes.attribution import AttributionRule
 from rl360_ext.util.console import make_console, print_table
 
-RL360_ARM = "rl360"
-RL360_LIST_ARM = "rl360-list"
-UPSTREAM_ARM = "upstream"
-CLEAN_ARM = "clean"
 # what `--compare` may name; rl360's arm always runs first
-COMPARABLE_ARMS = (UPSTREAM_ARM, RL360_LIST_ARM, CLEAN_ARM)
+COMPARABLE_ARMS = (UPSTREAM, RL360_LIST, CLEAN)
 
 
 @dataclass(frozen=True)
@@ -88,10 +94,10 @@ class ArmSpec:
 
 
 ARMS: dict[str, ArmSpec] = {
-    RL360_ARM: ArmSpec(RL360_ARM, RL360_RULES, True),
-    UPSTREAM_ARM: ArmSpec(UPSTREAM_ARM, UPSTREAM_RULES, True),
-    RL360_LIST_ARM: ArmSpec(RL360_LIST_ARM, RL360_RULES, True, AttributionRule.LIST.value, True),
-    CLEAN_ARM: ArmSpec(CLEAN_ARM, RL360_RULES, False),
+    RL360: ArmSpec(RL360, RL360_RULES, True),
+    UPSTREAM: ArmSpec(UPSTREAM, UPSTREAM_RULES, True),
+    RL360_LIST: ArmSpec(RL360_LIST, RL360_RULES, True, AttributionRule.LIST.value, True),
+    CLEAN: ArmSpec(CLEAN, RL360_RULES, False),
 }
 
 
@@ -108,9 +114,9 @@ def parse_compare(value: str) -> list[str]:
         )
     if len(set(names)) != len(names):
         raise ValueError(f"--compare names an arm twice: {value!r}")
-    if UPSTREAM_ARM not in names:
-        raise ValueError(f"--compare needs the {UPSTREAM_ARM!r} arm, got {value!r}")
-    return [RL360_ARM, *names]
+    if UPSTREAM not in names:
+        raise ValueError(f"--compare needs the {UPSTREAM!r} arm, got {value!r}")
+    return [RL360, *names]
 
 
 @dataclass(frozen=True)
@@ -156,7 +162,7 @@ def compare_runs(base: DemoConfig, arms: Sequence[str], modes: Sequence[str], se
         raise ValueError("--fault-modes needs at least one mode")
     if any(ARMS[arm].crash_modes_only for arm in arms) and not set(modes) & set(CRASH_MODES):
         raise ValueError(
-            f"--compare {RL360_LIST_ARM} needs a --fault-modes mode with the crash tool "
+            f"--compare {RL360_LIST} needs a --fault-modes mode with the crash tool "
             f"({', '.join(CRASH_MODES)}): elsewhere it is rl360's arm exactly"
         )
     plain = [mode for mode in modes if mode not in CRASH_MODES]

@@ -13,14 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl360_ext.local.ab.compare import (
-    CLEAN_ARM,
-    RL360_ARM,
-    UPSTREAM_ARM,
-    compare_runs,
-    parse_compare,
-    report_folders,
-)
+from rl360_ext.local.ab.compare import compare_runs, parse_compare, report_folders
 from rl360_ext.local.demo.arms import (
     ADVANTAGE_REFERENCE_MEAN,
     ADVANTAGE_SHIFT,
@@ -33,7 +26,10 @@ from rl360_ext.local.demo.arms import (
     upstream_advantages,
 )
 from rl360_ext.local.demo.miles_args import build_args
+from rl360_ext.local.demo.modes import CLEAN as CLEAN_ARM
 from rl360_ext.local.demo.modes import CRASH_MODES, FAULT_MODES
+from rl360_ext.local.demo.modes import RL360 as RL360_ARM
+from rl360_ext.local.demo.modes import UPSTREAM as UPSTREAM_ARM
 from rl360_ext.local.demo.plan import SAMPLING_SEED_LIMIT, DemoConfig, attempt_sampling_seed, plan_step
 from rl360_ext.reference.trainer.trainer import Trainer, TrainerConfig
 from rl360_ext.rollout.rewards import valid_group_advantages

@@ -12,8 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl360_ext.local.ab.compare import CLEAN_ARM, RL360_ARM, UPSTREAM_ARM, compare_runs
+from rl360_ext.local.ab.compare import compare_runs
 from rl360_ext.local.demo.modes import BURST, BURST_RATE, CORRELATED, FAULT_MODES, UNIFORM
+from rl360_ext.local.demo.modes import CLEAN as CLEAN_ARM
+from rl360_ext.local.demo.modes import RL360 as RL360_ARM
+from rl360_ext.local.demo.modes import UPSTREAM as UPSTREAM_ARM
 from rl360_ext.local.demo.plan import (
     SANDBOX_LOST,
     SANDBOX_START,
