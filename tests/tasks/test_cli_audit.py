@@ -21,9 +21,7 @@ def demo_calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
     calls: list[Any] = []
     monkeypatch.setattr(stack, "preflight", lambda *args, **kwargs: None)
-    monkeypatch.setattr(
-        demo, "run_demo", lambda config: calls.append(config) or SimpleNamespace(problems=[])
-    )
+    monkeypatch.setattr(demo, "run_demo", lambda config: calls.append(config) or SimpleNamespace(problems=[]))
     return calls
 
 
