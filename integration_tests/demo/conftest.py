@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from integration_tests.components import bwrap_problem, skip_if_missing
-from rl360_ext.local.demo_plan import DemoConfig
-from rl360_ext.local.stack import demo_stack_config, preflight
+from rl360_ext.local.demo.plan import DemoConfig
+from rl360_ext.local.demo.stack import demo_stack_config
+from rl360_ext.local.stack import preflight
 from rl360_ext.util.prereqs import Unavailable
 
 

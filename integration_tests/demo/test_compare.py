@@ -8,8 +8,8 @@ both arms; an attempt valid in both arms on step 0 (both hold the warm-started w
 same reward, since its sampling seed is the same; rl360's gradient scale is 1 and upstream's the
 valid share; rl360's advantage shift is 0; compare.json has the uniform mode's two arms over 2
 seeds and compare.html their charts. The planning, the pairing across arrival orders, the
-statistics and the page are unit-tested (tests/local/test_fault_modes.py, test_compare.py,
-tests/diagnostics/test_ab_stats.py, test_compare_report.py). Four demo runs of 1 step x 2 tasks x
+statistics and the page are unit-tested (tests/local/demo/test_fault_modes.py, tests/local/ab/test_compare.py,
+tests/local/ab/test_stats.py, test_page.py). Four demo runs of 1 step x 2 tasks x
 2 attempts, each mostly the stack's start and stop (20-50 s) around a 3-4 s rollout: 243 s at load
 9 and 364 s at load 12 on the shared 2-core machine; 368-507 s in the whole suite on a slower
 instance, hence the 840 s bound (a hang still fails it, well inside CI's 90 minutes).
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from rl360_ext.local.demo_plan import DemoConfig, plan_step
+from rl360_ext.local.demo.plan import DemoConfig, plan_step
 from rl360_ext.local.fixtures import quiz_task_names
 from rl360_ext.rollout.metrics import read_metrics, read_records
 from rl360_ext.util.procs import rl360_argv

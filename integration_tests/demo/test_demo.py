@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from integration_tests.demo.demo_process import DEMO_RUN_S, assert_nothing_left, demo_argv, marked_env
-from rl360_ext.local.demo_plan import DemoConfig, expected_weight_version, plan_step
+from rl360_ext.local.demo.plan import DemoConfig, plan_step
+from rl360_ext.local.demo.versions import expected_weight_version
 from rl360_ext.local.fixtures import quiz_task_names
 from rl360_ext.rollout.metrics import read_metrics, read_records
 from tests.diagnostics.report_fixtures import CHARTS

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from integration_tests.demo.demo_process import assert_nothing_left, demo_argv, marked_env
-from rl360_ext.local.demo_plan import AGE_BUCKETS, IN_FLIGHT, allowed_weight_versions
+from rl360_ext.local.demo.modes import IN_FLIGHT
+from rl360_ext.local.demo.versions import AGE_BUCKETS, allowed_weight_versions
 from rl360_ext.rollout.metrics import read_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-py311"
 # Modules that exist only for the Harbor server process (the `harbor` extra, Python >= 3.12).
-HARBOR_EXTRA_MODULES = frozenset({"rl360_ext.local.agents"})
+HARBOR_EXTRA_MODULES = frozenset({"rl360_ext.local.fixtures.agents"})
 
 
 def _python311() -> str | None:
@@ -37,7 +37,12 @@ def _core_modules() -> list[str]:
             parts = parts[:-1]
         if len(parts) > 1 and parts[1] == "harbor" and parts[-1] != "cli" and len(parts) > 2:
             continue
-        if ".".join(parts) in HARBOR_EXTRA_MODULES or parts[:3] == ("rl360_ext", "local", "tasks"):
+        if ".".join(parts) in HARBOR_EXTRA_MODULES or parts[:4] == (
+            "rl360_ext",
+            "local",
+            "fixtures",
+            "tasks",
+        ):
             continue
         modules.append(".".join(parts))
     return modules

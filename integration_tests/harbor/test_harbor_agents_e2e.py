@@ -18,7 +18,7 @@ from harbor.models.trial.paths import TrialPaths
 
 from integration_tests.harbor.conftest import sandbox_root
 from rl360_ext.harbor.envs.bwrap import BwrapEnvironment
-from rl360_ext.local import agents as demo_agent
+from rl360_ext.local.fixtures import agents as demo_agent
 from rl360_ext.local.fixtures import tasks_root as example_tasks_root
 from rl360_ext.local.services import start_engine
 from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir

@@ -54,8 +54,8 @@ from rl360_ext.local.services import start_engine
 from rl360_ext.reference.engine.model import ModelConfig, TinyMoEModel, init_weights
 from rl360_ext.reference.engine.tokenizer import build_tokenizer
 from rl360_ext.reference.trainer.trainer import Trainer, TrainerConfig
-from rl360_ext.rollout.generate import fill_from_merged
 from rl360_ext.rollout.sample import Sample
+from rl360_ext.rollout.sample_fill import fill_from_merged
 from rl360_ext.util.procs import running
 
 SEED = 5

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from integration_tests.components import bwrap_problem, skip_if_missing
-from rl360_ext.local.fault_matrix import DEMO_AGENT
+from rl360_ext.local.bench.fault_matrix import DEMO_AGENT
 from rl360_ext.local.services import start_engine, start_smg
 from rl360_ext.session.pool import ensure_ray
 from rl360_ext.util.procs import Service, free_port, start_service

@@ -36,8 +36,8 @@ pytestmark = pytest.mark.slow
 
 
 def _tasks_root(directory: Path) -> Path:
-    """rl360's task fixtures, as rl360_ext.local.fault_matrix.matrix_tasks_root copies them."""
-    from rl360_ext.local.fault_matrix import matrix_tasks_root
+    """rl360's task fixtures, as rl360_ext.local.bench.fault_matrix.matrix_tasks_root copies them."""
+    from rl360_ext.local.bench.fault_matrix import matrix_tasks_root
 
     return matrix_tasks_root(directory)
 

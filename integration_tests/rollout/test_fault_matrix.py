@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rl360_ext.local.fault_matrix import (
+from rl360_ext.local.bench.fault_matrix import (
     CASES,
     CaseResult,
     FaultStack,

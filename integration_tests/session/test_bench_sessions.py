@@ -14,15 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from rl360_ext.local.bench.sessions import (
-    RL360,
-    Case,
-    Hosting,
-    MilesUnavailable,
-    find_miles,
-    main,
-    run_case,
-)
+from rl360_ext.local.bench.miles_sessions import MilesUnavailable, find_miles
+from rl360_ext.local.bench.session_case import RL360, Case, Hosting
+from rl360_ext.local.bench.sessions import main, run_case
 from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -32,7 +32,7 @@ from rl360_ext.cli.harbor import app as harbor_app
 from rl360_ext.cli.session import app as session_app
 from rl360_ext.cli.tasks import app as tasks_app
 from rl360_ext.cli.templates import app as template_app
-from rl360_ext.local.ab_config import FAULT_MODES, LIVE_FAULT_MODES, LIVE_SEEDS, parse_names
+from rl360_ext.local.demo.modes import FAULT_MODES, LIVE_FAULT_MODES, LIVE_SEEDS, parse_names
 from rl360_ext.util.prereqs import EXIT_UNAVAILABLE, Unavailable, package_remedy
 from rl360_ext.util.procs import ServiceStartError
 from rl360_ext.util.progress import showing_progress
@@ -220,10 +220,11 @@ def demo(
 
     On a first run as root with apt-get, missing bubblewrap and tmux are installed (said on stderr);
     any other missing prerequisite ends it with one line saying what to run, exit status 2."""
-    from rl360_ext.local.demo import run_demo
-    from rl360_ext.local.demo_faults import parse_injections
-    from rl360_ext.local.demo_plan import DemoConfig
-    from rl360_ext.local.stack import demo_stack_config, preflight
+    from rl360_ext.local.demo.faults import parse_injections
+    from rl360_ext.local.demo.plan import DemoConfig
+    from rl360_ext.local.demo.run import run_demo
+    from rl360_ext.local.demo.stack import demo_stack_config
+    from rl360_ext.local.stack import preflight
 
     try:
         injections = parse_injections(inject)
@@ -254,7 +255,7 @@ def demo(
         raise typer.BadParameter(str(err)) from None
     arms = None
     if compare not in (None, "schedules"):
-        from rl360_ext.local.compare import parse_compare
+        from rl360_ext.local.ab.compare import parse_compare
 
         try:
             arms = parse_compare(compare)
@@ -262,7 +263,7 @@ def demo(
             raise typer.BadParameter(str(err), param_hint="--compare") from None
     modes, ab_seeds = _ab_runs(arms is not None, seeds, fault_modes)
     if arms is not None:
-        from rl360_ext.local.compare import compare_runs
+        from rl360_ext.local.ab.compare import compare_runs
 
         try:  # every run's settings, before anything starts (rl360-list needs a crash-tool mode)
             compare_runs(config, arms, modes, ab_seeds)
@@ -272,19 +273,15 @@ def demo(
     if audit_tasks:
         _audit_demo_tasks(out)
     if compare == "schedules":
-        from rl360_ext.local.demo import compare_schedules
+        from rl360_ext.local.demo.schedules import compare_schedules
 
-        figures = compare_schedules(
-            steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out, **settings
-        )
+        figures = compare_schedules(config)
         raise typer.Exit(1 if any(side["problems"] for side in figures.values()) else 0)
     if arms is not None:
-        from rl360_ext.local.compare import run_compare
+        from rl360_ext.local.ab.compare import run_compare
 
         raise typer.Exit(1 if run_compare(config, arms, modes, ab_seeds).problems else 0)
-    result = run_demo(
-        steps=steps, tasks=tasks, attempts=attempts, faults=faults, engines=engines, out=out, **settings
-    )
+    result = run_demo(config)
     raise typer.Exit(1 if result.problems else 0)
 
 
@@ -330,7 +327,7 @@ def report(
 
 
 def _faults_needs() -> None:
-    from rl360_ext.local.fault_matrix import matrix_stack_config
+    from rl360_ext.local.bench.fault_matrix import matrix_stack_config
     from rl360_ext.local.stack import preflight
 
     preflight(matrix_stack_config(Path(tempfile.gettempdir())), "rl360 bench faults", install=True)
@@ -477,7 +474,9 @@ def bench_sessions(
 
     With a Miles checkout, Miles' own session server runs beside rl360's on every case.
     """
-    from rl360_ext.local.bench.sessions import MILES_MODES, Hosting, MilesUnavailable, main
+    from rl360_ext.local.bench.miles_sessions import MILES_MODES, MilesUnavailable
+    from rl360_ext.local.bench.session_case import Hosting
+    from rl360_ext.local.bench.sessions import main
 
     flags = {"off": False, "on": True}
     modes = _choices(r3, tuple(flags), "--r3")

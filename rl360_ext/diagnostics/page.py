@@ -4,7 +4,7 @@ Owns the markup of a chart section (`section`), a data table (`table`) and the n
 in for a chart whose data a run does not have (`no_data`); the classes they use are styled by
 `report.CSS`. Text arguments are escaped here; `caption` and `body` are HTML the caller built.
 It does not draw charts (`charts.py`) or decide what a page holds (`report.py`,
-`compare_report.py`).
+`ab/page.py`).
 """
 
 from __future__ import annotations

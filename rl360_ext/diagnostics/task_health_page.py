@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rl360_ext.diagnostics import page
-from rl360_ext.diagnostics.report import CSS
+from rl360_ext.diagnostics.report_style import CSS
 from rl360_ext.tasks.health import TaskHealth
 from rl360_ext.tasks.verdicts import Control, TaskVerdict
 

@@ -1,1 +1,3 @@
-"""Local tooling: one launcher of the local stack, the demo, the fault matrix, benches and task fixtures."""
+"""Local tooling, never imported by production code: the local stack's launcher (`stack`, `services`,
+`engines`, `local_ray`), the task fixtures and their agents (`fixtures`), `rl360 demo` (`demo`), the
+fault A/B (`ab`) and the benchmarks behind `rl360 bench` (`bench`)."""

@@ -13,8 +13,8 @@ out, and `logs/services.json` in the output folder lists each one's pid, port an
 (or a test) can check that nothing is left. Process lifecycle itself is `rl360_ext.util.procs`,
 each service's argv `rl360_ext.local.services`; the session pool belongs to the generate hook
 (`rl360_ext.rollout.generate.shutdown_session_pool` stops it here, before Ray goes down; a Harbor
-pool is shut down before that). It does not drive rollouts (`rl360_ext.local.demo`,
-`rl360_ext.local.fault_matrix`).
+pool is shut down before that). It does not drive rollouts (`rl360_ext.local.demo.driver`,
+`rl360_ext.local.bench.fault_matrix`).
 
 The engine set can change while the stack runs (`rl360 demo --engine-churn`):
 `LocalStack.add_engine` starts one more engine, loads the published weights into it directly and
@@ -22,23 +22,18 @@ only then adds it to SMG (`POST /workers`); `LocalStack.remove_engine` fences on
 /workers/{id}`, SIGTERM, SIGKILL after `FENCE_GRACE_S`); engines started later are stopped with
 the stack too.
 
-`demo_stack(config)` is the demo's stack. With `--faults` above 0, SMG runs with
-`--disable-retries --disable-circuit-breaker`: by default SMG retries a 503 up to five times and
-opens a circuit after ten failures, which would hide the injected engine 503s (or take a whole
-engine out for a minute) instead of letting them reach the agent, where the demo shows them masked.
+The demo's stack is `rl360_ext.local.demo.stack`; the running engines and the gateway's worker
+list are read and changed through `rl360_ext.local.engines`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextlib
 import json
 import logging
-import math
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -50,15 +45,19 @@ import httpx
 
 from rl360_ext.harbor.pool import HarborPool
 from rl360_ext.harbor.settings import HarborServerConfig
-from rl360_ext.local.bench.local_ray import init_local_ray
-from rl360_ext.local.demo_plan import DemoConfig
+from rl360_ext.local.engines import (
+    FENCE_GRACE_S,
+    add_gateway_worker,
+    end_process,
+    remove_gateway_worker,
+    wait_gateway_without,
+)
 from rl360_ext.local.fixtures import tasks_root as fixture_tasks_root
-from rl360_ext.local.quiz_agent import CRASH_TOOL_IMPORT_PATH as CRASH_TOOL_QUIZ_AGENT
-from rl360_ext.local.quiz_agent import IMPORT_PATH as QUIZ_AGENT
+from rl360_ext.local.fixtures.quiz_agent import IMPORT_PATH as QUIZ_AGENT
+from rl360_ext.local.local_ray import init_local_ray
 from rl360_ext.local.services import start_engine, start_harbor, start_smg
 from rl360_ext.reference.engine.faults import FaultKey
 from rl360_ext.rollout.harbor_routing import replace_url
-from rl360_ext.tasks.health import TASK_HEALTH_FILE
 from rl360_ext.util.fielddocs import field_flags
 from rl360_ext.util.prereqs import (
     bwrap_problem,
@@ -74,20 +73,8 @@ from rl360_ext.util.signals import handlers_kept
 logger = logging.getLogger(__name__)
 
 MANIFEST = "services.json"
-DEMO_HARBOR_BUDGET: dict[str, Any] = {
-    # Phase budgets sized for the quiz tasks (the defaults are for real coding tasks: 120 s setup).
-    "env_setup_s": 20.0,
-    "agent_setup_s": 5.0,
-    "max_verifier_s": 20.0,
-    "margin_s": 3.0,
-    "min_agent_s": 5.0,
-}
-DEMO_START_INTERVAL_S = 1.0  # the demo pool's start-rate window: a step's sandboxes start within it
 RAY_OBJECT_STORE_BYTES = 256 * 1024**2
 RAY_CPUS = 2
-DEMO_HOST_TOOLS = ("bwrap", "tmux")
-FENCE_GRACE_S = 1.0  # a fenced engine that ignores SIGTERM this long is killed
-GATEWAY_WAIT_S = 30.0  # how long the gateway may take to add or drop a worker
 
 
 @dataclass(frozen=True)
@@ -99,7 +86,7 @@ class HarborServer:
     stalls and kills)."""
     agent: str = QUIZ_AGENT
     """Default agent for `/run`, `module:Class` or a Harbor agent name (demo: the quiz agent; fault
-    matrix: `rl360_ext.local.agents:BashToolAgent`)."""
+    matrix: `rl360_ext.local.fixtures.agents:BashToolAgent`)."""
     flags: tuple[str, ...] = ()
     """Further `rl360 harbor serve` flags: concurrency, phase budgets, where trial folders go."""
     settings: Mapping[str, Any] = field(default_factory=dict)
@@ -329,121 +316,6 @@ class LocalStack:
         return path
 
 
-def end_process(service: Service, grace_s: float = FENCE_GRACE_S) -> str:
-    """End `service`'s process group: "sigterm" when SIGTERM ended it within `grace_s`, "sigkill"
-    when it had to be killed (a hung engine), "gone" when it had already exited."""
-    if not service.alive():
-        service.stop()
-        return "gone"
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(service.pid, signal.SIGTERM)
-    try:
-        service.process.wait(timeout=grace_s)
-        how = "sigterm"
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(service.pid, signal.SIGKILL)
-        service.process.wait(timeout=10)
-        how = "sigkill"
-    service.stop()  # already exited: forgets it
-    return how
-
-
-def add_gateway_worker(gateway_url: str, url: str, timeout_s: float = GATEWAY_WAIT_S) -> None:
-    """`POST /workers {url}` and wait until the gateway lists the worker healthy (SMG registers it
-    in the background: it answers 202 first)."""
-    reply = httpx.post(f"{gateway_url}/workers", json={"url": url}, timeout=timeout_s)
-    if reply.status_code not in (200, 201, 202):
-        raise RuntimeError(f"the gateway refused worker {url}: {reply.status_code} {reply.text[:300]}")
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            for worker in _gateway_worker_list(gateway_url):
-                if worker.get("url") == url and worker.get("is_healthy", True):
-                    return
-        time.sleep(0.1)
-    raise RuntimeError(f"the gateway did not list worker {url} healthy within {timeout_s:g} s")
-
-
-def remove_gateway_worker(gateway_url: str, url: str) -> bool:
-    """`DELETE /workers/{id}` for the worker at `url` (its id read from `GET /workers`); False
-    when the gateway does not list it."""
-    worker_id = next((w.get("id") for w in _gateway_worker_list(gateway_url) if w.get("url") == url), None)
-    if worker_id is None:
-        return False
-    reply = httpx.delete(f"{gateway_url}/workers/{worker_id}", timeout=GATEWAY_WAIT_S)
-    return reply.status_code in (200, 202, 204)
-
-
-def wait_gateway_without(gateway_url: str, url: str, timeout_s: float = GATEWAY_WAIT_S) -> bool:
-    """Wait until the gateway no longer lists `url` (SMG removes a worker in the background)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            if all(w.get("url") != url for w in _gateway_worker_list(gateway_url)):
-                return True
-        time.sleep(0.1)
-    return False
-
-
-def _gateway_worker_list(gateway_url: str) -> list[dict[str, Any]]:
-    body = httpx.get(f"{gateway_url}/workers", timeout=5.0).json()
-    workers = body.get("workers", body) if isinstance(body, dict) else body
-    return [w for w in workers if isinstance(w, dict)]
-
-
-def engine_fault_counts(engines: list[Service]) -> dict[str, int]:
-    """503s each engine injected so far (GET /rl360/faults), by engine name."""
-    counts = {}
-    for engine in engines:
-        try:
-            body = httpx.get(f"{engine.url}/rl360/faults", timeout=10.0).json()
-            counts[engine.name] = int(body.get("injected", {}).get("unavailable", 0))
-        except (httpx.HTTPError, ValueError):
-            counts[engine.name] = -1
-    return counts
-
-
-def engine_busy_seconds(engines: list[Service]) -> dict[str, float]:
-    """Seconds each tiny engine has spent in model steps so far (`server_info`
-    internal_states[0].model_busy_s), by engine name; -1 when unreadable."""
-    busy = {}
-    for engine in engines:
-        try:
-            body = httpx.get(f"{engine.url}/server_info", timeout=10.0).json()
-            busy[engine.name] = float(body["internal_states"][0]["model_busy_s"])
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
-            busy[engine.name] = -1.0
-    return busy
-
-
-def engine_client(engines: list[Service]) -> httpx.AsyncClient:
-    """One keep-alive client for a wait's polls of the engines (`engine_requests`): the pool holds
-    at most one connection per engine, reused from poll to poll."""
-    width = max(len(engines), 1)
-    return httpx.AsyncClient(limits=httpx.Limits(max_connections=width, max_keepalive_connections=width))
-
-
-async def engine_requests(
-    client: httpx.AsyncClient, engines: list[Service], timeout_s: float = 10.0
-) -> tuple[int, int]:
-    """(requests the tiny engines are generating now, requests they have answered since start):
-    `server_info` internal_states[0] `num_running_reqs` and `requests`, summed over the engines,
-    read at once through `client` (`engine_client`), each read bounded by `timeout_s` (an engine
-    unreadable in that time counts 0)."""
-
-    async def counts(engine: Service) -> tuple[int, int]:
-        try:
-            reply = await client.get(f"{engine.url}/server_info", timeout=timeout_s)
-            state = reply.json()["internal_states"][0]
-            return int(state["num_running_reqs"]), int(state["requests"])
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
-            return 0, 0
-
-    replies = await asyncio.gather(*(counts(engine) for engine in engines))
-    return sum(running for running, _ in replies), sum(answered for _, answered in replies)
-
-
 def _start_all(starters: dict[str, Callable[[], Service]], started: list[Service]) -> dict[str, Service]:
     """Start services in parallel; every one that came up lands in `started` (even on Ctrl-C), then
     the first failure is raised."""
@@ -612,59 +484,3 @@ def _engine_starter(config: StackConfig, logs: Path, number: int) -> Callable[[]
 
 def _harbor_starter(server: HarborServer, tasks_root: Path, logs: Path) -> Callable[[], Service]:
     return lambda: start_harbor(logs, tasks_root, server.agent, *server.argv_flags(), name=server.name)
-
-
-def demo_stack_config(config: DemoConfig) -> StackConfig:
-    """The demo's stack: `--engines` seeded engines behind SMG with the RL fan-out, Harbor for the quiz
-    agent (one `rl360 harbor serve` process; with `--harbor-replicas` 2 or more a `HarborPool` of
-    Ray actors under one pool-wide start-rate limit), local Ray; with `--faults`, engine 503s that
-    SMG does not retry."""
-    # SMG times out an engine control call after the confirm timeout, so a push fences a silent
-    # engine instead of waiting on it (rl360_ext.weights.push.push_with_fencing).
-    gateway_flags = ["--enable-rl", "--rl-control-timeout-secs", str(math.ceil(config.confirm_timeout_s))]
-    if config.faults > 0:
-        gateway_flags += ["--disable-retries", "--disable-circuit-breaker"]
-    concurrent = max(8, config.tasks * config.attempts)
-    # the A/B's rl360-list arm: the server's --attribution (HarborServerConfig.attribution); else its default
-    attribution: dict[str, Any] = {} if config.attribution is None else {"attribution": config.attribution}
-    if config.quarantine_file is not None:  # --audit-tasks: the audit's evidence on each verifier
-        attribution["task_health"] = config.quarantine_file.parent / TASK_HEALTH_FILE
-    server = HarborServer(
-        name="harbor",
-        agent=CRASH_TOOL_QUIZ_AGENT if config.crash_tool else QUIZ_AGENT,
-        settings={
-            "max_concurrent": concurrent,
-            "trials_dir": config.out / "trials",
-            "keep_trials": "failed",
-            # a step's sandboxes are started while the previous step trains, not when it asks
-            "env_kwarg": (f"warm_sandboxes={concurrent}",),
-            **DEMO_HARBOR_BUDGET,
-            **attribution,
-        },
-    )
-    harbors: tuple[HarborServer, ...] = (server,)
-    pool = None
-    if config.harbor_replicas > 1:
-        harbors = ()
-        pool = HarborPoolSpec(server, config.harbor_replicas, start_rate=(concurrent, DEMO_START_INTERVAL_S))
-    faults: dict[str, Any] | None = None
-    if config.faults > 0:
-        faults = {"error_rate": config.engine_error_rate, "seed": config.seed}
-        if config.seeded_sampling:  # each attempt samples with its own seed: key its 503s by it too
-            faults["draw_by"] = FaultKey.SAMPLING_SEED.value
-    return StackConfig(
-        out=config.out,
-        engines=config.engines,
-        engine_flags=("--seed", str(config.seed), "--dtype", config.engine_dtype),
-        engine_faults=faults,
-        gateway_flags=tuple(gateway_flags),
-        harbors=harbors,
-        harbor_pool=pool,
-        tokenizer_dir=config.out / "tokenizer",
-        host_tools=DEMO_HOST_TOOLS,
-    )
-
-
-def demo_stack(config: DemoConfig) -> contextlib.AbstractContextManager[LocalStack]:
-    """Start everything the demo needs; stop all of it on exit, whatever the exit."""
-    return local_stack(demo_stack_config(config), "rl360 demo")

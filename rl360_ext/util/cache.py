@@ -3,7 +3,7 @@
 Owns the cache root (`$RL360_CACHE_DIR`, else `$XDG_CACHE_HOME/rl360`, else `~/.cache/rl360`)
 and an atomic write (a temporary file in the same folder, then a rename), so processes that fill
 the same entry at once never leave a half-written file. What goes in an entry, and the key that
-makes a stale entry impossible to hit, belong to its owner (e.g. `rl360_ext.local.demo_trainer`'s
+makes a stale entry impossible to hit, belong to its owner (e.g. `rl360_ext.local.demo.trainer`'s
 warm start).
 """
 

@@ -4,10 +4,12 @@ The command name (field 2) may hold spaces and parentheses, so the fields are sp
 `)`. In what `stat_fields` returns, `[0]` is the state (`Z`: a zombie), `[1]` the parent's pid,
 `[11]`/`[12]` the process's user and system clock ticks, `[13]`/`[14]` those of its reaped
 children, `[19]` its start time in clock ticks since boot (what tells a reused pid apart).
+`cpu_seconds` and `rss_mb` are what the benches measure a server process by.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 STATE, PARENT, START_TIME = 0, 1, 19
@@ -21,3 +23,19 @@ def stat_fields(pid: int | str) -> list[str] | None:
     except OSError:
         return None
     return text[text.rindex(")") + 2 :].split()
+
+
+def cpu_seconds(pid: int) -> float:
+    """The process's own user + system CPU seconds; ProcessLookupError when it is gone."""
+    fields = stat_fields(pid)
+    if fields is None:
+        raise ProcessLookupError(f"process {pid} is gone")
+    return (int(fields[USER_TICKS]) + int(fields[SYSTEM_TICKS])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    """The process's resident set (`VmRSS` of `/proc/<pid>/status`) in MiB; 0 when it reports none."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0

@@ -4,7 +4,7 @@ Owns parsing and checking a churn SPEC, a comma-separated list of `kill:STEP` (a
 mid-rollout of that step and a replacement starts) and `hang:STEP` (an engine stops answering at
 the weight push after that step's training, and hangs on shutdown), e.g. `kill:1,hang:2,kill:3`.
 Every error names the flag and the entry it rejects. It runs nothing: the local stack carries the
-events out (`rl360_ext.local.churn`), the push fences what does not answer
+events out (`rl360_ext.local.demo.churn`), the push fences what does not answer
 (`rl360_ext.weights.push.push_with_fencing`).
 """
 
@@ -53,8 +53,3 @@ def parse_churn(spec: str | None, steps: int | None = None) -> tuple[ChurnEvent,
             )
         events[step] = ChurnEvent(kind, step)
     return tuple(events[step] for step in sorted(events))
-
-
-def format_churn(events: tuple[ChurnEvent, ...]) -> str:
-    """The SPEC that `parse_churn` reads back as `events`."""
-    return ",".join(str(event) for event in events)

@@ -17,8 +17,10 @@ import pytest
 from typer.testing import CliRunner
 
 from rl360_ext.diagnostics.charts import format_number, format_seconds
-from rl360_ext.diagnostics.report import OCCUPANCY_STYLE, SLOWEST_ATTEMPTS, main
+from rl360_ext.diagnostics.report import main
 from rl360_ext.diagnostics.report_data import find_metrics_file, load_run
+from rl360_ext.diagnostics.report_rollout import SLOWEST_ATTEMPTS
+from rl360_ext.diagnostics.report_style import OCCUPANCY_STYLE
 from rl360_ext.rollout.metrics import (
     METRICS_ATTEMPTS_ENV,
     METRICS_PATH_ENV,

@@ -20,8 +20,9 @@ from typer.testing import CliRunner
 
 from rl360_ext.cli import app, prerequisite_line
 from rl360_ext.local import stack as stack_module
-from rl360_ext.local.demo_plan import DemoConfig
-from rl360_ext.local.stack import demo_stack_config, preflight
+from rl360_ext.local.demo.plan import DemoConfig
+from rl360_ext.local.demo.stack import demo_stack_config
+from rl360_ext.local.stack import preflight
 from rl360_ext.util import prereqs
 from rl360_ext.util.prereqs import EXIT_UNAVAILABLE, Unavailable
 from rl360_ext.util.procs import ServiceStartError
@@ -177,9 +178,9 @@ def test_python_too_old_for_harbor_is_one_line(tmp_path: Path, monkeypatch: pyte
 
 
 def test_a_service_that_cannot_start_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import rl360_ext.local.demo as demo
+    import rl360_ext.local.demo.run as demo
 
-    def fail(**kwargs: object) -> None:
+    def fail(config: object) -> None:
         raise ServiceStartError("engine0 exited with 1 before it was ready", tmp_path / "engine0.log", "a\nb")
 
     monkeypatch.setattr(stack_module, "preflight", lambda *args, **kwargs: None)

@@ -1,4 +1,5 @@
-"""`stat_fields`: the fields after a command name that may hold spaces and parentheses."""
+"""`stat_fields`: the fields after a command name that may hold spaces and parentheses; the CPU
+seconds and RSS the benches read."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from rl360_ext.util.proc_stat import PARENT, START_TIME, STATE, stat_fields
+import pytest
+
+from rl360_ext.util.proc_stat import PARENT, START_TIME, STATE, cpu_seconds, rss_mb, stat_fields
 
 
 def test_a_command_name_with_parentheses_and_spaces_does_not_shift_the_fields(tmp_path: Path) -> None:
@@ -28,3 +31,11 @@ def test_a_process_that_is_gone_has_no_fields() -> None:
     child = subprocess.Popen(["true"])
     child.wait()
     assert stat_fields(child.pid) is None
+
+
+def test_cpu_seconds_and_rss_of_a_live_process_and_a_gone_one() -> None:
+    assert cpu_seconds(os.getpid()) >= 0.0 and rss_mb(os.getpid()) > 0.0
+    child = subprocess.Popen(["true"])
+    child.wait()
+    with pytest.raises(ProcessLookupError):
+        cpu_seconds(child.pid)

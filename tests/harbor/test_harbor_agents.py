@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from rl360_ext.harbor import agents
-from rl360_ext.local.agents import request_params
-from rl360_ext.local.fault_matrix import DEMO_AGENT
+from rl360_ext.local.bench.fault_matrix import DEMO_AGENT
+from rl360_ext.local.fixtures.agents import request_params
 
 TABLE = agents.AgentTable([DEMO_AGENT, f"demo={DEMO_AGENT}"])
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from rl360_ext.local import demo
-from rl360_ext.local.demo import DemoDriver
-from rl360_ext.local.stack import engine_client, engine_requests
+from rl360_ext.local.demo import driver as demo
+from rl360_ext.local.demo.driver import DemoDriver
+from rl360_ext.local.engines import engine_client, engine_requests
 
 
 class FakeEngine:

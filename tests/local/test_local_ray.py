@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 import ray
 
-from rl360_ext.local.bench import local_ray
-from rl360_ext.local.bench.local_ray import START_ATTEMPTS, init_local_ray
+from rl360_ext.local import local_ray
+from rl360_ext.local.local_ray import START_ATTEMPTS, init_local_ray
 
 TIMED_OUT = "The current node timed out during startup. This could happen because some of the raylet failed"
 

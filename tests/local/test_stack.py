@@ -14,10 +14,12 @@ from typer.testing import CliRunner
 
 from rl360_ext.cli.fields import fields_command
 from rl360_ext.local import stack as stack_module
-from rl360_ext.local.demo_plan import DemoConfig
-from rl360_ext.local.fault_matrix import DEMO_AGENT, matrix_stack_config
-from rl360_ext.local.quiz_agent import IMPORT_PATH as QUIZ_AGENT
-from rl360_ext.local.stack import StackConfig, demo_stack_config, local_stack
+from rl360_ext.local.bench.fault_matrix import DEMO_AGENT, matrix_stack_config
+from rl360_ext.local.demo import stack as demo_stack_module
+from rl360_ext.local.demo.plan import DemoConfig
+from rl360_ext.local.demo.stack import demo_stack_config
+from rl360_ext.local.fixtures.quiz_agent import IMPORT_PATH as QUIZ_AGENT
+from rl360_ext.local.stack import StackConfig, local_stack
 from rl360_ext.util.procs import ServiceStartError
 
 
@@ -59,7 +61,7 @@ def test_demo_config_with_replicas_serves_harbor_from_a_ray_pool(tmp_path: Path)
     config = demo_stack_config(DemoConfig(tasks=3, attempts=4, harbor_replicas=2, out=tmp_path))
     assert config.harbors == () and config.harbor_pool is not None
     pool = config.harbor_pool
-    assert pool.replicas == 2 and pool.start_rate == (12, stack_module.DEMO_START_INTERVAL_S)
+    assert pool.replicas == 2 and pool.start_rate == (12, demo_stack_module.DEMO_START_INTERVAL_S)
     assert config.prerequisites() == (("bwrap", "tmux"), ("harbor",))
     # the replica serves what the process would parse from its flags
     settings = pool.server.server_settings(tmp_path / "tasks")
@@ -68,7 +70,7 @@ def test_demo_config_with_replicas_serves_harbor_from_a_ray_pool(tmp_path: Path)
     assert (
         settings.budget
         == stack_module.HarborServerConfig(
-            tasks_root=tmp_path, trials_dir=tmp_path, **stack_module.DEMO_HARBOR_BUDGET
+            tasks_root=tmp_path, trials_dir=tmp_path, **demo_stack_module.DEMO_HARBOR_BUDGET
         ).budget
     )
 
@@ -79,7 +81,7 @@ def test_settings_flags_parse_back_to_the_same_settings(tmp_path: Path) -> None:
         "max_concurrent": 7,
         "keep_trials": "none",
         "agent": ("oracle", "nop"),
-        **stack_module.DEMO_HARBOR_BUDGET,
+        **demo_stack_module.DEMO_HARBOR_BUDGET,
     }
     flags = stack_module.settings_flags({**values, "trials_dir": tmp_path, "max_turns": None})
 

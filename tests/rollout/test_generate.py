@@ -17,14 +17,12 @@ from rl360_ext.rollout.config import AgentConfig, GenerateConfig, MetricsConfig,
 from rl360_ext.rollout.generate import (
     add_arguments,
     classify,
-    finish_sample,
     generate,
     load_agent_function,
-    non_generation_time,
     request_kwargs_from_sampling_params,
-    session_metadata,
 )
 from rl360_ext.rollout.sample import GenerateFnInput, GenerateFnOutput, Sample
+from rl360_ext.rollout.sample_fill import finish_sample, non_generation_time, session_metadata
 from rl360_ext.session.samples.merge import MergedSample, TurnRecord, merge
 from rl360_ext.sglang.versions import VERSIONS_KEY
 
@@ -428,7 +426,7 @@ def test_template_drift_mask_zeroes_the_loss_mask_only_when_asked() -> None:
     from types import SimpleNamespace
 
     from rl360_ext.rollout.config import GenerateConfig
-    from rl360_ext.rollout.generate import mask_template_drift
+    from rl360_ext.rollout.sample_fill import mask_template_drift
 
     def sample(mismatch: bool) -> SimpleNamespace:
         return SimpleNamespace(

@@ -15,8 +15,8 @@ import safetensors.numpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl360_ext.rollout.generate import fill_from_merged
 from rl360_ext.rollout.sample import Sample
+from rl360_ext.rollout.sample_fill import fill_from_merged
 from rl360_ext.session.samples import miles_wire
 from rl360_ext.session.samples.merge import MergedSample, TurnRecord, merge
 

@@ -15,15 +15,13 @@ from rl360_ext.tasks.verdicts import TaskVerdict
 
 
 @pytest.fixture
-def demo_calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    import rl360_ext.local.demo as demo
+def demo_calls(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    import rl360_ext.local.demo.run as demo
     import rl360_ext.local.stack as stack
 
-    calls: list[dict[str, Any]] = []
+    calls: list[Any] = []
     monkeypatch.setattr(stack, "preflight", lambda *args, **kwargs: None)
-    monkeypatch.setattr(
-        demo, "run_demo", lambda **kwargs: calls.append(kwargs) or SimpleNamespace(problems=[])
-    )
+    monkeypatch.setattr(demo, "run_demo", lambda config: calls.append(config) or SimpleNamespace(problems=[]))
     return calls
 
 
@@ -43,7 +41,7 @@ def audited(monkeypatch: pytest.MonkeyPatch, verdicts: dict[str, list[TaskVerdic
 
 
 def test_the_demo_runs_after_a_clean_audit_of_its_quiz_tasks(
-    monkeypatch: pytest.MonkeyPatch, demo_calls: list[dict[str, Any]], tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, demo_calls: list[Any], tmp_path: Path
 ) -> None:
     seen = audited(monkeypatch, {})
     result = CliRunner().invoke(app, ["demo", "--audit-tasks", "--steps", "1", "--out", str(tmp_path)])
@@ -51,19 +49,19 @@ def test_the_demo_runs_after_a_clean_audit_of_its_quiz_tasks(
     assert seen[0]["tasks"] == [f"quiz-{i:02d}" for i in range(1, 13)]
     assert seen[0]["cache"] == tmp_path / "task-health" / "cache"
     # the run's hooks mask the audit's tasks and track task health next to its quarantine.json
-    assert [call["quarantine_file"] for call in demo_calls] == [tmp_path / "task-health" / "quarantine.json"]
+    assert [call.quarantine_file for call in demo_calls] == [tmp_path / "task-health" / "quarantine.json"]
 
 
 def test_without_the_audit_the_demo_tracks_no_quarantine(
-    monkeypatch: pytest.MonkeyPatch, demo_calls: list[dict[str, Any]], tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, demo_calls: list[Any], tmp_path: Path
 ) -> None:
     result = CliRunner().invoke(app, ["demo", "--steps", "1", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    assert [call["quarantine_file"] for call in demo_calls] == [None]
+    assert [call.quarantine_file for call in demo_calls] == [None]
 
 
 def test_a_quarantined_quiz_task_stops_the_demo(
-    monkeypatch: pytest.MonkeyPatch, demo_calls: list[dict[str, Any]], tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, demo_calls: list[Any], tmp_path: Path
 ) -> None:
     audited(monkeypatch, {"quiz-03": [TaskVerdict.VACUOUS]})
     result = CliRunner().invoke(app, ["demo", "--audit-tasks", "--steps", "1", "--out", str(tmp_path)])
@@ -73,8 +71,8 @@ def test_a_quarantined_quiz_task_stops_the_demo(
 
 
 def test_the_demo_hands_its_quarantine_file_to_the_hooks(tmp_path: Path) -> None:
-    from rl360_ext.local.demo import build_args
-    from rl360_ext.local.demo_plan import DemoConfig
+    from rl360_ext.local.demo.miles_args import build_args
+    from rl360_ext.local.demo.plan import DemoConfig
     from rl360_ext.rollout.config import AgentConfig
 
     stack = SimpleNamespace(

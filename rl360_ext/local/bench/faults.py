@@ -1,6 +1,6 @@
 """`rl360 bench faults`: the fault matrix as a table (or JSON).
 
-Owns printing the matrix of `rl360_ext.local.fault_matrix`: for every injected failure, the class the
+Owns printing the matrix of `rl360_ext.local.bench.fault_matrix`: for every injected failure, the class the
 attempt got, whether its reward reached any mean or baseline (must be "no" for every infra
 attempt), and, as the baseline measured in the same run, how far the other attempts' advantages
 move when the failure is scored 0.0 the way upstream's Harbor example scores it. Exits 1 when a
@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from rl360_ext.local.fault_matrix import CASES, MatrixRow, quiet, run_matrix, summarize
+from rl360_ext.local.bench.fault_matrix import CASES, MatrixRow, quiet, run_matrix, summarize
 
 
 def _yes_no(value: bool) -> str:

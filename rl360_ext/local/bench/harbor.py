@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from rl360_ext.local.bench.local_ray import local_ray
 from rl360_ext.local.fixtures import tasks_root as fixture_tasks_root
+from rl360_ext.local.local_ray import local_ray
 from rl360_ext.local.services import start_harbor
 from rl360_ext.local.stack import HarborServer
 from rl360_ext.util.proc_stat import CHILDREN_SYSTEM_TICKS, PARENT, USER_TICKS, stat_fields

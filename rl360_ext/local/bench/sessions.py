@@ -18,28 +18,8 @@ conversation whose every turn appends the reply it got and one new user message.
 The baseline in the same run is the smallest case: the second/last-turn ratio and CPU per turn at
 N = 1 are what the other cases are held against.
 
-With a Miles checkout (`miles_src`), every case also runs Miles' own session server
-(`miles_server.py`, Miles' code unchanged) in front of the same backend with the same
-conversations, alternating with rl360's (A/B, then B/A in the next round; each run gets fresh
-server processes), without R3 once and with R3 in both of Miles' modes (`full`: its default, every
-turn records the whole routing; `in_place`: deltas); each Miles row is followed by the ratio
-rl360/Miles of every measure. Miles' server forwards `/v1/chat/completions` with `input_ids`,
-which the instant backend answers as SGLang does; the tiny engine serves only `/generate`, so
-there rl360 runs alone and the bench says so. Miles' server imports torch and sglang: it runs
-under `miles_python`, an interpreter where it imports (integration_tests/miles/setup_venv.sh).
-
-The stall case (`stall_s` > 0) asks whether one request can stall everyone else: one server with
-`--max-context-tokens STALL_CONTEXT`, STALL_SESSIONS sessions taking turns and a `/health` probe
-every HEALTH_EVERY_S, first idle, then while one more client keeps sending the largest request the
-caps allow (a second turn whose new message has `max_context_tokens x max_chars_per_token` characters
-less STALL_MARGIN_CHARS: about the most the server tokenizes, after which its context check refuses
-the prompt unsent), in the same run. One such request goes first, unmeasured: the server starts
-its tokenizer worker process on the first long text (seconds, at the lowest priority).
-It reports /health and the other sessions' turn latency (p50/p99) in both phases and their ratio
-(the goal is a p99 within 2x of idle), and the server's own event-loop lag over each phase (its
-`rl360_session_loop_lag_seconds` histogram, read from /metrics before and after): the p99 bucket
-and the wake-ups late by more than LATE_TICK_S. The client's latencies also count every process's
-share of the CPU (client, server, backend on one machine); the loop lag counts only the server's loop.
+Miles' own session server as a contender: `rl360_ext.local.bench.miles_sessions`; the stall case:
+`rl360_ext.local.bench.stall`; the client side of one case: `rl360_ext.local.bench.session_load`.
 
 It asserts nothing and owns none of the code it measures.
 """
@@ -50,170 +30,37 @@ import asyncio
 import contextlib
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, fields, replace
-from enum import StrEnum
+from collections.abc import Sequence
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 
-from rl360_ext.local.bench.local_ray import local_ray
-from rl360_ext.local.services import start_engine
-from rl360_ext.session.options import SessionServerConfig
-from rl360_ext.util.fielddocs import field_flags
-from rl360_ext.util.proc_stat import SYSTEM_TICKS, USER_TICKS, stat_fields
-from rl360_ext.util.procs import LOOPBACK, Service, free_port, rl360_argv, running, start_service
+from rl360_ext.local.bench.miles_sessions import (
+    MILES_MODES,
+    MILES_SERVERS,
+    Miles,
+    find_miles,
+    start_miles_server,
+)
+from rl360_ext.local.bench.session_case import (
+    RL360,
+    Case,
+    CaseResult,
+    Hosting,
+    ratio_of,
+    server_options,
+    server_pool,
+    start_backend,
+    start_server,
+)
+from rl360_ext.local.bench.session_load import run_load
+from rl360_ext.local.bench.stall import STALL_SESSIONS, StallResult, print_stall_table, run_stall
+from rl360_ext.local.local_ray import local_ray
+from rl360_ext.util.procs import Service, running
 from rl360_ext.util.progress import stage
-
-SYSTEM = {"role": "system", "content": "You are a coding agent. Run the tests and fix the bug."}
-R3_SHAPE = (61, 8, 256)  # K2-Horizon-375B: 61 layers x top-8 of 256 experts, as in the field
-CLIENT_TIMEOUT_S = 120.0
-RL360 = "rl360"
-MILES_MODES = ("full", "in_place")  # Miles' R3 modes: its default (whole routing per turn), deltas
-MILES_SERVERS = {"full": "miles", "in_place": "miles in_place"}  # a mode's server name in the table
-JSON_HEADERS = {"content-type": "application/json"}
-AGENT_RETRIES = 2  # the OpenAI client's default max_retries for a connection the server dropped
-MILES_SCRIPT = Path(__file__).with_name("miles_server.py")
-MILES_READY_TIMEOUT_S = 300.0  # Miles imports torch, transformers and sglang before it serves
-MILES_VENV_ENV = "MILES_VENV"  # setup_venv.sh's variable: the venv Miles' modules import in
-DEFAULT_MILES_VENV = Path("/tmp/miles-venv")
-MAX_SESSIONS = 100_000  # every session of the largest case stays open until the run ends
-STALL_CONTEXT = 32768  # the stall case's --max-context-tokens (the tiny engine's default context)
-STALL_SESSIONS = 4  # sessions taking turns beside the largest request
-HEALTH_EVERY_S = 0.02  # the /health probe's period
-LATE_TICK_S = 0.025  # a loop-lag wake-up later than this is counted as late
-LOOP_LAG = "rl360_session_loop_lag_seconds"
-STALL_MARGIN_CHARS = 1024  # the largest message is this much under the budget: the turn's other text fits
-STALL_TURNS = 16  # turns per conversation of the stall case's other sessions (then a new session)
-WORDS = ("def", "return", "self", "value", "(", ")", ":", "\n", "    ", "import", "numpy", "17", "fix")
-
-
-class Hosting(StrEnum):
-    """What an rl360 session server of a case runs in."""
-
-    PROCESS = "process"  # `rl360 session serve`
-    ACTOR = "actor"  # a `SessionPool` actor (uvicorn on the actor's event loop)
-
-
-@dataclass(frozen=True)
-class Case:
-    """One load: `sessions` concurrent conversations of `turns` turns on `servers` servers."""
-
-    sessions: int
-    turns: int
-    r3: bool
-    servers: int
-    backend: str  # "instant" | "tiny"
-    hosting: Hosting = Hosting.PROCESS
-
-
-@dataclass(frozen=True)
-class Miles:
-    """A Miles checkout and the interpreter its session server imports in."""
-
-    src: Path
-    python: str
-
-
-class MilesUnavailable(ValueError):
-    """--miles-src is not a Miles checkout, or Miles' session server imports under no interpreter."""
-
-
-@dataclass
-class CaseResult:
-    case: Case
-    server: str  # "rl360", "miles" (Miles' default R3 mode: full routing) or "miles in_place"
-    turns_done: int
-    turns_lost: int
-    seconds: float
-    turns_per_s: float
-    p50_ms: float
-    p99_ms: float
-    second_turn_p50_ms: float
-    last_turn_p50_ms: float
-    server_cpu_ms_per_turn: float
-    bytes_per_turn: float
-    memory_mb_per_session: float
-    lost_because: str = ""  # the first failed turn's cause, "" when none was lost
-    turns_retried: int = 0  # turns the agent sent again after the server dropped them unanswered
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = stat_fields(pid)
-    if fields is None:
-        raise ProcessLookupError(f"process {pid} is gone")
-    return (int(fields[USER_TICKS]) + int(fields[SYSTEM_TICKS])) / os.sysconf("SC_CLK_TCK")
-
-
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def _backend(case: Case, logs: Path) -> Service:
-    layers, top_k, experts = R3_SHAPE if case.r3 else (4, 2, 8)
-    if case.backend == "tiny":
-        return start_engine(logs, name="engine")
-    port = free_port()
-    argv = rl360_argv(
-        "engine", "instant", "--host", LOOPBACK, "--port", str(port),
-        "--layers", str(layers), "--top-k", str(top_k), "--experts", str(experts),
-    )  # fmt: skip
-    return start_service("instant", argv, port, logs, repick_port=True)
-
-
-def _server_options(case: Case, backend: Service, tokenizer: str) -> dict[str, Any]:
-    """The `SessionServerConfig` values every rl360 server of a case serves with, process or actor alike."""
-    options: dict[str, Any] = {
-        "backend_url": backend.url, "tokenizer_dir": tokenizer, "r3": case.r3, "max_sessions": MAX_SESSIONS,
-    }  # fmt: skip
-    if case.r3 and case.backend == "instant":  # a tiny engine reports its shape in /model_info
-        layers, top_k, experts = R3_SHAPE
-        options |= {"routing_layers": layers, "routing_top_k": top_k, "routing_experts": experts}
-    return options
-
-
-def _server(options: dict[str, Any], logs: Path, number: int) -> Service:
-    port = free_port()
-    flags = field_flags(SessionServerConfig, options)
-    argv = rl360_argv("session", "serve", "--host", LOOPBACK, "--port", str(port), *flags)
-    return start_service(f"session{number}", argv, port, logs, repick_port=True)
-
-
-@contextlib.contextmanager
-def _pool(options: dict[str, Any], servers: int) -> Iterator[tuple[list[str], list[int]]]:
-    """(URLs, pids) of a `SessionPool` of `servers` actors in this process's Ray."""
-    import ray
-
-    from rl360_ext.session.pool import SessionPool
-
-    pool = SessionPool(servers, host=LOOPBACK, **options)
-    try:
-        yield list(pool.urls), ray.get([actor.pid.remote() for actor in pool.actors])
-    finally:
-        pool.shutdown()
-
-
-def _miles_server(
-    case: Case, mode: str, backend: Service, tokenizer: str, logs: Path, miles: Miles, number: int
-) -> Service:
-    port = free_port()
-    argv = [
-        miles.python, str(MILES_SCRIPT), "--miles-src", str(miles.src), "--backend", backend.url,
-        "--tokenizer", tokenizer, "--host", LOOPBACK, "--port", str(port), "--mode", mode,
-        "--timeout", str(CLIENT_TIMEOUT_S), *(["--r3"] if case.r3 else []),
-    ]  # fmt: skip
-    return start_service(
-        f"miles{number}", argv, port, logs, ready_timeout_s=MILES_READY_TIMEOUT_S, repick_port=True
-    )
 
 
 def contenders(case: Case, miles: Miles | None, miles_modes: Sequence[str] = MILES_MODES) -> list[str]:
@@ -229,328 +76,23 @@ def contenders(case: Case, miles: Miles | None, miles_modes: Sequence[str] = MIL
     return [RL360, *(MILES_SERVERS[mode] for mode in MILES_MODES if mode in miles_modes)]
 
 
-async def _turn(http: aiohttp.ClientSession, url: str, body: bytes, retried: list[int]) -> bytes:
-    """The reply's body; a turn the server dropped unanswered is sent again, as OpenAI clients do."""
-    for attempt in range(AGENT_RETRIES + 1):
-        try:
-            async with http.post(url, data=body, headers=JSON_HEADERS) as response:
-                content = await response.read()
-                if response.status >= 400:
-                    raise ValueError(f"HTTP {response.status}: {content[:200].decode(errors='replace')}")
-                return content
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-            if attempt == AGENT_RETRIES:
-                raise
-            retried[0] += 1
-    raise AssertionError("unreachable: the last attempt returns or raises")
-
-
-async def _conversation(
-    http: aiohttp.ClientSession,
-    url: str,
-    turns: int,
-    latencies: list[list[float]],
-    sent: list[int],
-    errors: list[str],
-    retried: list[int],
-) -> tuple[int, int, str | None]:
-    """(turns done, turns lost, session id) of one session; a failed turn's cause goes to `errors`."""
-    async with http.post(f"{url}/sessions", json={}) as created:
-        created.raise_for_status()
-        session_id = (await created.json())["session_id"]
-    messages: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": "The test suite fails; fix it."}]
-    done = lost = 0
-    for turn in range(turns):
-        body = orjson.dumps({"model": "policy", "messages": messages, "max_tokens": 16, "temperature": 0.0})
-        started = time.perf_counter()
-        try:
-            content = await _turn(http, f"{url}/sessions/{session_id}/v1/chat/completions", body, retried)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            errors.append(f"turn {turn}: {type(exc).__name__}: {exc}")
-            lost += turns - turn
-            break
-        latencies[turn].append(time.perf_counter() - started)
-        sent[0] += len(body) + len(content)
-        reply = orjson.loads(content)["choices"][0]["message"]
-        messages = [
-            *messages,
-            {"role": "assistant", "content": reply.get("content") or ""},
-            {"role": "user", "content": f"Turn {turn}: the tests still fail on case {turn % 7}; look again."},
-        ]
-        done += 1
-    return done, lost, session_id
-
-
-async def _load(case: Case, server: str, urls: Sequence[str], pids: Sequence[int]) -> CaseResult:
-    latencies: list[list[float]] = [[] for _ in range(case.turns)]
-    sent = [0]
-    errors: list[str] = []
-    retried = [0]
-    connector = aiohttp.TCPConnector(limit=case.sessions + 8)
-    timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
-    rss_before = sum(_rss_mb(pid) for pid in pids)
-    cpu_before = sum(_cpu_seconds(pid) for pid in pids)
-    started = time.perf_counter()
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
-        outcomes = await asyncio.gather(
-            *(
-                _conversation(http, urls[k % len(urls)], case.turns, latencies, sent, errors, retried)
-                for k in range(case.sessions)
-            ),
-            return_exceptions=True,
-        )
-        seconds = time.perf_counter() - started
-        cpu = sum(_cpu_seconds(pid) for pid in pids) - cpu_before
-        rss = sum(_rss_mb(pid) for pid in pids) - rss_before
-        ids = [(urls[k % len(urls)], o[2]) for k, o in enumerate(outcomes) if isinstance(o, tuple) and o[2]]
-        await asyncio.gather(
-            *(_delete(http, f"{url}/sessions/{sid}") for url, sid in ids), return_exceptions=True
-        )
-    errors += [f"session: {type(o).__name__}: {o}" for o in outcomes if isinstance(o, BaseException)]
-    done = sum(o[0] for o in outcomes if isinstance(o, tuple))
-    lost = case.sessions * case.turns - done
-    flat = sorted(x for per_turn in latencies for x in per_turn)
-
-    def ms(values: Sequence[float], q: float) -> float:
-        if not values:
-            return float("nan")
-        ordered = sorted(values)
-        return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    return CaseResult(
-        case=case,
-        server=server,
-        turns_done=done,
-        turns_lost=lost,
-        seconds=seconds,
-        turns_per_s=done / seconds if seconds > 0 else 0.0,
-        p50_ms=ms(flat, 0.5),
-        p99_ms=ms(flat, 0.99),
-        second_turn_p50_ms=ms(latencies[min(1, case.turns - 1)], 0.5),
-        last_turn_p50_ms=ms(latencies[-1], 0.5),
-        server_cpu_ms_per_turn=1000 * cpu / done if done else float("nan"),
-        bytes_per_turn=sent[0] / done if done else float("nan"),
-        memory_mb_per_session=rss / case.sessions,
-        lost_because=errors[0] if errors else "",
-        turns_retried=retried[0],
-    )
-
-
-async def _delete(http: aiohttp.ClientSession, url: str) -> None:
-    async with http.delete(url) as response:
-        await response.read()
-
-
 def _run_one(
     case: Case, server: str, backend: Service, tokenizer: str, logs: Path, miles: Miles | None
 ) -> CaseResult:
     if server == RL360:
-        options = _server_options(case, backend, tokenizer)
+        options = server_options(case, backend, tokenizer)
         if case.hosting is Hosting.ACTOR:
-            with _pool(options, case.servers) as (urls, pids):
-                return asyncio.run(_load(case, server, urls, pids))
-        started = [_server(options, logs, n) for n in range(case.servers)]
+            with server_pool(options, case.servers) as (urls, pids):
+                return asyncio.run(run_load(case, server, urls, pids))
+        started = [start_server(options, logs, n) for n in range(case.servers)]
     else:
         assert miles is not None
         mode = next(mode for mode, name in MILES_SERVERS.items() if name == server)
-        started = [_miles_server(case, mode, backend, tokenizer, logs, miles, n) for n in range(case.servers)]
+        started = [
+            start_miles_server(case, mode, backend, tokenizer, logs, miles, n) for n in range(case.servers)
+        ]
     with running(*started):
-        return asyncio.run(_load(case, server, [s.url for s in started], [s.pid for s in started]))
-
-
-@dataclass
-class StallResult:
-    """One phase of the stall case: idle, or while the largest allowed request keeps arriving."""
-
-    load: str  # "idle" | "largest request"
-    seconds: float
-    health_probes: int
-    health_p50_ms: float
-    health_p99_ms: float
-    health_max_ms: float
-    turns: int
-    turn_p50_ms: float
-    turn_p99_ms: float
-    big_requests: int = 0
-    big_chars: int = 0
-    big_statuses: str = ""  # the large requests' statuses, e.g. "400 x 5"
-    big_mean_s: float = 0.0
-    loop_ticks: int = 0  # the server's loop-lag wake-ups over the phase
-    loop_lag_p99_ms: float = 0.0  # the histogram bucket holding their 99th percentile (its upper bound)
-    loop_late_ticks: int = 0  # of them, those later than LATE_TICK_S
-
-
-def _ms(values: Sequence[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def _largest_text(chars: int) -> str:
-    """`chars` characters of code-like text (deterministic)."""
-    piece = " ".join(WORDS[(i * 7 + i // 5) % len(WORDS)] for i in range(4096))
-    return (piece * (chars // len(piece) + 1))[:chars]
-
-
-async def _probe_health(http: aiohttp.ClientSession, url: str, until: float, out: list[float]) -> None:
-    while time.perf_counter() < until:
-        started = time.perf_counter()
-        async with http.get(f"{url}/health") as response:
-            await response.read()
-        out.append(time.perf_counter() - started)
-        await asyncio.sleep(HEALTH_EVERY_S)
-
-
-async def _keep_talking(http: aiohttp.ClientSession, url: str, until: float, out: list[float]) -> None:
-    """Conversations of STALL_TURNS turns, one after another, until `until` (latencies to `out`)."""
-    while time.perf_counter() < until:
-        latencies: list[list[float]] = [[] for _ in range(STALL_TURNS)]
-        errors: list[str] = []
-        await _conversation(http, url, STALL_TURNS, latencies, [0], errors, [0])
-        if errors:
-            raise RuntimeError(f"a turn beside the largest request failed: {errors[0]}")
-        out.extend(x for per_turn in latencies for x in per_turn)
-
-
-async def _one_largest(http: aiohttp.ClientSession, url: str, text: str) -> tuple[int, float]:
-    """A new session whose second turn appends a message of `text`: its status and seconds."""
-    small = [SYSTEM, {"role": "user", "content": "The test suite fails; fix it."}]
-    async with http.post(f"{url}/sessions", json={}) as created:
-        session_id = (await created.json())["session_id"]
-    chat = f"{url}/sessions/{session_id}/v1/chat/completions"
-    async with http.post(chat, json={"messages": small, "max_tokens": 16}) as first:
-        reply = (await first.json())["choices"][0]["message"]
-    messages = [*small, {"role": "assistant", "content": reply.get("content") or ""}]
-    body = orjson.dumps({"messages": [*messages, {"role": "user", "content": text}], "max_tokens": 16})
-    started = time.perf_counter()
-    async with http.post(chat, data=body, headers=JSON_HEADERS) as response:
-        await response.read()
-    return response.status, time.perf_counter() - started
-
-
-async def _send_largest(
-    http: aiohttp.ClientSession, url: str, until: float, text: str, statuses: list[int], seconds: list[float]
-) -> None:
-    """Largest requests one after another until `until`."""
-    while time.perf_counter() < until:
-        status, took = await _one_largest(http, url, text)
-        statuses.append(status)
-        seconds.append(took)
-
-
-async def _warm_up(url: str, text: str) -> None:
-    """One largest request before the phases: the server starts its tokenizer worker on the first."""
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)) as http:
-        await _one_largest(http, url, text)
-
-
-async def _loop_lag(http: aiohttp.ClientSession, url: str) -> dict[float, float]:
-    """The server's loop-lag histogram now: cumulative count per bucket bound (+Inf included)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    async with http.get(f"{url}/metrics") as response:
-        text = await response.text()
-    return {
-        float(sample.labels["le"]): sample.value
-        for family in text_string_to_metric_families(text)
-        if family.name == LOOP_LAG
-        for sample in family.samples
-        if sample.name == f"{LOOP_LAG}_bucket"
-    }
-
-
-def _lag_summary(before: dict[float, float], after: dict[float, float]) -> tuple[int, float, int]:
-    """Wake-ups between two readings, the bound of the bucket holding their p99 (ms), and those late."""
-    counts = {bound: after[bound] - before.get(bound, 0.0) for bound in sorted(after)}
-    ticks = int(counts.get(float("inf"), 0.0))
-    p99 = next((bound for bound, n in counts.items() if n >= 0.99 * ticks), float("inf")) if ticks else 0.0
-    on_time = max((n for bound, n in counts.items() if bound <= LATE_TICK_S), default=0.0)
-    return ticks, 1000 * p99, int(ticks - on_time)
-
-
-async def _stall_phase(url: str, seconds: float, text: str | None) -> StallResult:
-    health: list[float] = []
-    turns: list[float] = []
-    statuses: list[int] = []
-    big_seconds: list[float] = []
-    timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
-    async with aiohttp.ClientSession(timeout=timeout) as http:
-        lag_before = await _loop_lag(http, url)
-        until = time.perf_counter() + seconds
-        work = [_probe_health(http, url, until, health)]
-        work += [_keep_talking(http, url, until, turns) for _ in range(STALL_SESSIONS)]
-        if text is not None:
-            work.append(_send_largest(http, url, until, text, statuses, big_seconds))
-        started = time.perf_counter()
-        await asyncio.gather(*work)
-        took = time.perf_counter() - started
-        loop_ticks, loop_p99_ms, loop_late = _lag_summary(lag_before, await _loop_lag(http, url))
-    counts = {status: statuses.count(status) for status in sorted(set(statuses))}
-    return StallResult(
-        load="idle" if text is None else "largest request",
-        seconds=took,
-        health_probes=len(health),
-        health_p50_ms=_ms(health, 0.5),
-        health_p99_ms=_ms(health, 0.99),
-        health_max_ms=_ms(health, 1.0),
-        turns=len(turns),
-        turn_p50_ms=_ms(turns, 0.5),
-        turn_p99_ms=_ms(turns, 0.99),
-        big_requests=len(statuses),
-        big_chars=0 if text is None else len(text),
-        big_statuses=", ".join(f"{status} x {n}" for status, n in counts.items()),
-        big_mean_s=statistics.mean(big_seconds) if big_seconds else 0.0,
-        loop_ticks=loop_ticks,
-        loop_lag_p99_ms=loop_p99_ms,
-        loop_late_ticks=loop_late,
-    )
-
-
-def run_stall(tokenizer: str, logs: Path, seconds: float) -> list[StallResult]:
-    """The stall case: idle, then under the largest allowed request, on one server (same run)."""
-    from rl360_ext.session.service import chars_per_token
-    from rl360_ext.templates.tokenizer import load_hf_tokenizer
-
-    case = Case(sessions=STALL_SESSIONS, turns=STALL_TURNS, r3=False, servers=1, backend="instant")
-    backend = _backend(case, logs)
-    options = _server_options(case, backend, tokenizer) | {"max_context_tokens": STALL_CONTEXT}
-    per_token = chars_per_token(load_hf_tokenizer(tokenizer), SessionServerConfig(backend.url, tokenizer))
-    text = _largest_text(STALL_CONTEXT * per_token - STALL_MARGIN_CHARS)
-    with running(backend), running(_server(options, logs, 0)) as (server,):
-        asyncio.run(_warm_up(server.url, text))
-        idle = asyncio.run(_stall_phase(server.url, seconds, None))
-        return [idle, asyncio.run(_stall_phase(server.url, seconds, text))]
-
-
-def _stall_table(results: Sequence[StallResult]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    title = f"rl360 bench sessions: the largest allowed request vs {STALL_SESSIONS} sessions and /health"
-    table = Table(title=title)
-    for column in (
-        "load", "s", "/health p50 / p99 / max ms", "turns", "turn p50 / p99 ms", "large requests", "chars",
-        "statuses", "s each", "loop lag p99 ms", f"late > {1000 * LATE_TICK_S:.0f} ms",
-    ):  # fmt: skip
-        table.add_column(column, justify="right")
-    for r in results:
-        table.add_row(
-            r.load, f"{r.seconds:.1f}",
-            f"{r.health_p50_ms:.1f} / {r.health_p99_ms:.1f} / {r.health_max_ms:.0f}",
-            str(r.turns), f"{r.turn_p50_ms:.1f} / {r.turn_p99_ms:.1f}", str(r.big_requests),
-            f"{r.big_chars:,}", r.big_statuses, f"{r.big_mean_s:.2f}",
-            f"<= {r.loop_lag_p99_ms:g}", f"{r.loop_late_ticks} of {r.loop_ticks}",
-        )  # fmt: skip
-    console = Console(width=max(Console().width, 150))
-    console.print(table)
-    if len(results) == 2:
-        idle, loaded = results
-        console.print(
-            "p99 under the largest request / idle: "
-            f"/health {_ratio(loaded.health_p99_ms, idle.health_p99_ms):.2f}x, "
-            f"turns {_ratio(loaded.turn_p99_ms, idle.turn_p99_ms):.2f}x (goal: within 2x)"
-        )
+        return asyncio.run(run_load(case, server, [s.url for s in started], [s.pid for s in started]))
 
 
 def _median(runs: Sequence[CaseResult]) -> CaseResult:
@@ -579,62 +121,12 @@ def run_case(
     """One result per contender; with several rounds the order alternates (A/B, B/A, ...)."""
     names = contenders(case, miles, miles_modes)
     runs: dict[str, list[CaseResult]] = {name: [] for name in names}
-    backend = _backend(case, logs)
+    backend = start_backend(case, logs)
     with running(backend):
         for number in range(rounds):
             for name in names if number % 2 == 0 else reversed(names):
                 runs[name].append(_run_one(case, name, backend, tokenizer, logs, miles))
     return [_median(runs[name]) for name in names]
-
-
-def find_miles(src: str | None, python: str | None = None) -> Miles | None:
-    """The Miles checkout (`src`, else $MILES_SRC) and an interpreter its session server imports in.
-
-    None without a checkout. The interpreter is `python`, else this one if Miles imports here, else
-    $MILES_VENV/bin/python, else /tmp/miles-venv/bin/python; MilesUnavailable if it imports in none.
-    """
-    src = src or os.environ.get("MILES_SRC")
-    if not src:
-        return None
-    root = Path(src).expanduser().resolve()
-    if not (root / "miles" / "rollout" / "session" / "server.py").is_file():
-        raise MilesUnavailable(
-            f"--miles-src: {root} is not a radixark/miles checkout (no miles/rollout/session/server.py)"
-        )
-    venv = os.environ.get(MILES_VENV_ENV)
-    candidates = (
-        [python]
-        if python
-        else [
-            sys.executable,
-            *([str(Path(venv) / "bin" / "python")] if venv else []),
-            str(DEFAULT_MILES_VENV / "bin" / "python"),
-        ]
-    )
-    errors = []
-    for candidate in candidates:
-        error = _miles_import_error(root, candidate)
-        if error is None:
-            return Miles(root, candidate)
-        errors.append(f"{candidate}: {error}")
-    raise MilesUnavailable(
-        "Miles' session server does not import under " + "; ".join(errors) + " (it needs torch and sglang: "
-        "build a venv with integration_tests/miles/setup_venv.sh and pass --miles-python or set MILES_VENV)"
-    )
-
-
-def _miles_import_error(root: Path, python: str) -> str | None:
-    if not Path(python).is_file():
-        return "no such interpreter"
-    probe = f"import sys; sys.path.insert(0, {str(root)!r}); import miles.rollout.session.server"
-    try:
-        done = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return str(exc)
-    if done.returncode == 0:
-        return None
-    lines = done.stderr.strip().splitlines()
-    return lines[-1] if lines else f"exit status {done.returncode}"
 
 
 def cases(
@@ -673,14 +165,10 @@ def ratios(results: Sequence[CaseResult]) -> list[dict[str, Any]]:
             {
                 "case": asdict(miles.case),
                 "miles": miles.server,
-                **{m: _ratio(getattr(ours, m), getattr(miles, m)) for m in RATIO_MEASURES},
+                **{m: ratio_of(getattr(ours, m), getattr(miles, m)) for m in RATIO_MEASURES},
             }
         )
     return out
-
-
-def _ratio(ours: float, theirs: float) -> float:
-    return ours / theirs if theirs and theirs == theirs else float("nan")
 
 
 def _table(results: Sequence[CaseResult], note: str | None) -> None:
@@ -706,7 +194,7 @@ def _table(results: Sequence[CaseResult], note: str | None) -> None:
         )  # fmt: skip
         ours = by_server.get((c, RL360))
         if r.server != RL360 and ours is not None:
-            x = {m: _ratio(getattr(ours, m), getattr(r, m)) for m in RATIO_MEASURES}
+            x = {m: ratio_of(getattr(ours, m), getattr(r, m)) for m in RATIO_MEASURES}
             table.add_row(
                 "", "", "", "", "", f"rl360/{r.server}", f"{x['turns_per_s']:.2f}x",
                 f"{x['p50_ms']:.2f}x", f"{x['p99_ms']:.2f}x", "", f"{x['server_cpu_ms_per_turn']:.2f}x",
@@ -800,5 +288,5 @@ def main(
     else:
         _table(results, note)
         if stall:
-            _stall_table(stall)
+            print_stall_table(stall)
     return results

@@ -12,7 +12,7 @@ How a request's faults are drawn (`FaultConfig.draw_by`, a `FaultKey`):
 - `sampling_seed`: a request that carries a `sampling_seed` draws from a generator seeded by
   (`seed`, that sampling seed) alone, so every request of one attempt (an A/B arm gives each
   attempt a sampling seed derived from the run's seed and the attempt's identity:
-  `rl360_ext.local.demo_plan.attempt_sampling_seed`) gets the same draw, in every arm, on every
+  `rl360_ext.local.demo.plan.attempt_sampling_seed`) gets the same draw, in every arm, on every
   engine, whatever the arrival order. `error_rate` is then the fraction of attempts whose
   requests are all refused. A request without a sampling seed falls back to the stream.
 """

@@ -12,8 +12,9 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl360_ext.local.demo_plan import DemoConfig, attempt_sampling_seed, plan_step
-from rl360_ext.local.stack import LocalStack, demo_stack_config
+from rl360_ext.local.demo.plan import DemoConfig, attempt_sampling_seed, plan_step
+from rl360_ext.local.demo.stack import demo_stack_config
+from rl360_ext.local.stack import LocalStack
 from rl360_ext.reference.engine.errors import FaultConfigError
 from rl360_ext.reference.engine.faults import FaultConfig, FaultDraw, FaultInjector, FaultKey
 
