@@ -4,7 +4,7 @@ The command name (field 2) may hold spaces and parentheses, so the fields are sp
 `)`. In what `stat_fields` returns, `[0]` is the state (`Z`: a zombie), `[1]` the parent's pid,
 `[11]`/`[12]` the process's user and system clock ticks, `[13]`/`[14]` those of its reaped
 children, `[19]` its start time in clock ticks since boot (what tells a reused pid apart).
-`cpu_seconds` and `rss_mb` are what the benches measure a server process by.
+`cpu_seconds`, `children_cpu_seconds` and `rss_mb` are what the benches measure a server process by.
 """
 
 from __future__ import annotations
@@ -31,6 +31,14 @@ def cpu_seconds(pid: int) -> float:
     if fields is None:
         raise ProcessLookupError(f"process {pid} is gone")
     return (int(fields[USER_TICKS]) + int(fields[SYSTEM_TICKS])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds(pid: int) -> float:
+    """The user + system CPU seconds of the process's reaped children; ProcessLookupError when it is gone."""
+    fields = stat_fields(pid)
+    if fields is None:
+        raise ProcessLookupError(f"process {pid} is gone")
+    return (int(fields[CHILDREN_USER_TICKS]) + int(fields[CHILDREN_SYSTEM_TICKS])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb(pid: int) -> float:

@@ -48,7 +48,7 @@ from rl360_ext.local.fixtures import tasks_root as fixture_tasks_root
 from rl360_ext.local.local_ray import local_ray
 from rl360_ext.local.services import start_harbor
 from rl360_ext.local.stack import HarborServer
-from rl360_ext.util.proc_stat import CHILDREN_SYSTEM_TICKS, PARENT, USER_TICKS, stat_fields
+from rl360_ext.util.proc_stat import PARENT, children_cpu_seconds, cpu_seconds, rss_mb, stat_fields
 from rl360_ext.util.procs import LOOPBACK
 from rl360_ext.util.progress import stage
 
@@ -87,22 +87,6 @@ class ReplicaFigures:
     warm_missed: int | None
 
 
-def _cpu_s(pid: int) -> tuple[float, float]:
-    """(the process's own user+system CPU s, its reaped children's) from /proc/<pid>/stat."""
-    fields = stat_fields(pid)
-    if fields is None:
-        raise ProcessLookupError(f"process {pid} is gone")
-    utime, stime, cutime, cstime = (int(v) for v in fields[USER_TICKS : CHILDREN_SYSTEM_TICKS + 1])
-    return (utime + stime) / TICKS, (cutime + cstime) / TICKS
-
-
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def _processes() -> dict[int, tuple[int, str]]:
     """(ppid, comm) of every live process, by pid."""
     table = {}
@@ -123,9 +107,7 @@ def _pss_kb(pid: int) -> int:
             if line.startswith("Pss:"):
                 return int(line.split()[1])
     with contextlib.suppress(OSError, ValueError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
+        return int(rss_mb(pid) * 1024)
     return 0
 
 
@@ -195,12 +177,12 @@ def measure(mode: str, url: str, pid: int, max_concurrent: int) -> ReplicaFigure
     """One case against a replica serving at `url` in process `pid` (already warm)."""
     count = ATTEMPTS_PER_SLOT * max_concurrent
     warm_before = _warm_counts(url)
-    own_before, children_before = _cpu_s(pid)
+    own_before, children_before = cpu_seconds(pid), children_cpu_seconds(pid)
     started = time.monotonic()
     with Sampler(pid) as sampler:
         results = asyncio.run(_attempts(url, count))
     wall = time.monotonic() - started
-    own_after, children_after = _cpu_s(pid)
+    own_after, children_after = cpu_seconds(pid), children_cpu_seconds(pid)
     warm_after = _warm_counts(url)
     graded = [r for r in results if r is not None and r.get("reward") == 1.0]
     starts = sorted(
@@ -225,7 +207,7 @@ def measure(mode: str, url: str, pid: int, max_concurrent: int) -> ReplicaFigure
         env_setup_share=setup_share(occupancy),
         server_cpu_ms_per_attempt=1000 * (own_after - own_before) / count,
         sandbox_cpu_ms_per_attempt=1000 * (children_after - children_before) / count,
-        server_rss_mb=_rss_mb(pid),
+        server_rss_mb=rss_mb(pid),
         mb_per_live_sandbox=sampler.per_sandbox_mb(),
         peak_live_sandboxes=sampler.peak(),
         warm_taken=_delta(warm_before, warm_after, "taken"),
