@@ -24,14 +24,14 @@ def _cumulative(counts: list[int]) -> dict[float, float]:
     during=st.lists(st.integers(0, 50), min_size=len(BOUNDS), max_size=len(BOUNDS)),
 )
 def test_the_phase_is_the_difference_of_two_readings(before, during) -> None:
-    ticks, p99_ms, late = _lag_summary(
-        _cumulative(before), _cumulative([a + b for a, b in zip(before, during)])
-    )
+    after = _cumulative([a + b for a, b in zip(before, during, strict=True)])
+    ticks, p99_ms, late = _lag_summary(_cumulative(before), after)
+    phase = list(zip(BOUNDS, during, strict=True))
     assert ticks == sum(during)
-    assert late == sum(n for bound, n in zip(BOUNDS, during) if bound > LATE_TICK_S)
+    assert late == sum(n for bound, n in phase if bound > LATE_TICK_S)
     if ticks:
-        below = sum(n for bound, n in zip(BOUNDS, during) if bound < p99_ms / 1000)
-        within = sum(n for bound, n in zip(BOUNDS, during) if bound <= p99_ms / 1000)
+        below = sum(n for bound, n in phase if 1000 * bound < p99_ms)
+        within = sum(n for bound, n in phase if 1000 * bound <= p99_ms)
         assert below < 0.99 * ticks <= within  # the first bucket that holds 99% of the wake-ups
     else:
         assert p99_ms == 0.0
