@@ -72,7 +72,7 @@ class OfflineConfig:
     """Processes running the seeds (forked after the warm start)."""
     gradient_draws: int = 0
     """Independent one-step batches from the first policy for the gradient bias/variance
-    measurement (0: skip it)."""
+    measurement and each arm's advantages against the clean arm's (0: skip both)."""
     out: str = "runs/ab"
     """Output folder for ab.json."""
 

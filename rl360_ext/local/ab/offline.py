@@ -96,7 +96,7 @@ from pathlib import Path
 from typing import Any
 
 from rl360_ext.local.ab.config import OfflineConfig
-from rl360_ext.local.ab.gradient import gradient_variance
+from rl360_ext.local.ab.gradient import advantage_agreement, gradient_variance
 from rl360_ext.local.ab.problem import Problem, demo_problem
 from rl360_ext.local.ab.runs import (
     RunResult,
@@ -157,7 +157,7 @@ def run_ab(config: OfflineConfig, console: Any = None, problem: Problem | None =
         )
 
     results = with_clean_everywhere(run_all(problem, config, jobs, progress), config.mode_names)
-    gradients = {}
+    gradients, advantages = {}, {}
     if config.gradient_draws:
         arms = [RL360, *ABLATION_ARMS, UPSTREAM, CLEAN]
         for mode in config.ablation_mode_names:
@@ -165,8 +165,10 @@ def run_ab(config: OfflineConfig, console: Any = None, problem: Problem | None =
                 f"gradient bias and variance, {mode}: {config.gradient_draws} draws x {len(arms)} arms ..."
             )
             gradients[mode] = gradient_variance(problem, config, mode, arms, config.gradient_draws)
+            advantages[mode] = advantage_agreement(problem, config, mode, arms, config.gradient_draws)
     wall_s = time.perf_counter() - started
-    document = ab_document(config, [run_record(r, config) for r in results], gradients, wall_s)
+    records = [run_record(r, config) for r in results]
+    document = ab_document(config, records, gradients, wall_s, advantages)
     path = out / "ab.json"
     path.write_text(json.dumps(document, indent=1, default=_json_default) + "\n")
     print_results(console, document)
@@ -180,9 +182,10 @@ def ab_document(
     records: Sequence[Mapping[str, Any]],
     gradients: Mapping[str, Any] | None = None,
     wall_s: float | None = None,
+    advantages: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What ab.json holds: the settings, the table and summary computed from `records`, the
-    gradient figures, every run."""
+    gradient figures and each arm's advantages against the clean arm's, every run."""
     table = summarize(records)
     return {
         "config": dataclasses.asdict(config),
@@ -195,6 +198,7 @@ def ab_document(
             mode: arms for mode, arms in step_intervals(records, "crash_rate").items() if mode in CRASH_MODES
         },
         "gradients": dict(gradients or {}),
+        "advantages": dict(advantages or {}),
         "runs": list(records),
     }
 

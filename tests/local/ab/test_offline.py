@@ -203,3 +203,13 @@ def test_merge_runs_summarizes_seed_ranges_and_repeats_clean(tmp_path: Path) -> 
     assert table["uniform"]["upstream"]["final_mean_minus_rl360"]["mean"] == pytest.approx(0.25)
     assert table["burst"]["clean"]["final_mean"]["mean"] == pytest.approx(0.9)  # clean repeated
     assert any(line.startswith("uniform, upstream vs rl360") for line in document["summary"])
+
+
+def test_advantage_agreement_is_zero_for_clean_and_counts_the_same_attempts(problem: Problem) -> None:
+    from rl360_ext.local.ab.gradient import advantage_agreement
+
+    config = OfflineConfig(**SMALL, faults=0.4, gradient_draws=2)
+    out = advantage_agreement(problem, config, UNIFORM, [CLEAN, RL360, UPSTREAM], draws=2)
+    assert out[CLEAN]["rmse"] == 0.0 or math.isnan(out[CLEAN]["rmse"])  # clean against itself
+    assert out[RL360]["attempts"] <= out[CLEAN]["attempts"]  # an arm keeps at most the valid attempts
+    assert all(out[arm]["rmse"] >= 0 or math.isnan(out[arm]["rmse"]) for arm in out)
