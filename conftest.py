@@ -35,11 +35,12 @@ settings.load_profile("rl360")
 
 # The tests that start a whole local stack each: two work units, the second named by these prefixes.
 WHOLE_STACK_DIR = "integration_tests/demo/"
-SECOND_STACK_UNIT = (  # about 640 s of the 1,235 (docs/testing.md, the run of 2026-12-06 04:02)
+SECOND_STACK_UNIT = (  # about 767 s of the 1,495 (docs/testing.md, the run of 2026-12-06 19:44)
     "integration_tests/demo/test_compare.py",
     "integration_tests/demo/test_demo_replica_kill.py",
     "integration_tests/demo/test_demo_in_flight.py",
     "integration_tests/demo/test_demo_scale_out.py",
+    "integration_tests/demo/test_demo_churn.py",
 )
 # Collection order, longest first: the demo's units, the other integration tests, the unit tests.
 RUN_ORDER = (WHOLE_STACK_DIR, "integration_tests/", "tests/")
