@@ -7,7 +7,6 @@ what the killed one left). One module, so one test worker starts the stack once.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -16,12 +15,12 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from integration_tests.docker.conftest import docker_server
+from integration_tests.harbor.test_harbor_server import CODING_TASKS, FAULTS, run_all  # bwrap's expectations
 from rl360_ext.containers import StackPaths
 from rl360_ext.containers.engine import OWNER_LABEL, counts, docker
 from rl360_ext.local.fixtures import tasks_root
@@ -29,28 +28,8 @@ from rl360_ext.util.procs import Service
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-CODING_TASKS = ("fix-mean", "fizzbuzz", "slow-sum")
-# The same causes, attributions and rewards as under bwrap (test_harbor_server.FAULTS).
-FAULTS: dict[str, tuple[str, str, float | None]] = {
-    "fault-env-start-fails": ("sandbox_failed", "infrastructure", None),
-    "fault-env-start-hangs": ("environment_start_timeout", "infrastructure", None),
-    "fault-verifier-crashes": ("verifier_crash", "task", None),
-    "fault-judge-fails": ("judge_failure", "infrastructure", None),
-    "fault-verifier-no-reward": ("reward_file_missing", "task", None),
-    "fault-verifier-hangs": ("verifier_timeout", "task", None),
-    "fault-agent-over-budget": ("agent_timeout", "policy", 0.0),
-    "fault-memory-hog": ("memory_limit_exceeded", "policy", 1.0),
-}
 FLAGS = ("--env-setup-s", "60", "--agent-setup-s", "5", "--margin-s", "2", "--min-agent-s", "1")
 NOTHING_LEFT = {"containers": 0, "networks": 0, "volumes": 0}
-
-
-async def run_all(service: Service, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    async with httpx.AsyncClient(base_url=service.url, timeout=300) as http:
-        responses = await asyncio.gather(*(http.post("/run", json=body) for body in bodies))
-    for response in responses:
-        assert response.status_code == 200, response.text
-    return [response.json() for response in responses]
 
 
 def trial_images(paths: StackPaths) -> list[str]:
