@@ -25,20 +25,21 @@ def stat_fields(pid: int | str) -> list[str] | None:
     return text[text.rindex(")") + 2 :].split()
 
 
-def cpu_seconds(pid: int) -> float:
-    """The process's own user + system CPU seconds; ProcessLookupError when it is gone."""
+def _seconds(pid: int, user: int, system: int) -> float:
     fields = stat_fields(pid)
     if fields is None:
         raise ProcessLookupError(f"process {pid} is gone")
-    return (int(fields[USER_TICKS]) + int(fields[SYSTEM_TICKS])) / os.sysconf("SC_CLK_TCK")
+    return (int(fields[user]) + int(fields[system])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """The process's own user + system CPU seconds; ProcessLookupError when it is gone."""
+    return _seconds(pid, USER_TICKS, SYSTEM_TICKS)
 
 
 def children_cpu_seconds(pid: int) -> float:
     """The user + system CPU seconds of the process's reaped children; ProcessLookupError when it is gone."""
-    fields = stat_fields(pid)
-    if fields is None:
-        raise ProcessLookupError(f"process {pid} is gone")
-    return (int(fields[CHILDREN_USER_TICKS]) + int(fields[CHILDREN_SYSTEM_TICKS])) / os.sysconf("SC_CLK_TCK")
+    return _seconds(pid, CHILDREN_USER_TICKS, CHILDREN_SYSTEM_TICKS)
 
 
 def rss_mb(pid: int) -> float:
