@@ -115,7 +115,10 @@ async def test_nothing_is_left_after_the_server_is_stopped(
         client.wait(timeout=60)
     if stop == signal.SIGKILL:
         assert docker(containers.docker_host, "ps", "--quiet", "--filter", f"label={OWNER_LABEL}").split()
+        # the trial's image carries the owner too: a server killed between build and `up` is found
+        assert docker(containers.docker_host, "image", "ls", "--quiet", "--filter", f"label={OWNER_LABEL}")
         with docker_server(tmp_path / "second", *FLAGS) as second:
             health = httpx.get(f"{second.url}/health", timeout=10).json()
         assert health["leftovers_removed_at_start"] >= 1, health
     assert counts(containers.docker_host) == NOTHING_LEFT
+    assert trial_images(containers) == []

@@ -1,11 +1,11 @@
 """Running the docker CLI against one engine, the labels rl360 puts on what it starts, and cleanup.
 
-Owns the labels on a trial's container (`OWNER_LABEL`: the owning server's `pid.starttime`,
-`TRIAL_LABEL`: the trial's session id; Compose adds its project label, also on the project's
-networks and volumes), the choice of what a server that is gone left behind (`stale`, pure: containers whose
-owner no longer runs, and their Compose projects), and removing it (`remove_stale`: containers,
-then the projects' networks, volumes and images). Every call names the engine (`--host`), so
-nothing here depends on the caller's DOCKER_HOST.
+Owns the labels on a trial's container and built image (`OWNER_LABEL`: the owning server's
+`pid.starttime`, `TRIAL_LABEL`: the trial's session id; Compose adds its project label, also on the
+project's networks and volumes), the choice of what a server that is gone left behind (`stale`,
+pure: containers whose owner no longer runs, and the Compose projects of its containers and images),
+and removing it (`remove_stale`: containers, then the projects' networks, volumes and images).
+Every call names the engine (`--host`), so nothing here depends on the caller's DOCKER_HOST.
 """
 
 from __future__ import annotations
@@ -25,11 +25,13 @@ _TIMEOUT_S = 120.0
 
 @dataclass(frozen=True)
 class Labelled:
-    """A container with rl360's owner label: its id, owner tag and Compose project ("" if none)."""
+    """A container or image with rl360's owner label: its id, owner tag, Compose project ("" if
+    none) and whether it is an image (a trial's build, left where its server died before `up`)."""
 
     id: str
     owner: str
     project: str
+    image: bool = False
 
 
 @dataclass(frozen=True)
@@ -45,13 +47,14 @@ class Stale:
 
 
 def stale(rows: Iterable[Labelled], alive: Callable[[str], bool]) -> Stale:
-    """The containers whose owner is gone (`alive(owner)` false), and their projects. A project
-    with a container of a live owner is never selected, even if a dead owner's shares it."""
+    """The containers whose owner is gone (`alive(owner)` false), and the projects of those
+    containers and images. A project with a container or image of a live owner is never selected,
+    even if a dead owner's shares it."""
     rows = list(rows)
     live_projects = {row.project for row in rows if row.project and alive(row.owner)}
     dead = [row for row in rows if not alive(row.owner)]
     projects = sorted({row.project for row in dead if row.project and row.project not in live_projects})
-    return Stale(tuple(sorted({row.id for row in dead})), tuple(projects))
+    return Stale(tuple(sorted({row.id for row in dead if not row.image})), tuple(projects))
 
 
 def docker_executable() -> str:
@@ -79,14 +82,20 @@ def docker(host: str, *args: str, timeout_s: float = _TIMEOUT_S, check: bool = T
 
 
 def labelled(host: str) -> list[Labelled]:
-    """Every container (running or not) with rl360's owner label."""
-    template = f'{{{{.ID}}}}\t{{{{.Label "{OWNER_LABEL}"}}}}\t{{{{.Label "{PROJECT_LABEL}"}}}}'
-    out = docker(host, "ps", "--all", "--no-trunc", "--filter", f"label={OWNER_LABEL}", "--format", template)
+    """Every container (running or not) and every image with rl360's owner label."""
+    by_label = ("--filter", f"label={OWNER_LABEL}", "--no-trunc")
+    labels = f'{{{{index .Config.Labels "{OWNER_LABEL}"}}}}\t{{{{index .Config.Labels "{PROJECT_LABEL}"}}}}'
     rows = []
-    for line in out.splitlines():
-        parts = line.split("\t")
-        if len(parts) == 3 and parts[0]:
-            rows.append(Labelled(*parts))
+    for image, listing in ((False, ("ps", "--all", "--quiet")), (True, ("image", "ls", "--quiet"))):
+        ids = sorted(set(docker(host, *listing, *by_label).split()))
+        if not ids:
+            continue
+        kind = "image" if image else "container"
+        out = docker(host, kind, "inspect", "--format", f"{{{{.Id}}}}\t{labels}", *ids, check=False)
+        for line in out.splitlines():
+            parts = line.split("\t")
+            if len(parts) == 3 and parts[0]:
+                rows.append(Labelled(*parts, image=image))
     return rows
 
 

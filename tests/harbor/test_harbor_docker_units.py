@@ -47,6 +47,17 @@ def test_the_override_leaves_network_and_swap_alone_when_not_asked() -> None:
     assert "network_mode" not in main and "memswap_limit" not in main
 
 
+def test_a_built_image_carries_the_owner_and_a_prebuilt_one_is_not_built() -> None:
+    built = compose_override(owner="1.2", trial="t", no_network=True, max_pids=64, memory_mb=None)
+    assert built["services"]["main"]["build"] == {
+        "labels": {engine.OWNER_LABEL: "1.2", engine.TRIAL_LABEL: "t"}
+    }
+    prebuilt = compose_override(
+        owner="1.2", trial="t", no_network=True, max_pids=64, memory_mb=None, builds=False
+    )
+    assert "build" not in prebuilt["services"]["main"]
+
+
 def test_setup_gives_the_user_its_directories_and_keeps_tmp_sticky() -> None:
     command = setup_command("/app", 1000, ("/logs", "/tests"))
     assert "chown -R 1000:1000 /app /logs /tests" in command
@@ -111,7 +122,11 @@ def test_env_docker_is_rl360s_environment_with_placement() -> None:
 
 _owner = st.sampled_from(["1.1", "2.2", "3.3"])
 _row = st.builds(
-    engine.Labelled, st.text("abcdef0123", min_size=4, max_size=8), _owner, st.sampled_from(["", "p1", "p2"])
+    engine.Labelled,
+    st.text("abcdef0123", min_size=4, max_size=8),
+    _owner,
+    st.sampled_from(["", "p1", "p2"]),
+    st.booleans(),
 )
 
 
@@ -120,13 +135,12 @@ def test_stale_never_selects_a_live_owners_container_or_project(
     rows: list[engine.Labelled], live: set[str]
 ) -> None:
     selected = engine.stale(rows, lambda owner: owner in live)
-    live_ids = {row.id for row in rows if row.owner in live}
     live_projects = {row.project for row in rows if row.owner in live}
-    dead_ids = {row.id for row in rows if row.owner not in live}
-    assert set(selected.containers) == dead_ids
+    dead_ids = {row.id for row in rows if row.owner not in live and not row.image}
+    dead_projects = {row.project for row in rows if row.owner not in live and row.project}
+    assert set(selected.containers) == dead_ids  # images go with their project, never by `docker rm`
     assert not set(selected.projects) & live_projects
-    assert "" not in selected.projects
-    assert not (set(selected.containers) - dead_ids) and (dead_ids - live_ids) <= set(selected.containers)
+    assert set(selected.projects) == dead_projects - live_projects
 
 
 def test_the_record_round_trips_and_a_bad_one_names_the_field(tmp_path: Path) -> None:

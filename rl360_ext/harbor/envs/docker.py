@@ -18,11 +18,13 @@ the same verdict here as under `--env bwrap`:
   public network is refused here (the local stack has no route off this machine: docs/harbor.md
   says how an operator enables egress on a real cluster); Harbor's egress-control sidecar (an
   image from Docker Hub) is never used;
-- cleanup: a trial's container carries the server's owner tag (`pid.starttime`) and the trial's
-  id, its network and volumes its Compose project; `stop` is Harbor's `down --rmi local
-  --volumes` and then removes anything left with the trial's label; `clean_stale` (a server
-  starting) removes the containers of servers that are gone and their projects' networks,
-  volumes and images.
+- cleanup: a trial's container and the image built for it carry the server's owner tag
+  (`pid.starttime`) and the trial's id, its network and volumes its Compose project; a compose
+  command whose caller is cancelled (the attempt's start timeout) is terminated, not left to
+  create a container after the cleanup; `stop` (safe to call twice) is Harbor's `down --rmi local
+  --volumes` and then removes anything left with the trial's label or project; `clean_stale` (a
+  server starting) removes the containers and images of servers that are gone and their
+  projects' networks, volumes and images.
 The engine is `docker_host`, else $DOCKER_HOST, else the engine `rl360 containers up` started.
 """
 
@@ -42,7 +44,12 @@ from typing import Any, ClassVar
 
 from harbor.environments.base import ExecResult, SandboxBuildFailedError
 from harbor.environments.capabilities import EnvironmentCapabilities
-from harbor.environments.docker.docker import DockerEnvironment, DockerOptions
+from harbor.environments.definition import should_use_prebuilt_docker_image
+from harbor.environments.docker.docker import (
+    DockerEnvironment,
+    DockerOptions,
+    _sanitize_docker_compose_project_name,
+)
 from harbor.environments.docker.runtime import DOCKER_RUNTIME, ContainerRuntime
 from harbor.models.task.config import NetworkMode
 from pydantic import Field
@@ -127,12 +134,15 @@ def compose_override(
     no_network: bool,
     max_pids: int,
     memory_mb: int | None,
+    builds: bool = True,
 ) -> dict[str, Any]:
-    """The Compose file rl360 adds last for the main service: owner labels on its container (Compose
-    labels its network and volumes with the project), no network, the pids limit, an init process
-    and swap held to the memory limit."""
+    """The Compose file rl360 adds last for the main service: owner labels on its container and, if
+    it `builds` its image, on that image (Compose labels its network and volumes with the project),
+    no network, the pids limit, an init process and swap held to the memory limit."""
     labels = {engine.OWNER_LABEL: owner, engine.TRIAL_LABEL: trial}
     main: dict[str, Any] = {"labels": labels, "pids_limit": max_pids, "init": True}
+    if builds:
+        main["build"] = {"labels": labels}
     if no_network:
         main["network_mode"] = "none"
     if memory_mb is not None:
@@ -250,6 +260,9 @@ class RlDockerEnvironment(DockerEnvironment):
             no_network=self.network_policy.network_mode == NetworkMode.NO_NETWORK,
             max_pids=self.options.max_pids,
             memory_mb=self._effective_memory_mb,
+            builds=not should_use_prebuilt_docker_image(
+                self.environment_dir, docker_image=self.task_env_config.docker_image, force_build=force_build
+            ),
         )
         self._override_path.write_text(json.dumps(override))
         try:
@@ -343,17 +356,38 @@ class RlDockerEnvironment(DockerEnvironment):
             self._host, "ps", *every, "--quiet", "--no-trunc", "--filter", label, check=False
         ).split()
 
+    @staticmethod
+    async def _collect_buffered_output(
+        process: asyncio.subprocess.Process, *, timeout_sec: int | None, stdin_data: bytes | None = None
+    ) -> ExecResult:
+        """Harbor's, and a compose process whose caller was cancelled (the attempt's start timeout
+        fires during `build` or `up`) is terminated before the cancellation goes on: left running,
+        it would create the trial's image or container after `stop` removed the trial's."""
+        try:
+            return await DockerEnvironment._collect_buffered_output(
+                process, timeout_sec=timeout_sec, stdin_data=stdin_data
+            )
+        except BaseException:
+            if process.returncode is None:
+                await DockerEnvironment._terminate_process(process)
+            raise
+
     async def stop(self, delete: bool) -> None:
+        """Harbor's `down` (always with `--rmi local --volumes`), then whatever is left with the
+        trial's label or Compose project. Safe to call again (a failed start stops, then Harbor's
+        trial does)."""
         self._observe()
         self._running = False
         try:
             await super().stop(delete=True)
         finally:
+            project = _sanitize_docker_compose_project_name(self.session_id)
             with contextlib.suppress(Exception):
-                await asyncio.to_thread(lambda: engine.remove(self._host, self._containers(), []))
+                await asyncio.to_thread(lambda: engine.remove(self._host, self._containers(), [project]))
             if self._override_dir is not None:
                 self._override_dir.cleanup()
                 self._override_dir = None
+                self._override_path = None
 
     @classmethod
     def check_server_options(cls, kwargs: dict[str, Any]) -> str:
