@@ -316,12 +316,20 @@ class LocalStack:
         return path
 
 
-def _start_all(starters: dict[str, Callable[[], Service]], started: list[Service]) -> dict[str, Service]:
-    """Start services in parallel; every one that came up lands in `started` (even on Ctrl-C), then
-    the first failure is raised."""
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(starters), thread_name_prefix="rl360-start")
+def _start_all(
+    starters: dict[str, Callable[[], Service]],
+    started: list[Service],
+    meanwhile: Callable[[], None] = lambda: None,
+) -> dict[str, Service]:
+    """Start services in parallel, and run `meanwhile` in this thread while they start (Ray's start,
+    which wants the main thread); every service that came up lands in `started` (even on Ctrl-C or
+    when `meanwhile` fails), then the first failure is raised."""
+    pool = concurrent.futures.ThreadPoolExecutor(
+        max_workers=max(len(starters), 1), thread_name_prefix="rl360-start"
+    )
     futures = {name: pool.submit(start) for name, start in starters.items()}
     try:
+        meanwhile()
         concurrent.futures.wait(futures.values())
     finally:
         pool.shutdown(wait=True)  # a starter interrupted by Ctrl-C still finishes, so its process is known
@@ -335,7 +343,7 @@ def _start_all(starters: dict[str, Callable[[], Service]], started: list[Service
 
 
 def _stop_all(services: list[Service]) -> None:
-    """Stop services in parallel (SMG drains for 5-7 s on SIGTERM; nobody waits for it twice). A
+    """Stop services in parallel (nobody waits for one's drain twice). A
     stopped (SIGSTOP) service is continued first, so it can take its SIGTERM."""
 
     def stop(service: Service) -> None:
@@ -427,13 +435,20 @@ def local_stack(config: StackConfig, what: str = "the local stack") -> Iterator[
         engines_started=config.engines,
     )
     ray_started = ray_touched = False
+
+    def start_ray() -> None:
+        nonlocal ray_started, ray_touched
+        if config.ray or config.harbor_pool is not None:
+            ray_touched = True
+            stack.ray_address, ray_started = _start_ray(config.reuse_ray)
+
     try:
         starters: dict[str, Callable[[], Service]] = {
             f"engine{i}": _engine_starter(config, logs, i) for i in range(config.engines)
         }
         for server in config.harbors:
             starters[f"harbor:{server.name}"] = _harbor_starter(server, stack.tasks_root, logs)
-        services = _start_all(starters, started)
+        services = _start_all(starters, started, meanwhile=start_ray)  # Ray starts as they do
         stack.engines = [services[f"engine{i}"] for i in range(config.engines)]
         stack.harbors = {server.name: services[f"harbor:{server.name}"] for server in config.harbors}
         if config.engine_faults:
@@ -441,9 +456,6 @@ def local_stack(config: StackConfig, what: str = "the local stack") -> Iterator[
         if config.gateway:
             stack.smg = start_smg([e.url for e in stack.engines], logs, extra=config.gateway_flags)
             started.append(stack.smg)
-        if config.ray or config.harbor_pool is not None:
-            ray_touched = True
-            stack.ray_address, ray_started = _start_ray(config.reuse_ray)
         if config.harbor_pool is not None:
             stack.harbor_pool = _start_harbor_pool(config.harbor_pool, stack.tasks_root)
         stack.write_manifest()

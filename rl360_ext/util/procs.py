@@ -2,7 +2,7 @@
 
 Owns process lifecycle for everything rl360 runs as a separate process (tiny engines, the SMG
 gateway, session servers, Harbor /run servers) in tests, benchmarks and `rl360 demo`, and finding
-executables. A stop sends SIGTERM to the process group, waits (SMG drains for 5-7 s on SIGTERM),
+executables. A stop sends SIGTERM to the process group, waits (a server drains what is in flight),
 then SIGKILLs, so nothing is left behind.
 
 Nothing is left behind when the launcher dies either, however it dies: every service gets a
