@@ -1,7 +1,8 @@
 """`rl360 harbor serve --env docker` on a real engine: Harbor's own DockerEnvironment builds each
 task's Dockerfile (`FROM python:3.12-slim`, served by the stack's registry mirror) and runs the
 example and fault tasks with the verdicts they get under bwrap (integration_tests/harbor/
-test_harbor_server.py), refuses a public-network task, and leaves no container, network or volume
+test_harbor_server.py), records a fork the engine's pids limit refused as the policy's as bwrap
+does, refuses a public-network task, and leaves no container, network or volume
 behind: after a normal run, after SIGTERM of the server, and after SIGKILL (the next server removes
 what the killed one left). One module, so one test worker starts the stack once."""
 
@@ -20,7 +21,15 @@ import httpx
 import pytest
 
 from integration_tests.docker.conftest import docker_server
-from integration_tests.harbor.test_harbor_server import CODING_TASKS, FAULTS, run_all  # bwrap's expectations
+from integration_tests.harbor.test_harbor_server import (  # bwrap's expectations
+    CODING_TASKS,
+    FAULTS,
+    FORK_PIDS,
+    FORK_TASK,
+    assert_fork_is_the_policys,
+    fork_task,
+    run_all,
+)
 from rl360_ext.containers import StackPaths
 from rl360_ext.containers.engine import OWNER_LABEL, counts, docker
 from rl360_ext.local.fixtures import tasks_root
@@ -73,6 +82,15 @@ async def test_a_public_network_task_is_refused_with_the_reason(
         (result,) = await run_all(service, [{"task": "open-fizzbuzz", "deadline_s": 120, "agent": "oracle"}])
     assert result["attributed_to"] == "infrastructure" and result["reward"] is None, result
     assert "network_mode 'public' is refused under --env docker" in result["exception_message"], result
+    assert counts(containers.docker_host) == NOTHING_LEFT
+
+
+async def test_a_fork_past_the_pids_limit_is_the_policys(containers: StackPaths, tmp_path: Path) -> None:
+    root = fork_task(tmp_path / "tasks")
+    flags = ("--tasks-root", str(root), "--env-kwarg", f"max_pids={FORK_PIDS}", *FLAGS)
+    with docker_server(tmp_path / "logs", *flags) as service:
+        (result,) = await run_all(service, [{"task": FORK_TASK, "deadline_s": 120, "agent": "oracle"}])
+    assert_fork_is_the_policys(result)
     assert counts(containers.docker_host) == NOTHING_LEFT
 
 

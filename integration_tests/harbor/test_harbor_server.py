@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +14,8 @@ import httpx
 import pytest
 
 from integration_tests.harbor.conftest import sandbox_root
+from rl360_ext.harbor.envs.limits import cgroups_usable
+from rl360_ext.local.fixtures import tasks_root
 from rl360_ext.util.procs import Service
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -32,6 +35,41 @@ FAULTS: dict[str, tuple[str, str, float | None]] = {
     "fault-memory-hog": ("memory_limit_exceeded", "policy", 1.0),
 }
 BUDGET_FLAGS = ("--env-setup-s", "20", "--agent-setup-s", "5", "--margin-s", "2", "--min-agent-s", "1")
+FORK_TASK, FORK_PIDS = "fork-fizzbuzz", 32
+# The oracle's fizzbuzz, after which the agent forks until the sandbox's pids limit refuses a fork.
+_FORK_PAST_THE_LIMIT = """
+python3 - <<'PY'
+import os, time
+children = []
+for _ in range(4 * 32):  # FORK_PIDS
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(1)
+        os._exit(0)
+    children.append(pid)
+for pid in children:
+    os.waitpid(pid, 0)
+PY
+"""
+
+
+def fork_task(root: Path) -> Path:
+    """A tasks root holding `FORK_TASK`: fizzbuzz whose oracle, once done, forks past a pids limit of
+    `FORK_PIDS` (run the server with `--env-kwarg max_pids=32`)."""
+    shutil.copytree(tasks_root() / "fizzbuzz", root / FORK_TASK)
+    solve = root / FORK_TASK / "solution" / "solve.sh"
+    solve.write_text(solve.read_text() + _FORK_PAST_THE_LIMIT)
+    return root
+
+
+def assert_fork_is_the_policys(result: dict[str, Any]) -> None:
+    """Graded (the work is done), the policy's, with the pids limit as the evidence."""
+    graded = (result["reward"], result["failure_cause"], result["attributed_to"])
+    assert graded == (1.0, None, "policy"), result
+    assert result["evidence"]["resource"] == "pids" and result["evidence"]["phase"] == "agent", result
 
 
 async def run_all(service: Service, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -108,6 +146,18 @@ async def test_a_task_over_its_memory_reservation_fails_alone(server: Service) -
     ), hog
     for result in neighbours:
         assert (result["reward"], result["reward_source"], result["failure_cause"]) == (1.0, "verifier", None)
+
+
+async def test_a_fork_past_the_pids_limit_is_the_policys(
+    harbor_server: Callable[..., Any], tmp_path: Path
+) -> None:
+    if not cgroups_usable():
+        pytest.skip("no pids cgroup here: RLIMIT_NPROC refuses the fork and nothing counts it")
+    root = fork_task(tmp_path / "tasks")
+    flags = ("--tasks-root", str(root), "--env-kwarg", f"max_pids={FORK_PIDS}", *BUDGET_FLAGS)
+    with harbor_server(tmp_path / "logs", *flags) as service:
+        (result,) = await run_all(service, [{"task": FORK_TASK, "deadline_s": 120, "agent": "oracle"}])
+    assert_fork_is_the_policys(result)
 
 
 async def test_waves_hold_the_rolling_start_limit(harbor_server: Callable[..., Any], tmp_path: Path) -> None:

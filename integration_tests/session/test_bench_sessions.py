@@ -2,8 +2,8 @@
 
 The smallest load on every shape, on processes and on a `SessionPool`'s actors; 300 concurrent
 sessions without a lost turn (no connect or pool timeout between agent, session server and engine
-under load); and, with a Miles checkout whose session server imports somewhere (`find_miles`),
-Miles' server beside rl360's.
+under load); with a Miles checkout whose session server imports somewhere (`find_miles`),
+Miles' server beside rl360's; and the stall case's two phases.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pytest
 from rl360_ext.local.bench.miles_sessions import MilesUnavailable, find_miles
 from rl360_ext.local.bench.session_case import RL360, Case, Hosting
 from rl360_ext.local.bench.sessions import main, run_case
+from rl360_ext.local.bench.stall import run_stall
 from rl360_ext.reference.engine.tokenizer import default_tokenizer_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -77,3 +78,17 @@ def test_miles_server_runs_beside_rl360s_on_the_same_conversations(tmp_path: Pat
     for result in results:
         assert (result.turns_done, result.turns_lost) == (6, 0), (result.server, result.lost_because)
         assert result.bytes_per_turn > 0 and result.server_cpu_ms_per_turn > 0, result
+
+
+@pytest.mark.timeout(300)
+def test_the_stall_case_measures_both_phases_on_one_server(tmp_path: Path) -> None:
+    """Idle, then beside the largest allowed request (sent from its own process): every phase has
+    probes, turns and the server's loop-lag wake-ups; only the second sends large requests, each
+    refused by the context check (400) after tokenizing, none lost."""
+    idle, loaded = run_stall(str(default_tokenizer_dir()), tmp_path, 3.0)
+    for phase in (idle, loaded):
+        assert phase.health_probes > 0 and phase.turns > 0 and phase.loop_ticks > 0, phase
+        assert math.isfinite(phase.health_p99_ms) and math.isfinite(phase.turn_p99_ms), phase
+    assert (idle.load, idle.big_requests, loaded.load) == ("idle", 0, "largest request")
+    assert loaded.big_requests >= 1 and loaded.big_statuses == f"400 x {loaded.big_requests}", loaded
+    assert loaded.big_chars > 100_000 and loaded.big_mean_s > 0, loaded

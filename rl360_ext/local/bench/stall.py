@@ -6,7 +6,10 @@ every HEALTH_EVERY_S, first idle, then while one more client keeps sending the l
 caps allow (a second turn whose new message has `max_context_tokens x max_chars_per_token` characters
 less STALL_MARGIN_CHARS: about the most the server tokenizes, after which its context check refuses
 the prompt unsent), in the same run. One such request goes first, unmeasured: the server starts
-its tokenizer worker process on the first long text (seconds, at the lowest priority).
+its tokenizer worker process on the first long text (seconds, at the lowest priority). The large
+requests are sent from a client process of their own (started before the phases), so building and
+writing 1 MB bodies never delays the probes' and sessions' own event loop: a user's health check
+does not share a loop with another client.
 It reports /health and the other sessions' turn latency (p50/p99) in both phases and their ratio
 (the goal is a p99 within 2x of idle), and the server's own event-loop lag over each phase (its
 `rl360_session_loop_lag_seconds` histogram, read from /metrics before and after): the p99 bucket
@@ -17,9 +20,11 @@ share of the CPU (client, server, backend on one machine); the loop lag counts o
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import statistics
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,6 +134,24 @@ async def _send_largest(
         seconds.append(took)
 
 
+def _largest_for(url: str, seconds: float, text: str) -> tuple[list[int], list[float]]:
+    """(In the sender process.) Largest requests for `seconds`: their statuses and seconds each."""
+    statuses: list[int] = []
+    took: list[float] = []
+
+    async def send() -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)) as http:
+            await _send_largest(http, url, time.perf_counter() + seconds, text, statuses, took)
+
+    asyncio.run(send())
+    return statuses, took
+
+
+def _sender_ready() -> bool:
+    """(In the sender process.) Nothing: submitted once so the process and this module are loaded."""
+    return True
+
+
 async def _warm_up(url: str, text: str) -> None:
     """One largest request before the phases: the server starts its tokenizer worker on the first."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)) as http:
@@ -159,7 +182,10 @@ def _lag_summary(before: dict[float, float], after: dict[float, float]) -> tuple
     return ticks, 1000 * p99, int(ticks - on_time)
 
 
-async def _stall_phase(url: str, seconds: float, text: str | None) -> StallResult:
+async def _stall_phase(
+    url: str, seconds: float, text: str | None, sender: ProcessPoolExecutor | None = None
+) -> StallResult:
+    """One phase; with `text`, `sender` (one process) sends the largest requests meanwhile."""
     health: list[float] = []
     turns: list[float] = []
     statuses: list[int] = []
@@ -170,10 +196,13 @@ async def _stall_phase(url: str, seconds: float, text: str | None) -> StallResul
         until = time.perf_counter() + seconds
         work = [_probe_health(http, url, until, health)]
         work += [_keep_talking(http, url, until, turns) for _ in range(STALL_SESSIONS)]
-        if text is not None:
-            work.append(_send_largest(http, url, until, text, statuses, big_seconds))
+        largest = None
+        if text is not None and sender is not None:
+            largest = asyncio.wrap_future(sender.submit(_largest_for, url, seconds, text))
         started = time.perf_counter()
         await asyncio.gather(*work)
+        if largest is not None:
+            statuses, big_seconds = await largest
         took = time.perf_counter() - started
         loop_ticks, loop_p99_ms, loop_late = _lag_summary(lag_before, await _loop_lag(http, url))
     counts = {status: statuses.count(status) for status in sorted(set(statuses))}
@@ -207,10 +236,16 @@ def run_stall(tokenizer: str, logs: Path, seconds: float) -> list[StallResult]:
     options = server_options(case, backend, tokenizer) | {"max_context_tokens": STALL_CONTEXT}
     per_token = chars_per_token(load_hf_tokenizer(tokenizer), SessionServerConfig(backend.url, tokenizer))
     text = _largest_text(STALL_CONTEXT * per_token - STALL_MARGIN_CHARS)
-    with running(backend), running(start_server(options, logs, 0)) as (server,):
+    spawn = multiprocessing.get_context("spawn")
+    with (
+        running(backend),
+        running(start_server(options, logs, 0)) as (server,),
+        ProcessPoolExecutor(max_workers=1, mp_context=spawn) as sender,
+    ):
+        sender.submit(_sender_ready).result()
         asyncio.run(_warm_up(server.url, text))
         idle = asyncio.run(_stall_phase(server.url, seconds, None))
-        return [idle, asyncio.run(_stall_phase(server.url, seconds, text))]
+        return [idle, asyncio.run(_stall_phase(server.url, seconds, text, sender))]
 
 
 def print_stall_table(results: Sequence[StallResult]) -> None:
