@@ -159,8 +159,9 @@ class StackConfig:
     ray: bool = True
     """Start a local Ray instance (`num_cpus=2`, no dashboard) for the generate hook's session pool."""
     reuse_ray: bool = False
-    """Use the Ray instance this process already runs, if any (the fault matrix under pytest); False:
-    refuse to start when one runs (the demo owns its Ray and shuts it down)."""
+    """Use the Ray instance this process already runs, if any (the fault matrix under pytest, the
+    runs of `rl360 demo --compare` inside `shared_ray`); False: refuse to start when one runs (the
+    demo owns its Ray and shuts it down)."""
     host_tools: tuple[str, ...] = ()
     """Host executables the run needs beyond bubblewrap (demo: tmux, for Harbor's shell agents)."""
 
@@ -378,6 +379,21 @@ def _start_ray(reuse: bool) -> tuple[str, bool]:
             object_store_memory=RAY_OBJECT_STORE_BYTES,
         )
     return str(context.address_info.get("gcs_address", "")), True
+
+
+@contextlib.contextmanager
+def shared_ray() -> Iterator[str]:
+    """Local Ray, as a stack starts it, for several stacks in turn (each with `reuse_ray`): started
+    here, shut down on exit; each stack still stops its own session pool and Harbor actors. Yields
+    the GCS address."""
+    address, started_here = _start_ray(reuse=False)
+    try:
+        yield address
+    finally:
+        if started_here:
+            import ray
+
+            ray.shutdown()
 
 
 def _stop_ray(started_here: bool) -> None:

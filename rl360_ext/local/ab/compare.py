@@ -41,10 +41,10 @@ the same tokens while their weights agree (steps 0 and 1 under one-step-off). Wh
 paired: everything after the arms' weights part, which the intervals over seeds measure.
 
 Layout: `OUT/<mode>/<arm>/seed-<S>` (each a whole `rl360 demo` run: its own stack, engines,
-trainer weights and report), `OUT/clean/seed-<S>`, and `OUT/compare.html` / `compare.json`.
-Wall time: runs x one demo of the same size, one after the other (each gets both cores):
-S x (modes x 2 + 1 with clean, + 1 per crash mode with rl360-list, + 1 per crash mode with clean)
-runs. It does not own any hook, the statistics
+session servers, trainer weights and report; one local Ray hosts them all in turn),
+`OUT/clean/seed-<S>`, and `OUT/compare.html` / `compare.json`. Wall time: runs x one demo of the
+same size, one after the other (each gets both cores): S x (modes x 2 + 1 with clean, + 1 per crash
+mode with rl360-list, + 1 per crash mode with clean) runs. It does not own any hook, the statistics
 (`rl360_ext.local.ab.stats`) or the report's layout (`rl360_ext.local.ab.page`).
 """
 
@@ -74,6 +74,7 @@ from rl360_ext.local.demo.modes import (
 )
 from rl360_ext.local.demo.plan import TRAIN_GREEDY, DemoConfig
 from rl360_ext.local.demo.run import DemoResult, run_demo
+from rl360_ext.local.stack import shared_ray
 from rl360_ext.outcomes.attribution import AttributionRule
 from rl360_ext.util.console import make_console, print_table
 
@@ -225,14 +226,15 @@ def run_compare(
         f"(clean: 0), output {base.out}"
     )
     results: dict[tuple[str, str, int], DemoResult] = {}
-    for number, run in enumerate(runs, start=1):
-        config = run.config
-        mode = run.mode if ARMS[run.arm].faults else "no faults"
-        console.rule(
-            f"run {number}/{len(runs)}: seed {run.seed}, {mode}, {run.arm} (rules {config.rules}, "
-            f"faults {config.faults:g}), {time.monotonic() - started:.0f} s in"
-        )
-        results[(run.mode, run.arm, run.seed)] = run_demo(config, console)
+    with shared_ray():  # started once: each run's session servers and Harbor actors are its own
+        for number, run in enumerate(runs, start=1):
+            config = run.config
+            mode = run.mode if ARMS[run.arm].faults else "no faults"
+            console.rule(
+                f"run {number}/{len(runs)}: seed {run.seed}, {mode}, {run.arm} (rules {config.rules}, "
+                f"faults {config.faults:g}), {time.monotonic() - started:.0f} s in"
+            )
+            results[(run.mode, run.arm, run.seed)] = run_demo(config, console, reuse_ray=True)
     eval_dataset = TRAIN_GREEDY if base.eval_interval is not None else None
     report, numbers, document = write_compare(
         base.out, report_folders(runs, modes), base.steps, GOAL, eval_dataset

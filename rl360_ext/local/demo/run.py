@@ -144,9 +144,10 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
+def run_demo(config: DemoConfig, console: Console | None = None, *, reuse_ray: bool = False) -> DemoResult:
     """Start the stack, run `config.steps` rollout steps in Miles' order, stop everything, write
-    the report."""
+    the report. With `reuse_ray`, on the local Ray this process runs (`local.stack.shared_ray`: the
+    runs of one `--compare`), which it leaves running."""
     from rl360_ext.diagnostics.report import main as write_report
 
     console = console or make_console()
@@ -162,7 +163,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
     )
     with _sigterm_as_interrupt(), _log_to_file(config.out / "logs" / "driver.log"):
         console.print("starting tiny engines, the SMG gateway, the Harbor /run server and local Ray ...")
-        with demo_stack(config) as stack:
+        with demo_stack(config, reuse_ray) as stack:
             try:
                 console.print(
                     f"ready in {time.monotonic() - started:.1f} s: gateway {stack.gateway_url}, "

@@ -19,6 +19,7 @@ from rl360_ext.local.demo.plan import PAUSE_MODES, DemoConfig
 from rl360_ext.local.demo.run import DemoResult, run_demo
 from rl360_ext.local.demo.summary import StepSummary
 from rl360_ext.local.demo.versions import AGE_BUCKETS
+from rl360_ext.local.stack import shared_ray
 from rl360_ext.util.console import make_console, print_table
 
 COMPARE_FILE = "compare.json"
@@ -120,10 +121,11 @@ def compare_schedules(config: DemoConfig, console: Console | None = None) -> dic
     (printed, and written to OUT/compare.json)."""
     console = console or make_console()
     figures: dict[str, dict[str, Any]] = {}
-    for side, schedule, mode in schedule_sides():
-        folder = config.out / side.replace(" ", "-")
-        side_config = dataclasses.replace(config, out=folder, schedule=schedule, pause_mode=mode)
-        figures[side] = schedule_figures(run_demo(side_config, console))
+    with shared_ray():  # started once for the sides, each with its own session servers
+        for side, schedule, mode in schedule_sides():
+            folder = config.out / side.replace(" ", "-")
+            side_config = dataclasses.replace(config, out=folder, schedule=schedule, pause_mode=mode)
+            figures[side] = schedule_figures(run_demo(side_config, console, reuse_ray=True))
     print_table(console, compare_table(figures))
     config.out.mkdir(parents=True, exist_ok=True)
     (config.out / COMPARE_FILE).write_text(json.dumps(figures, indent=2) + "\n")

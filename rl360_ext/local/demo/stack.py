@@ -31,11 +31,11 @@ DEMO_START_INTERVAL_S = 1.0  # the demo pool's start-rate window: a step's sandb
 DEMO_HOST_TOOLS = ("bwrap", "tmux")
 
 
-def demo_stack_config(config: DemoConfig) -> StackConfig:
+def demo_stack_config(config: DemoConfig, reuse_ray: bool = False) -> StackConfig:
     """The demo's stack: `--engines` seeded engines behind SMG with the RL fan-out, Harbor for the quiz
     agent (one `rl360 harbor serve` process; with `--harbor-replicas` 2 or more a `HarborPool` of
-    Ray actors under one pool-wide start-rate limit), local Ray; with `--faults`, engine 503s that
-    SMG does not retry."""
+    Ray actors under one pool-wide start-rate limit), local Ray (with `reuse_ray`, the one this
+    process runs: `local.stack.shared_ray`); with `--faults`, engine 503s that SMG does not retry."""
     # SMG times out an engine control call after the confirm timeout, so a push fences a silent
     # engine instead of waiting on it (rl360_ext.weights.push.push_with_fencing).
     gateway_flags = ["--enable-rl", "--rl-control-timeout-secs", str(math.ceil(config.confirm_timeout_s))]
@@ -78,10 +78,11 @@ def demo_stack_config(config: DemoConfig) -> StackConfig:
         harbors=harbors,
         harbor_pool=pool,
         tokenizer_dir=config.out / "tokenizer",
+        reuse_ray=reuse_ray,
         host_tools=DEMO_HOST_TOOLS,
     )
 
 
-def demo_stack(config: DemoConfig) -> contextlib.AbstractContextManager[LocalStack]:
+def demo_stack(config: DemoConfig, reuse_ray: bool = False) -> contextlib.AbstractContextManager[LocalStack]:
     """Start everything the demo needs; stop all of it on exit, whatever the exit."""
-    return local_stack(demo_stack_config(config), "rl360 demo")
+    return local_stack(demo_stack_config(config, reuse_ray), "rl360 demo")
