@@ -17,8 +17,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl360_ext.templates.markup import SPECIAL_TOKENS
-
 Message = dict[str, Any]
 
 TEXTS: tuple[str, ...] = (
@@ -91,11 +89,6 @@ def tool_schema(name: str) -> dict[str, Any]:
             "parameters": {"type": "object", "properties": {"arg": {"type": "string"}}, "required": []},
         },
     }
-
-
-def has_special_token(text: str) -> bool:
-    """True when `text` holds a chat special token (generated text cannot contain one)."""
-    return any(token in text for token in SPECIAL_TOKENS)
 
 
 class Chooser:
