@@ -17,10 +17,12 @@ from rl360_ext.harbor.envs import choice
 from rl360_ext.harbor.envs.docker import (
     IMPORT_PATH,
     DockerConfig,
+    RlDockerEnvironment,
     cgroup_counter,
     cgroup_files,
     compose_override,
     empty_command,
+    on_engine,
     pull_refused,
     resolve_host,
     setup_command,
@@ -95,6 +97,18 @@ def test_the_engine_is_the_nodes_then_the_option_then_the_environment(
     assert resolve_host(pinned) == "unix:///b.sock"
     assert resolve_host(DockerConfig(docker_host="unix:///opt.sock")) == "unix:///opt.sock"
     assert resolve_host(DockerConfig(node_label="elsewhere")) == "unix:///env.sock"
+
+
+def test_harbors_engine_level_calls_go_to_the_trials_engine() -> None:
+    """Harbor calls `type(env)._engine_cmd(...)` for `docker cp` and its checks: a trial pinned to a
+    node's engine gets a class that names that engine; one class per engine."""
+    on_b = on_engine(RlDockerEnvironment, "unix:///b.sock")
+    command = on_b._engine_cmd("cp", "x", "y")
+    assert command[1:] == ["--host", "unix:///b.sock", "cp", "x", "y"] and command[0].endswith("docker")
+    assert on_engine(RlDockerEnvironment, "unix:///b.sock") is on_b and issubclass(on_b, RlDockerEnvironment)
+    on_a = on_engine(on_b, "tcp://10.0.0.2:2376")
+    assert on_a.__mro__[1] is RlDockerEnvironment and on_a._engine_cmd("info")[1:3] == ["--host", "tcp://10.0.0.2:2376"]
+    assert "--host" not in RlDockerEnvironment._engine_cmd("info")
 
 
 def test_no_engine_is_one_line_naming_the_remedy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

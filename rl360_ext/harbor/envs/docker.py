@@ -25,13 +25,17 @@ the same verdict here as under `--env bwrap`:
   --volumes` and then removes anything left with the trial's label or project; `clean_stale` (a
   server starting) removes the containers and images of servers that are gone and their
   projects' networks, volumes and images.
-The engine is `docker_host`, else $DOCKER_HOST, else the engine `rl360 containers up` started.
+The engine is the node's (`node_hosts[node_label]`), else `docker_host`, else $DOCKER_HOST, else
+the engine `rl360 containers up` started: Compose commands get it as DOCKER_HOST, and Harbor's
+engine-level calls (`docker cp` downloads, the image OS and rootless checks) as `--host`, through a
+subclass bound to that engine (`on_engine`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -195,6 +199,8 @@ def cgroup_files(proc_cgroup: str, root: Path = Path("/sys/fs/cgroup")) -> dict[
 class RlDockerEnvironment(DockerEnvironment):
     options_model: ClassVar[type[DockerConfig]] = DockerConfig  # type: ignore[assignment]
     options: DockerConfig
+    engine_host: ClassVar[str | None] = None
+    """The engine Harbor's engine-level calls go to (`on_engine`); None: the process's DOCKER_HOST."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._phase = Phase.ENVIRONMENT_SETUP
@@ -209,6 +215,8 @@ class RlDockerEnvironment(DockerEnvironment):
         self._running = False
         super().__init__(*args, **kwargs)  # Harbor parses every kwarg with DockerConfig
         self._host = resolve_host(self.options)
+        # Harbor calls `type(self)._engine_cmd(...)` (a class method): the class carries the engine
+        self.__class__ = on_engine(type(self), self._host)
 
     # -- Harbor's hooks -------------------------------------------------------------------------
 
@@ -216,6 +224,11 @@ class RlDockerEnvironment(DockerEnvironment):
     def runtime(cls) -> ContainerRuntime:
         binary = compose_binary()
         return ContainerRuntime(engine=("docker",), compose=(binary,)) if binary else DOCKER_RUNTIME
+
+    @classmethod
+    def _engine_cmd(cls, *args: str) -> list[str]:
+        command = super()._engine_cmd(*args)
+        return [command[0], "--host", cls.engine_host, *command[1:]] if cls.engine_host else command
 
     @classmethod
     def _egress_control_kernel_support(cls) -> bool:
@@ -489,3 +502,13 @@ class RlDockerEnvironment(DockerEnvironment):
                 f"of {self._effective_memory_mb} MB"
             )
         return result
+
+
+@functools.cache
+def on_engine(cls: type[RlDockerEnvironment], host: str) -> type[RlDockerEnvironment]:
+    """`cls` bound to the engine at `host`: Harbor's engine-level docker commands name it (one class
+    per engine, so trials pinned to different nodes each reach their own)."""
+    if cls.engine_host == host:
+        return cls
+    base = next(klass for klass in cls.__mro__ if klass.engine_host is None)
+    return type(base.__name__, (base,), {"engine_host": host, "__module__": base.__module__})
