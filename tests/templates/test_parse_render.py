@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rl360_ext.templates.conversations import has_special_token
 from rl360_ext.templates.parse import parse_assistant
 from rl360_ext.templates.render import ChatRenderer, TemplateNotAppendOnlyError
 from rl360_ext.templates.select import fixed_template
+from tests.templates.texts import has_special_token
 
 USER = [{"role": "user", "content": "fix the bug"}]
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]

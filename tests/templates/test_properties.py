@@ -15,9 +15,10 @@ from rl360_ext.templates.check import (
     TOOL_CALL_RESERIALIZED,
     check_conversation,
 )
-from rl360_ext.templates.conversations import Chooser, build_conversation, has_special_token
+from rl360_ext.templates.conversations import Chooser, build_conversation
 from rl360_ext.templates.render import ChatRenderer
 from rl360_ext.templates.select import fixed_template
+from tests.templates.texts import has_special_token
 
 SAFE_TEXT = st.text(max_size=16).filter(lambda t: not has_special_token(t))
 
