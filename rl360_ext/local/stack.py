@@ -344,8 +344,8 @@ def _start_all(
 
 
 def _stop_all(services: list[Service]) -> None:
-    """Stop services in parallel (nobody waits for one's drain twice). A
-    stopped (SIGSTOP) service is continued first, so it can take its SIGTERM."""
+    """Stop services in parallel, so their drains overlap. A stopped (SIGSTOP) service is continued
+    first, so it can take its SIGTERM."""
 
     def stop(service: Service) -> None:
         try:
@@ -386,14 +386,13 @@ def shared_ray() -> Iterator[str]:
     """Local Ray, as a stack starts it, for several stacks in turn (each with `reuse_ray`): started
     here, shut down on exit; each stack still stops its own session pool and Harbor actors. Yields
     the GCS address."""
-    address, started_here = _start_ray(reuse=False)
+    import ray
+
+    address, _ = _start_ray(reuse=False)  # raises where this process already runs Ray
     try:
         yield address
     finally:
-        if started_here:
-            import ray
-
-            ray.shutdown()
+        ray.shutdown()
 
 
 def _stop_ray(started_here: bool) -> None:

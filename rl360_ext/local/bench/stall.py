@@ -183,9 +183,10 @@ def _lag_summary(before: dict[float, float], after: dict[float, float]) -> tuple
 
 
 async def _stall_phase(
-    url: str, seconds: float, text: str | None, sender: ProcessPoolExecutor | None = None
+    url: str, seconds: float, largest: tuple[ProcessPoolExecutor, str] | None = None
 ) -> StallResult:
-    """One phase; with `text`, `sender` (one process) sends the largest requests meanwhile."""
+    """One phase; with `largest` (a one-process sender and the text), the sender sends the largest
+    requests meanwhile."""
     health: list[float] = []
     turns: list[float] = []
     statuses: list[int] = []
@@ -196,18 +197,19 @@ async def _stall_phase(
         until = time.perf_counter() + seconds
         work = [_probe_health(http, url, until, health)]
         work += [_keep_talking(http, url, until, turns) for _ in range(STALL_SESSIONS)]
-        largest = None
-        if text is not None and sender is not None:
-            largest = asyncio.wrap_future(sender.submit(_largest_for, url, seconds, text))
+        sent = None
+        if largest is not None:
+            sender, text = largest
+            sent = asyncio.wrap_future(sender.submit(_largest_for, url, seconds, text))
         started = time.perf_counter()
         await asyncio.gather(*work)
-        if largest is not None:
-            statuses, big_seconds = await largest
+        if sent is not None:
+            statuses, big_seconds = await sent
         took = time.perf_counter() - started
         loop_ticks, loop_p99_ms, loop_late = _lag_summary(lag_before, await _loop_lag(http, url))
     counts = {status: statuses.count(status) for status in sorted(set(statuses))}
     return StallResult(
-        load="idle" if text is None else "largest request",
+        load="idle" if largest is None else "largest request",
         seconds=took,
         health_probes=len(health),
         health_p50_ms=_ms(health, 0.5),
@@ -217,7 +219,7 @@ async def _stall_phase(
         turn_p50_ms=_ms(turns, 0.5),
         turn_p99_ms=_ms(turns, 0.99),
         big_requests=len(statuses),
-        big_chars=0 if text is None else len(text),
+        big_chars=0 if largest is None else len(largest[1]),
         big_statuses=", ".join(f"{status} x {n}" for status, n in counts.items()),
         big_mean_s=statistics.mean(big_seconds) if big_seconds else 0.0,
         loop_ticks=loop_ticks,
@@ -244,8 +246,8 @@ def run_stall(tokenizer: str, logs: Path, seconds: float) -> list[StallResult]:
     ):
         sender.submit(_sender_ready).result()
         asyncio.run(_warm_up(server.url, text))
-        idle = asyncio.run(_stall_phase(server.url, seconds, None))
-        return [idle, asyncio.run(_stall_phase(server.url, seconds, text, sender))]
+        idle = asyncio.run(_stall_phase(server.url, seconds))
+        return [idle, asyncio.run(_stall_phase(server.url, seconds, (sender, text)))]
 
 
 def print_stall_table(results: Sequence[StallResult]) -> None:

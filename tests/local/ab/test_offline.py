@@ -22,7 +22,6 @@ from rl360_ext.local.ab.problem import (
     Sampler,
     make_sample,
     miles_args,
-    quiz_problem,
     run_attempt,
 )
 from rl360_ext.local.ab.runs import (
@@ -49,29 +48,10 @@ from rl360_ext.local.demo.modes import (
 )
 from rl360_ext.local.demo.plan import SANDBOX_START
 from rl360_ext.outcomes.provenance import is_valid
-from rl360_ext.reference.engine.model import ModelConfig, init_weights
-from rl360_ext.reference.trainer.trainer import TrainerConfig
 from rl360_ext.rollout.rewards import valid_group_advantages
 from rl360_ext.util.dotted import load_function
 
 SMALL = {"steps": 3, "tasks": 2, "attempts": 3, "seeds": 1}
-
-
-@pytest.fixture(scope="module")
-def problem() -> Problem:
-    model = ModelConfig(
-        vocab_size=580, layers=1, experts=2, top_k=1, d_model=16, heads=2, head_dim=8, expert_hidden=16
-    )
-    trainer = TrainerConfig(
-        lr=1e-2,
-        decoupled_lr=5e-2,
-        eps_clip=0.2,
-        eps_clip_high=0.28,
-        keep_old_actor=True,
-        use_dynamic_global_batch_size=True,
-        max_token_age=1,
-    )
-    return quiz_problem(model, init_weights(model, 3), trainer)
 
 
 def _tokens(groups: list[list[object]]) -> list[list[int]]:
